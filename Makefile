@@ -1,0 +1,25 @@
+# Set-up and run commands for a fresh machine. Both create .venv and install the project into it.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# CPU machines: torch 2.13.0 lies on disk as a CPU wheel; triton's interpreter needs numpy < 2.4.
+PINS := torch==2.13.0 "triton==3.6.0" "numpy<2.4"
+
+.PHONY: test demo clean
+
+$(BIN)/kernelwright: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(PINS) -e ".[cuda,test]"
+	touch $@
+
+test: $(BIN)/kernelwright
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+
+demo: $(BIN)/kernelwright
+	$(BIN)/kernelwright doctor
+	$(BIN)/kernelwright inspect problems/level2/gemm_bias_relu.py
+	$(BIN)/kernelwright optimize problems/level1/softmax.py --out demo_out --budget 12 --small
+
+clean:
+	rm -rf $(VENV) demo_out

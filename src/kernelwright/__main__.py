@@ -1,0 +1,3 @@
+from kernelwright.cli import main
+
+main()

@@ -1,0 +1,72 @@
+"""Run a captured graph (or part of it) with real tensors, op by op, through torch.ops.aten.
+
+This is the "library" implementation of every node: the reference the fused kernels replace,
+and the fallback for ops without a generated kernel.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from kernelwright.capture.graph import Graph, OpNode, Ref
+
+
+def resolve(target: str):
+    """"aten.addmm.default" -> torch.ops.aten.addmm.default; "getitem" -> operator.getitem."""
+    if target == "getitem":
+        return operator.getitem
+    ns, name, overload = target.split(".")
+    return getattr(getattr(getattr(torch.ops, ns), name), overload)
+
+
+def substitute(value: Any, env: dict, device: torch.device | None):
+    """Replace Refs by their values and recorded devices by `device`."""
+    if isinstance(value, Ref):
+        return env[value.name]
+    if isinstance(value, torch.device) and device is not None:
+        return device
+    if isinstance(value, (list, tuple)):
+        return type(value)(substitute(v, env, device) for v in value)
+    if isinstance(value, dict):
+        return {k: substitute(v, env, device) for k, v in value.items()}
+    return value
+
+
+def run_node(node: OpNode, env: dict, device: torch.device | None = None):
+    fn = resolve(node.target)
+    return fn(*substitute(node.args, env, device), **substitute(node.kwargs, env, device))
+
+
+def bind_inputs(graph: Graph, model: torch.nn.Module, inputs: list) -> dict:
+    """The environment at graph entry: user inputs, parameters, buffers and constants by name."""
+    env: dict[str, Any] = {}
+    state = dict(model.named_parameters(remove_duplicate=False))
+    state.update(dict(model.named_buffers(remove_duplicate=False)))
+    for inp in graph.inputs:
+        if inp.kind == "user":
+            env[inp.name] = inputs[inp.index]
+        elif inp.kind in ("param", "buffer"):
+            env[inp.name] = state[inp.fqn]
+        else:
+            env[inp.name] = graph.exported.constants[inp.fqn]
+    return env
+
+
+def input_device(env: dict) -> torch.device | None:
+    for v in env.values():
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return None
+
+
+def run_graph(graph: Graph, model: torch.nn.Module, inputs: list, keep: bool = False):
+    """Run the whole graph; returns the user outputs (a list), or the full environment if `keep`."""
+    env = bind_inputs(graph, model, inputs)
+    device = input_device(env)
+    for node in graph.nodes:
+        env[node.name] = run_node(node, env, device)
+    if keep:
+        return env
+    return [env[name] for name in graph.outputs]

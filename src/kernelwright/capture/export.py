@@ -1,0 +1,112 @@
+"""Capture a problem's forward with `torch.export`, decomposed to core ATen, into a `Graph`.
+
+Capture runs on the meta device by default: no memory is allocated and nothing is computed,
+so problems with gigabyte inputs are captured in about a second.
+"""
+from __future__ import annotations
+
+import operator
+import warnings
+
+import torch
+from torch.export import ExportGraphSignature
+
+from kernelwright.capture.graph import Graph, Input, OpNode, Ref, TensorMeta
+from kernelwright.problem import Problem
+
+
+class CaptureError(Exception):
+    """The program could not be captured; the message says why."""
+
+
+def tensor_meta(value) -> TensorMeta | None:
+    if isinstance(value, torch.Tensor):
+        return TensorMeta(tuple(int(s) for s in value.shape), tuple(int(s) for s in value.stride()),
+                          str(value.dtype).removeprefix("torch."))
+    return None
+
+
+def _convert(value):
+    """FX argument -> plain Python with Refs for node references."""
+    if isinstance(value, torch.fx.Node):
+        return Ref(value.name)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_convert(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _convert(v) for k, v in value.items()}
+    return value
+
+
+def _target_name(target) -> str:
+    if target is operator.getitem:
+        return "getitem"
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def capture(problem: Problem, device: str = "meta", decompose: bool = True) -> Graph:
+    """Export `problem`'s model on `device` and return its ATen graph.
+
+    Raises CaptureError naming the reason when torch.export cannot trace the program
+    (data-dependent control flow, unsupported Python, non-tensor outputs, ...).
+    """
+    model = problem.make_model(device)
+    inputs = problem.make_inputs(0, device)
+    return capture_module(model, inputs, problem.name, decompose)
+
+
+def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", decompose: bool = True) -> Graph:
+    if any(not isinstance(x, torch.Tensor) for x in inputs):
+        kinds = sorted({type(x).__name__ for x in inputs if not isinstance(x, torch.Tensor)})
+        raise CaptureError(f"non-tensor inputs ({', '.join(kinds)}) are not supported")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ep = torch.export.export(model, tuple(inputs))
+            if decompose:
+                ep = ep.run_decompositions()
+        except Exception as e:  # noqa: BLE001 - export raises many types
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise CaptureError(f"torch.export failed: {type(e).__name__}: {first[:300]}") from e
+    return _to_graph(ep, name)
+
+
+def _to_graph(ep, name: str) -> Graph:
+    sig: ExportGraphSignature = ep.graph_signature
+    params = sig.inputs_to_parameters
+    buffers = sig.inputs_to_buffers
+    consts = sig.inputs_to_lifted_tensor_constants
+    user_in = list(sig.user_inputs)
+    inputs: list[Input] = []
+    nodes: list[OpNode] = []
+    outputs: list[str] = []
+    mutations: dict[str, str] = {}
+    for n in ep.graph.nodes:
+        if n.op == "placeholder":
+            meta = tensor_meta(n.meta.get("val"))
+            if n.name in params:
+                inputs.append(Input(n.name, "param", meta, params[n.name]))
+            elif n.name in buffers:
+                inputs.append(Input(n.name, "buffer", meta, buffers[n.name]))
+            elif n.name in consts:
+                inputs.append(Input(n.name, "constant", meta, consts[n.name]))
+            else:
+                inputs.append(Input(n.name, "user", meta, index=user_in.index(n.name)))
+        elif n.op == "call_function":
+            val = n.meta.get("val")
+            outs = [tensor_meta(v) for v in val] if isinstance(val, (list, tuple)) else [tensor_meta(val)]
+            nodes.append(OpNode(n.name, _target_name(n.target), _convert(n.args), _convert(dict(n.kwargs)), outs, fx=n))
+        elif n.op == "output":
+            results = n.args[0]
+            mut = sig.buffers_to_mutate
+            for r in results:
+                if not isinstance(r, torch.fx.Node):
+                    raise CaptureError(f"output {r!r} is not a tensor")
+                if r.name in mut:
+                    mutations[r.name] = mut[r.name]
+                else:
+                    outputs.append(r.name)
+        else:
+            raise CaptureError(f"unsupported FX node kind {n.op!r} ({n.name})")
+    return Graph(name, inputs, nodes, outputs, mutations, exported=ep)

@@ -1,0 +1,142 @@
+"""The captured graph: a small, FX-independent record of ATen ops in topological order.
+
+Every later stage (analyze, plan, codegen, emit) reads this record; the FX node stays attached
+for stages that need the original object.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to another node's value inside an op's arguments."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str  # e.g. "float32"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2,
+                "int16": 2, "bool": 1, "int8": 1, "uint8": 1}.get(self.dtype, 4)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def contiguous(self) -> bool:
+        expected, acc = [], 1
+        for s in reversed(self.shape):
+            expected.append(acc)
+            acc *= s
+        return all(sh == 1 or st == e for sh, st, e in zip(self.shape, self.stride, reversed(expected)))
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape), "stride": list(self.stride), "dtype": self.dtype}
+
+
+@dataclass
+class Input:
+    """A graph input: a user input, a parameter, a buffer or a lifted constant."""
+
+    name: str
+    kind: str  # "user" | "param" | "buffer" | "constant"
+    meta: TensorMeta | None
+    fqn: str | None = None  # module path of a parameter or buffer, e.g. "conv.weight"
+    index: int | None = None  # position among the user inputs
+
+
+@dataclass
+class OpNode:
+    """One ATen call (or a `getitem` picking one output of a multi-output call)."""
+
+    name: str
+    target: str  # "aten.addmm.default", or "getitem"
+    args: tuple
+    kwargs: dict
+    outs: list[TensorMeta | None]  # one entry per output; None for non-tensor outputs
+    fx: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def op(self) -> str:
+        """The overload packet name: "aten.addmm.default" -> "addmm"."""
+        parts = self.target.split(".")
+        return parts[1] if len(parts) >= 2 and parts[0] == "aten" else self.target
+
+    @property
+    def meta(self) -> TensorMeta | None:
+        return self.outs[0] if self.outs else None
+
+    @property
+    def inputs(self) -> list[str]:
+        """Names of the nodes/inputs this op reads, in argument order, without repeats."""
+        seen: list[str] = []
+        for r in iter_refs((self.args, self.kwargs)):
+            if r.name not in seen:
+                seen.append(r.name)
+        return seen
+
+
+def iter_refs(value: Any):
+    """Every Ref inside nested tuples, lists and dicts."""
+    if isinstance(value, Ref):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from iter_refs(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from iter_refs(v)
+
+
+@dataclass
+class Graph:
+    name: str
+    inputs: list[Input]
+    nodes: list[OpNode]
+    outputs: list[str]  # names of user outputs, in order (may name inputs)
+    mutations: dict[str, str] = field(default_factory=dict)  # node name -> buffer fqn it writes
+    exported: Any = field(default=None, repr=False)
+
+    def __post_init__(self):
+        self._by_name = {n.name: n for n in self.nodes}
+        self._inputs = {i.name: i for i in self.inputs}
+
+    def node(self, name: str) -> OpNode:
+        return self._by_name[name]
+
+    def is_input(self, name: str) -> bool:
+        return name in self._inputs
+
+    def input(self, name: str) -> Input:
+        return self._inputs[name]
+
+    def meta(self, name: str) -> TensorMeta | None:
+        if name in self._inputs:
+            return self._inputs[name].meta
+        return self._by_name[name].meta
+
+    def users(self, name: str) -> list[OpNode]:
+        return [n for n in self.nodes if name in n.inputs]
+
+    @property
+    def user_inputs(self) -> list[Input]:
+        return sorted((i for i in self.inputs if i.kind == "user"), key=lambda i: i.index)

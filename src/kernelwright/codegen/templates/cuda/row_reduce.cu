@@ -1,0 +1,336 @@
+{%- if kind == "layernorm" -%}
+// kernelwright: layer norm over the last, contiguous dim of an [M, N] fp32 tensor: "{{ name }}".
+//   y = (x - mean) / sqrt(var + eps) [* weight] [+ bias]     (biased variance, as torch)
+{%- else -%}
+// kernelwright: {{ op }} over the last, contiguous dim of an [M, N] fp32 tensor -> [M]: "{{ name }}".
+{%- endif %}
+//
+// Compile-time knobs (pass with -D):
+//   THREADS    threads per block (also the __launch_bounds__); a multiple of 32
+//   VEC        elements per load: 4 = 16-byte float4 (needs N % 4 == 0, 16-byte aligned rows), 2, or 1
+//   WARP_ROW   1: one warp per row, THREADS/32 rows per block (small N); 0: one block per row
+//   REG_ITEMS  > 0: each thread keeps REG_ITEMS vectors of its row in registers (N <= GROUP*VEC*REG_ITEMS)
+{%- if kind == "layernorm" %}
+//   WELFORD    1: one pass with Welford's (count, mean, M2) merged across threads; 0: two passes
+//              (mean, then sum of squared deviations) over registers (REG_ITEMS > 0) or memory
+//   HAS_WEIGHT, HAS_BIAS   1 when the affine weight / bias ([N], fp32) are given
+// Kernel arguments: x, weight, bias, y, M, N, ldx, ldy, eps (weight/bias may be 0 when absent).
+{%- else %}
+//   OP         0 sum, 1 mean, 2 max, 3 min (max/min propagate NaN, as torch)
+// Kernel arguments: x, y, M, N, ldx (y is [M], contiguous).
+{%- endif %}
+// Grid: ceil(M / ROWS_PER_BLOCK) blocks.
+#ifndef THREADS
+#define THREADS 256
+#endif
+#ifndef VEC
+#define VEC 4
+#endif
+#ifndef WARP_ROW
+#define WARP_ROW 0
+#endif
+#ifndef REG_ITEMS
+#define REG_ITEMS 0
+#endif
+#ifndef OP
+#define OP {{ op_code }}
+#endif
+#ifndef WELFORD
+#define WELFORD 1
+#endif
+#ifndef HAS_WEIGHT
+#define HAS_WEIGHT 0
+#endif
+#ifndef HAS_BIAS
+#define HAS_BIAS 0
+#endif
+#if VEC != 1 && VEC != 2 && VEC != 4
+#error "VEC must be 1, 2 or 4"
+#endif
+#if THREADS % 32 != 0 || THREADS > 1024
+#error "THREADS must be a multiple of 32, at most 1024"
+#endif
+
+#define KW_WARPS (THREADS / 32)
+#if WARP_ROW
+#define KW_GROUP 32
+#define KW_ROWS_PER_BLOCK KW_WARPS
+#else
+#define KW_GROUP THREADS
+#define KW_ROWS_PER_BLOCK 1
+#endif
+#define KW_NEG_INF __int_as_float(0xff800000)
+#define KW_POS_INF __int_as_float(0x7f800000)
+#define KW_FULL_MASK 0xffffffffu
+
+typedef long long kw_i64;
+
+struct __align__(VEC * 4) KwVec { float v[VEC]; };
+
+{% if kind == "layernorm" -%}
+// ---- Welford statistics: (count, mean, M2) --------------------------------------------------
+struct KwStat { float n, mean, m2; };
+
+__device__ __forceinline__ void kw_stat_push(KwStat& a, float v) {
+    a.n += 1.0f;
+    const float d = v - a.mean;
+    a.mean += d / a.n;
+    a.m2 += d * (v - a.mean);
+}
+__device__ __forceinline__ void kw_stat_merge(KwStat& a, float nb, float meanb, float m2b) {
+    const float n = a.n + nb;
+    if (n == 0.0f) return;
+    const float d = meanb - a.mean;
+    const float fb = nb / n;
+    a.mean += d * fb;
+    a.m2 += m2b + d * d * a.n * fb;
+    a.n = n;
+}
+__device__ __forceinline__ void kw_warp_stat(KwStat& a) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float nb = __shfl_xor_sync(KW_FULL_MASK, a.n, o);
+        const float mb = __shfl_xor_sync(KW_FULL_MASK, a.mean, o);
+        const float qb = __shfl_xor_sync(KW_FULL_MASK, a.m2, o);
+        kw_stat_merge(a, nb, mb, qb);
+    }
+}
+// Cross-warp step (one block per row): lane 0 of each warp writes its partial; every warp then
+// reduces all partials itself (lane i reads word i of each buffer: no bank conflicts).
+__device__ __forceinline__ void kw_group_stat(KwStat& a, float (*buf)[KW_WARPS]) {
+    kw_warp_stat(a);
+#if !WARP_ROW && KW_WARPS > 1
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) { buf[0][threadIdx.x >> 5] = a.n; buf[1][threadIdx.x >> 5] = a.mean; buf[2][threadIdx.x >> 5] = a.m2; }
+    __syncthreads();
+    a.n = lane < KW_WARPS ? buf[0][lane] : 0.0f;
+    a.mean = lane < KW_WARPS ? buf[1][lane] : 0.0f;
+    a.m2 = lane < KW_WARPS ? buf[2][lane] : 0.0f;
+    kw_warp_stat(a);
+#endif
+}
+{%- endif %}
+
+__device__ __forceinline__ float kw_sum2(float a, float b) { return a + b; }
+// NaN-propagating max/min (torch.max/min return NaN when the row has one).
+__device__ __forceinline__ float kw_max2(float a, float b) { return (b > a || b != b) ? b : a; }
+__device__ __forceinline__ float kw_min2(float a, float b) { return (b < a || b != b) ? b : a; }
+
+#if OP == 2
+#define KW_COMBINE kw_max2
+#define KW_IDENTITY KW_NEG_INF
+#elif OP == 3
+#define KW_COMBINE kw_min2
+#define KW_IDENTITY KW_POS_INF
+#else
+#define KW_COMBINE kw_sum2
+#define KW_IDENTITY 0.0f
+#endif
+
+__device__ __forceinline__ float kw_warp_reduce(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = KW_COMBINE(v, __shfl_xor_sync(KW_FULL_MASK, v, o));
+    return v;
+}
+__device__ __forceinline__ float kw_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(KW_FULL_MASK, v, o);
+    return v;
+}
+__device__ __forceinline__ float kw_group_reduce(float v, float* buf) {
+    v = kw_warp_reduce(v);
+#if !WARP_ROW && KW_WARPS > 1
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) buf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = kw_warp_reduce(lane < KW_WARPS ? buf[lane] : KW_IDENTITY);
+#endif
+    return v;
+}
+__device__ __forceinline__ float kw_group_sum(float v, float* buf) {
+    v = kw_warp_sum(v);
+#if !WARP_ROW && KW_WARPS > 1
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) buf[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = kw_warp_sum(lane < KW_WARPS ? buf[lane] : 0.0f);
+#endif
+    return v;
+}
+
+{% if kind == "layernorm" -%}
+extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
+    const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias,
+    float* __restrict__ y, kw_i64 M, kw_i64 N, kw_i64 ldx, kw_i64 ldy, float eps)
+{
+    __shared__ float kw_red[3][KW_WARPS];
+#if WARP_ROW
+    const kw_i64 row = (kw_i64)blockIdx.x * KW_ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    const int g = threadIdx.x & 31;
+    if (row >= M) return;
+#else
+    const kw_i64 row = blockIdx.x;
+    const int g = threadIdx.x;
+#endif
+    const KwVec* __restrict__ xr = reinterpret_cast<const KwVec*>(x + row * ldx);
+    KwVec* __restrict__ yr = reinterpret_cast<KwVec*>(y + row * ldy);
+    const KwVec* __restrict__ wv = reinterpret_cast<const KwVec*>(weight);
+    const KwVec* __restrict__ bv = reinterpret_cast<const KwVec*>(bias);
+    const kw_i64 nv = N / VEC;
+    const float inv_n = 1.0f / (float)N;
+    float mean, var;
+#if REG_ITEMS > 0
+    KwVec r[REG_ITEMS];
+#pragma unroll
+    for (int k = 0; k < REG_ITEMS; ++k) {
+        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
+        if (c < nv) r[k] = xr[c];
+        else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) r[k].v[j] = 0.0f;
+        }
+    }
+#endif
+#if WELFORD
+    KwStat st = {0.0f, 0.0f, 0.0f};
+#if REG_ITEMS > 0
+#pragma unroll
+    for (int k = 0; k < REG_ITEMS; ++k) {
+        if (g + (kw_i64)k * KW_GROUP < nv) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) kw_stat_push(st, r[k].v[j]);
+        }
+    }
+#else
+#pragma unroll 4
+    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
+        const KwVec q = xr[c];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) kw_stat_push(st, q.v[j]);
+    }
+#endif
+    kw_group_stat(st, kw_red);
+    mean = st.mean;
+    var = st.m2 * inv_n;
+#else
+    // Two passes: the mean, then the mean of squared deviations (no cancellation).
+    float s = 0.0f;
+#if REG_ITEMS > 0
+#pragma unroll
+    for (int k = 0; k < REG_ITEMS; ++k)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s += r[k].v[j];  // padding is 0
+#else
+#pragma unroll 4
+    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
+        const KwVec q = xr[c];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s += q.v[j];
+    }
+#endif
+    mean = kw_group_sum(s, kw_red[0]) * inv_n;
+    float q2 = 0.0f;
+#if REG_ITEMS > 0
+#pragma unroll
+    for (int k = 0; k < REG_ITEMS; ++k) {
+        if (g + (kw_i64)k * KW_GROUP < nv) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) { const float d = r[k].v[j] - mean; q2 += d * d; }
+        }
+    }
+#else
+#pragma unroll 4
+    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
+        const KwVec q = xr[c];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) { const float d = q.v[j] - mean; q2 += d * d; }
+    }
+#endif
+    var = kw_group_sum(q2, kw_red[1]) * inv_n;
+#endif
+    const float rstd = 1.0f / sqrtf(fmaxf(var, 0.0f) + eps);
+
+#if REG_ITEMS > 0
+#pragma unroll
+    for (int k = 0; k < REG_ITEMS; ++k) {
+        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
+        if (c < nv) {
+            const KwVec q = r[k];
+#else
+#pragma unroll 4
+    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
+        {
+            const KwVec q = xr[c];
+#endif
+#if HAS_WEIGHT
+            const KwVec w = wv[c];
+#endif
+#if HAS_BIAS
+            const KwVec b = bv[c];
+#endif
+            KwVec o;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                float t = (q.v[j] - mean) * rstd;
+#if HAS_WEIGHT
+                t *= w.v[j];
+#endif
+#if HAS_BIAS
+                t += b.v[j];
+#endif
+                o.v[j] = t;
+            }
+            yr[c] = o;
+        }
+    }
+}
+{%- else -%}
+extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
+    const float* __restrict__ x, float* __restrict__ y, kw_i64 M, kw_i64 N, kw_i64 ldx)
+{
+    __shared__ float kw_red[KW_WARPS];
+#if WARP_ROW
+    const kw_i64 row = (kw_i64)blockIdx.x * KW_ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    const int g = threadIdx.x & 31;
+    if (row >= M) return;
+#else
+    const kw_i64 row = blockIdx.x;
+    const int g = threadIdx.x;
+#endif
+    const KwVec* __restrict__ xr = reinterpret_cast<const KwVec*>(x + row * ldx);
+    const kw_i64 nv = N / VEC;
+    // VEC independent accumulators per thread (one per vector lane) for instruction-level parallelism.
+    float acc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[j] = KW_IDENTITY;
+#if REG_ITEMS > 0
+#pragma unroll
+    for (int k = 0; k < REG_ITEMS; ++k) {
+        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
+        if (c < nv) {
+            const KwVec q = xr[c];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc[j] = KW_COMBINE(acc[j], q.v[j]);
+        }
+    }
+#else
+#pragma unroll 4
+    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
+        const KwVec q = xr[c];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] = KW_COMBINE(acc[j], q.v[j]);
+    }
+#endif
+    float a = acc[0];
+#pragma unroll
+    for (int j = 1; j < VEC; ++j) a = KW_COMBINE(a, acc[j]);
+    a = kw_group_reduce(a, kw_red);
+    if (g == 0) {
+#if OP == 1
+        y[row] = a / (float)N;
+#else
+        y[row] = a;
+#endif
+    }
+}
+{%- endif %}

@@ -1,0 +1,382 @@
+"""Triton GEMM / convolution templates with fused epilogues, and their schedule spaces.
+
+Each ``render_*`` function returns the text of a self-contained Python module (torch + triton
+only) holding the kernel(s) and a documented ``launch(...)`` function beside them
+(``launch`` takes torch tensors, allocates and returns the output).  Variants (tile sizes,
+precision, split-K, layout) are ``tl.constexpr`` launch arguments; the only rendered parts are
+the epilogue statements and the epilogue operand parameters.  Load a rendered module with
+:func:`kernelwright.build.pyload.load_module_from_source`.
+
+``*_space`` functions return candidate configs as plain dicts with the keys
+``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SPLIT_K``, generated from axes and
+constraints (shared memory, registers per thread, problem shape), with a few known-good Hopper
+configs first.  Pass a config to ``launch(**config, **precision_kwargs(policy))``.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from importlib.resources import files
+
+import jinja2
+
+from kernelwright.codegen.epilogue import (
+    IDENTITY,
+    Epilogue,
+    operand_params,
+    render_code,
+    render_operand_loads,
+)
+
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
+
+H200_SMEM_PER_BLOCK = 227 * 1024  # opt-in shared memory per block on sm_90
+H200_NUM_SMS = 132
+
+_KIND_DOC = {
+    "col": "one value per output column n: N elements",
+    "row": "one value per output row m: M elements",
+    "full": "expandable to the output's shape; any strides, broadcast views need no copy",
+    "scalar": "a 0-d tensor or a number",
+}
+_KIND_DOC_BATCHED = {
+    "col": "N elements shared by all batches, or [B, N]",
+    "row": "M elements shared by all batches, or [B, M]",
+    "full": "expandable to [B, M, N]; any strides",
+    "scalar": "a 0-d tensor or a number",
+}
+_CONV_KIND_DOC = {
+    "col": "one value per output channel: Cout elements, e.g. a bias",
+    "row": "one value per output pixel: N*OH*OW elements",
+    "full": "expandable to the output's [N, Cout, OH, OW]; any strides",
+    "scalar": "a 0-d tensor or a number",
+}
+
+
+# ----------------------------------------------------------------------------- rendering
+
+def _load_template_source(name: str):
+    path = files("kernelwright.codegen") / "templates" / "triton" / name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    return text, None, lambda: True
+
+
+@functools.lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(_load_template_source),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _check_name(name: str) -> None:
+    if not name.isidentifier():
+        raise ValueError(f"kernel name {name!r} is not a Python identifier")
+
+
+def _common_context(epilogue: Epilogue, name: str) -> dict:
+    _check_name(name)
+    return dict(
+        name=name,
+        epilogue=epilogue,
+        operand_spec=repr(tuple((o.name, o.kind) for o in epilogue.operands)),
+        kinds=repr([o.kind for o in epilogue.operands]),
+        names=", ".join(o.name for o in epilogue.operands),
+        code_doc=render_code(epilogue, indent="    "),
+        kind_doc=_KIND_DOC,
+        conv_kind_doc=_CONV_KIND_DOC,
+    )
+
+
+def _render(template: str, ctx: dict) -> str:
+    text = _env().get_template(template).render(**ctx)
+    compile(text, f"<{ctx['name']}>", "exec")  # fail here, with the text at hand, on a syntax error
+    return text
+
+
+def render_gemm(epilogue: Epilogue = IDENTITY, batched: bool = False, *, name: str = "kw_gemm") -> str:
+    """Module text: ``{name}_kernel`` (C = A @ B + epilogue), ``{name}_epilogue_kernel``
+    (the split-K epilogue pass) and ``launch(a, b, *operands, *, out_dtype=None, BLOCK_M, BLOCK_N,
+    BLOCK_K, GROUP_M, SPLIT_K, INPUT_PRECISION, CAST_BF16, num_warps, num_stages)``."""
+    ctx = _common_context(epilogue, name)
+    batch = "pid_b" if batched else None
+    ctx.update(
+        batched=bool(batched),
+        params=operand_params(epilogue, batched=batched),
+        loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch=batch, indent=" " * 8),
+        code=render_code(epilogue, indent=" " * 8),
+        loads_pass=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch=batch, indent=" " * 4),
+        code_pass=render_code(epilogue, indent=" " * 4),
+    )
+    if batched:
+        ctx["kind_doc"] = _KIND_DOC_BATCHED
+    return _render("gemm.py.j2", ctx)
+
+
+def render_gemm_rowreduce(
+    epilogue: Epilogue = IDENTITY, batched: bool = False, *, name: str = "kw_gemm_rowreduce"
+) -> str:
+    """Module text: ``{name}_kernel`` (reduce each row of epilogue(A @ B) without writing the
+    product) and ``launch(a, b, *operands, *, reduce="sum", out_dtype=None, BLOCK_M, BLOCK_N,
+    BLOCK_K, INPUT_PRECISION, CAST_BF16, num_warps, num_stages)``; reduce is one of sum, mean,
+    max, min, logsumexp (output [M]) or softmax (output [M, N])."""
+    ctx = _common_context(epilogue, name)
+    batch = "pid_b" if batched else None
+    ctx.update(
+        batched=bool(batched),
+        params=operand_params(epilogue, batched=batched),
+        loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch=batch, indent=" " * 8),
+        code=render_code(epilogue, indent=" " * 8),
+    )
+    if batched:
+        ctx["kind_doc"] = _KIND_DOC_BATCHED
+    return _render("gemm_rowreduce.py.j2", ctx)
+
+
+_CONV_FULL = (
+    "n_idx[:, None] * stride_{name}_n + offs_n[None, :] * stride_{name}_c"
+    " + oh[:, None] * stride_{name}_h + ow[:, None] * stride_{name}_w"
+)
+
+
+def _conv_context(epilogue: Epilogue, name: str) -> dict:
+    ctx = _common_context(epilogue, name)
+    ctx.update(
+        params=operand_params(epilogue, full_strides=("n", "c", "h", "w")),
+        loads=render_operand_loads(
+            epilogue, "offs_m", "offs_n", "mask", mask_m="m_ok", mask_n="n_ok", full_offsets=_CONV_FULL,
+            indent=" " * 4,
+        ),
+        code=render_code(epilogue, indent=" " * 4),
+    )
+    return ctx
+
+
+def render_conv2d(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv2d") -> str:
+    """Module text: ``{name}_kernel`` (implicit-GEMM conv2d, groups=1, + epilogue) and
+    ``launch(x, w, *operands, *, stride=1, padding=0, dilation=1, NHWC=None, out_dtype=None,
+    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, INPUT_PRECISION, CAST_BF16, num_warps, num_stages)``."""
+    return _render("conv2d_implicit_gemm.py.j2", _conv_context(epilogue, name))
+
+
+def render_depthwise(epilogue: Epilogue = IDENTITY, *, name: str = "kw_dwconv2d") -> str:
+    """Module text: ``{name}_kernel`` (direct depthwise conv2d, groups == Cin, + epilogue) and
+    ``launch(x, w, *operands, *, stride=1, padding=0, dilation=1, out_dtype=None, BLOCK_M,
+    BLOCK_N, num_warps, num_stages)``."""
+    return _render("depthwise_conv2d.py.j2", _conv_context(epilogue, name))
+
+
+# ----------------------------------------------------------------------------- spaces
+
+def precision_kwargs(policy: str) -> dict:
+    """Launch arguments for a precision policy name (fp32 / tf32 / bf16)."""
+    table = {
+        "fp32": dict(INPUT_PRECISION="ieee", CAST_BF16=False),
+        "ieee": dict(INPUT_PRECISION="ieee", CAST_BF16=False),
+        "tf32": dict(INPUT_PRECISION="tf32", CAST_BF16=False),
+        "bf16": dict(INPUT_PRECISION="ieee", CAST_BF16=True),
+    }
+    try:
+        return dict(table[policy])
+    except KeyError:
+        raise ValueError(f"unknown precision policy {policy!r}") from None
+
+
+def _p2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
+
+
+def _cfg(bm, bn, bk, gm, w, s, sk) -> dict:
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, num_warps=w, num_stages=s, SPLIT_K=sk)
+
+
+# Known-good Hopper configs (tile M, N, K, warps, stages), first in every space they fit.
+_SEEDS = {
+    "bf16": [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
+             (64, 256, 64, 4, 4), (128, 64, 64, 4, 4)],
+    "tf32": [(128, 256, 32, 8, 3), (256, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 128, 32, 4, 4),
+             (64, 128, 32, 4, 4), (128, 64, 32, 4, 4)],
+    "fp32": [(128, 128, 16, 8, 3), (128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
+             (64, 64, 32, 4, 3), (128, 128, 32, 4, 3)],
+}
+
+
+def _tile_space(
+    precision: str,
+    *,
+    M: int | None,
+    N: int | None,
+    K: int | None,
+    elem_bytes: int | None,
+    max_configs: int,
+    split_k: bool,
+    smem_limit: int,
+    num_sms: int,
+    group_m: tuple[int, ...] = (8,),
+) -> list[dict]:
+    prec = "fp32" if precision in ("fp32", "ieee") else precision
+    if prec not in _SEEDS:
+        raise ValueError(f"unknown precision {precision!r}")
+    eb = elem_bytes or (2 if prec == "bf16" else 4)
+    axes = dict(
+        BLOCK_M=(16, 32, 64, 128, 256),
+        BLOCK_N=(16, 32, 64, 128, 256),
+        BLOCK_K=(16, 32, 64, 128),
+        GROUP_M=group_m,
+        num_warps=(4, 8),
+        num_stages=(2, 3, 4, 5),
+        SPLIT_K=(1, 2, 4, 8) if split_k else (1,),
+    )
+    cap_m = max(16, _p2(M)) if M else 256
+    cap_n = max(16, _p2(N)) if N else 256
+    cap_k = max(16, _p2(K)) if K else 128
+    small = (M is not None and M < 64) or (N is not None and N < 64)
+
+    def ok(c: dict) -> bool:
+        bm, bn, bk, w, s, sk = (c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K"))
+        if bm > cap_m or bn > cap_n or bk > cap_k:
+            return False
+        if not 32 <= bk * eb <= 256 or (bk * eb < 64 and (K is None or K >= 64)):
+            return False
+        if s * (bm + bn) * bk * max(eb, 2) > smem_limit:
+            return False
+        per_thread = bm * bn / (32 * w)  # fp32 accumulators per thread
+        if not 8 <= per_thread <= 128:
+            return False
+        if w == 8 and bm * bn < 128 * 128:
+            return False
+        if bm * bn < 64 * 64 and not small:
+            return False
+        if prec == "fp32" and s > 3:  # the FMA path gains nothing from deep pipelines
+            return False
+        if sk > 1:
+            if M is None or N is None or K is None:
+                return False
+            tiles = math.ceil(M / bm) * math.ceil(N / bn)
+            if tiles >= num_sms or tiles * sk > 2 * num_sms or K // sk < 4 * bk:
+                return False
+        return True
+
+    def score(c: dict) -> float:
+        bm, bn, bk, w, s, sk = (c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K"))
+        sc = math.log2(min(bm * bn, 128 * 256))  # bigger tiles: more reuse
+        sc -= 0.3 * abs(bm / bn - 1) if bm != bn else 0.0
+        sc += {128: 1.0, 64: 0.6, 256: 0.3}.get(bk * eb, 0.0)
+        sc -= 0.3 * abs(s - (3 if prec == "fp32" else 4))
+        if M and N:
+            tiles = math.ceil(M / bm) * math.ceil(N / bn) * sk
+            waste = (M * N) / (math.ceil(M / bm) * bm * math.ceil(N / bn) * bn)
+            sc += 4 * (waste - 1)
+            waves = tiles / num_sms
+            if waves < 1:
+                sc -= 3 * (1 - waves)
+            else:
+                sc -= 1.5 * (math.ceil(waves) - waves) / math.ceil(waves)
+        return sc
+
+    names = list(axes)
+    cands = [dict(zip(names, vals)) for vals in itertools.product(*axes.values())]
+    cands = [c for c in cands if ok(c)]
+    seeds = [_cfg(bm, bn, bk, group_m[0], w, s, 1) for bm, bn, bk, w, s in _SEEDS[prec]]
+    seeds = [c for c in seeds if ok(c)]
+    rest = sorted((c for c in cands if c not in seeds), key=score, reverse=True)
+    out = []
+    for c in seeds + rest:
+        if c not in out:
+            out.append(c)
+        if len(out) >= max_configs:
+            break
+    if not out:  # tiny or odd problem: the smallest legal tile
+        out = [_cfg(16, 16, 16 if eb >= 4 else 32, group_m[0], 4, 2, 1)]
+    return out
+
+
+def gemm_space(
+    precision: str = "tf32",
+    *,
+    M: int | None = None,
+    N: int | None = None,
+    K: int | None = None,
+    elem_bytes: int | None = None,
+    max_configs: int = 60,
+    smem_limit: int = H200_SMEM_PER_BLOCK,
+    num_sms: int = H200_NUM_SMS,
+) -> list[dict]:
+    """Candidate GEMM configs for a precision policy (fp32 / tf32 / bf16) and, optionally, a
+    problem shape (limits tiles to the shape, enables split-K when the output has too few tiles
+    to fill the GPU).  elem_bytes: operand bytes as loaded (default 2 for bf16, else 4; pass 4
+    for float32 tensors cast to bf16 in the kernel)."""
+    return _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=max_configs,
+                       split_k=True, smem_limit=smem_limit, num_sms=num_sms)
+
+
+def rowreduce_space(
+    precision: str = "tf32",
+    *,
+    M: int | None = None,
+    N: int | None = None,
+    K: int | None = None,
+    elem_bytes: int | None = None,
+    reduce: str = "sum",
+    max_configs: int = 40,
+) -> list[dict]:
+    """Configs for the GEMM + row-reduction template (GROUP_M and SPLIT_K fixed at 1; for
+    softmax BLOCK_N is the next power of two >= N)."""
+    space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=1000,
+                        split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS, group_m=(1,))
+    if reduce == "softmax" and N:
+        bn = max(16, _p2(N))
+        out = []
+        for c in space:
+            c = dict(c, BLOCK_N=bn)
+            if c["BLOCK_M"] * bn / (32 * c["num_warps"]) <= 256 and c not in out:
+                out.append(c)
+        space = out or [_cfg(16, bn, 32, 1, 8, 2, 1)]
+    return space[:max_configs]
+
+
+def conv_space(
+    precision: str = "tf32",
+    *,
+    batch: int | None = None,
+    Cin: int | None = None,
+    Cout: int | None = None,
+    OH: int | None = None,
+    OW: int | None = None,
+    elem_bytes: int | None = None,
+    max_configs: int = 40,
+) -> list[dict]:
+    """Candidate configs for the implicit-GEMM conv2d template (GEMM view: M = batch*OH*OW,
+    N = Cout, BLOCK_K steps over input channels, so it is capped by Cin)."""
+    M = batch * OH * OW if batch and OH and OW else None
+    return _tile_space(precision, M=M, N=Cout, K=Cin, elem_bytes=elem_bytes, max_configs=max_configs,
+                       split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS)
+
+
+def depthwise_space(*, C: int | None = None, max_configs: int = 30) -> list[dict]:
+    """Configs for the direct depthwise conv (BLOCK_M output pixels x BLOCK_N channels)."""
+    axes = dict(BLOCK_M=(32, 64, 128, 256, 512), BLOCK_N=(1, 2, 4, 8, 16, 32), num_warps=(1, 2, 4, 8))
+    cap_n = _p2(C) if C else 32
+    out = []
+    for bm, bn, w in itertools.product(*axes.values()):
+        elems = bm * bn
+        if bn > cap_n or not 256 <= elems <= 4096 or not 2 <= elems / (32 * w) <= 32:
+            continue
+        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=1, GROUP_M=1, num_warps=w, num_stages=1, SPLIT_K=1))
+    # NCHW input: pixels are the contiguous axis, so long pixel tiles first.
+    out.sort(key=lambda c: (-(c["BLOCK_M"] >= 128), abs(c["BLOCK_M"] * c["BLOCK_N"] - 1024), c["num_warps"]))
+    return out[:max_configs]
+
+
+__all__ = [
+    "CONFIG_KEYS", "render_gemm", "render_gemm_rowreduce", "render_conv2d", "render_depthwise",
+    "gemm_space", "rowreduce_space", "conv_space", "depthwise_space", "precision_kwargs",
+]

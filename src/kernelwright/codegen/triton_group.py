@@ -1,0 +1,509 @@
+"""Lower a fusion group to one Triton kernel (plus its launcher) from templates/triton/group.py.j2.
+
+The group's domain is collapsed to M kept indices x R reduced elements; every tensor operand is
+addressed through its strides in domain coordinates (0 along broadcast dims), so broadcasting
+operands, per-row and per-column parameters and non-contiguous inputs need no copies.
+Composites (softmax, log-softmax, layer norm, mean, var, vector norms) are expanded into loads,
+elementwise expressions and sum/max/min/argmax/argmin reductions. Reductions run in one pass when
+a row fits in one tile (`one_pass`), otherwise each reduction is a loop over R that recomputes
+the elementwise values it needs from global memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+import jinja2
+
+from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
+from kernelwright.plan.fusion import Group, reduction_spec, row_shapes
+
+NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
+TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "int64": "tl.int64",
+            "int32": "tl.int32", "bool": "tl.int1"}
+
+
+class Unsupported(Exception):
+    """The group uses something this template cannot express; the library runs it instead."""
+
+
+@dataclass
+class Operand:
+    param: str
+    value: str  # graph value name
+    strides: tuple[int, ...]  # per domain dim; 0 where broadcast
+    level: str  # "full" | "row" | "scalar"
+    dtype: str
+    shape: tuple[int, ...] = ()
+
+
+@dataclass
+class Stmt:
+    var: str
+    level: str  # "full" | "row" | "scalar"
+    kind: str  # "load" | "expr" | "reduce" | "store"
+    code: str = ""
+    deps: tuple[str, ...] = ()
+    operand: Operand | None = None
+    op: str = ""  # reduction kind
+
+
+def _contig(shape) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+@lru_cache(maxsize=None)
+def _env() -> jinja2.Environment:
+    root = resources.files("kernelwright.codegen") / "templates" / "triton"
+    return jinja2.Environment(loader=jinja2.FunctionLoader(lambda n: (root / n).read_text()),
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                              undefined=jinja2.StrictUndefined)
+
+
+class Lowering:
+    """Builds the statement list and operands of one group."""
+
+    def __init__(self, graph: Graph, group: Group):
+        self.g, self.grp = graph, group
+        self.D = tuple(group.domain)
+        self.rd = tuple(group.rdims or ())
+        self.stmts: list[Stmt] = []
+        self.vars: dict[str, tuple[str, str]] = {}  # graph value -> (var, level)
+        self.tuples: dict[str, list[tuple[str, str]]] = {}
+        self.loads: dict[tuple, str] = {}
+        self.inputs: list[Operand] = []
+        self.outputs: list[Operand] = []
+        self.R = 1
+        for d in self.rd:
+            self.R *= self.D[d]
+        self._n = 0
+
+    # -- helpers -------------------------------------------------------------------------
+    def _new(self, prefix="t") -> str:
+        self._n += 1
+        return f"{prefix}{self._n}"
+
+    def _emit(self, level, code, deps, prefix="t") -> str:
+        var = self._new(prefix)
+        self.stmts.append(Stmt(var, level, "expr", code, tuple(deps)))
+        return var
+
+    def _reduce(self, op, src) -> str:
+        var = self._new("s")
+        self.stmts.append(Stmt(var, "row", "reduce", deps=(src,), op=op))
+        return var
+
+    def _domain_strides(self, meta, ctx: str) -> tuple[int, ...]:
+        """Strides of a tensor broadcast into domain coordinates.
+
+        ctx "full": right-aligned against the domain; "row": against the row shape without
+        the reduced dims (keepdim=False form)."""
+        nd = len(self.D)
+        if ctx == "full" or len(meta.shape) == 0:
+            off = nd - len(meta.shape)
+            if off < 0:
+                raise Unsupported("operand has more dims than the domain")
+            return tuple(0 if j < off or meta.shape[j - off] == 1 else meta.stride[j - off] for j in range(nd))
+        kept = [j for j in range(nd) if j not in self.rd]
+        off = len(kept) - len(meta.shape)
+        if off < 0:
+            raise Unsupported("row operand has more dims than the kept dims")
+        st = [0] * nd
+        for pos, j in enumerate(kept):
+            if pos >= off and meta.shape[pos - off] != 1:
+                st[j] = meta.stride[pos - off]
+        return tuple(st)
+
+    def _level_of(self, strides) -> str:
+        if all(s == 0 for s in strides):
+            return "scalar"
+        if all(strides[d] == 0 for d in self.rd):
+            return "row"
+        return "full"
+
+    def operand(self, ref, ctx: str) -> tuple[str, str]:
+        """(var, level) of a graph value or Python scalar used as an op argument."""
+        if not isinstance(ref, Ref):
+            if isinstance(ref, (int, float, bool)):
+                return format_float(ref), "scalar"
+            raise Unsupported(f"argument {ref!r} is not a tensor or number")
+        if ref.name in self.vars:
+            return self.vars[ref.name]
+        meta = self.g.meta(ref.name)
+        if meta is None:
+            raise Unsupported(f"{ref.name} has no tensor metadata")
+        strides = self._domain_strides(meta, ctx)
+        key = (ref.name, strides)
+        if key not in self.loads:
+            op = Operand(f"in{len(self.inputs)}", ref.name, strides, self._level_of(strides), meta.dtype, meta.shape)
+            self.inputs.append(op)
+            var = f"x{len(self.inputs) - 1}"
+            self.stmts.append(Stmt(var, op.level, "load", operand=op))
+            self.loads[key] = var
+            return var, op.level
+        var = self.loads[key]
+        return var, next(s.level for s in self.stmts if s.var == var)
+
+    # -- lowering ------------------------------------------------------------------------
+    def lower(self):
+        for name in self.grp.nodes:
+            self._lower_node(self.g.node(name))
+        for name in self.grp.outputs:
+            var, level = self.vars[name]
+            meta = self.g.meta(name)
+            if level == "full":
+                if tuple(meta.shape) != self.D:
+                    raise Unsupported(f"output {name} shape {meta.shape} differs from the domain")
+                strides = _contig(self.D)
+            else:
+                from kernelwright.capture.graph import TensorMeta
+
+                cm = TensorMeta(meta.shape, _contig(meta.shape), meta.dtype)
+                strides = self._domain_strides(cm, "full" if len(meta.shape) == len(self.D) else "row")
+            op = Operand(f"out{len(self.outputs)}", name, strides, level, meta.dtype, meta.shape)
+            self.outputs.append(op)
+            self.stmts.append(Stmt(var + "_st", level, "store", deps=(var,), operand=op))
+        return self
+
+    def _ctx(self, node: OpNode) -> str:
+        shape = node.meta.shape if node.meta else ()
+        if self.grp.rdims is not None and tuple(shape) == row_shapes(self.D, self.rd)[1] and tuple(shape) != self.D:
+            return "row"
+        return "full"
+
+    def _lower_node(self, n: OpNode):
+        t = n.target
+        if t == "getitem":
+            self.vars[n.name] = self.tuples[n.args[0].name][n.args[1]]
+            return
+        if t in POINTWISE:
+            self._lower_pointwise(n)
+            return
+        spec = reduction_spec(n, self.g)
+        if spec is None:
+            raise Unsupported(f"{t} is not supported by the group template")
+        x, lx = self.operand(n.args[0], "full")
+        R = format_float(self.R)
+        if t in ("aten.sum.default", "aten.sum.dim_IntList"):
+            self.vars[n.name] = (self._reduce("sum", x), "row")
+        elif t in ("aten.mean.default", "aten.mean.dim"):
+            s = self._reduce("sum", x)
+            self.vars[n.name] = (self._emit("row", f"{s} / {R}", [s]), "row")
+        elif t == "aten.amax.default":
+            self.vars[n.name] = (self._reduce("max", x), "row")
+        elif t == "aten.amin.default":
+            self.vars[n.name] = (self._reduce("min", x), "row")
+        elif t in ("aten.argmax.default", "aten.argmin.default"):
+            self.vars[n.name] = (self._reduce(t.split(".")[1], x), "row")
+        elif t in ("aten.max.dim", "aten.min.dim"):
+            kind = t.split(".")[1]
+            self.tuples[n.name] = [(self._reduce(kind, x), "row"), (self._reduce("arg" + kind, x), "row")]
+        elif t == "aten.var.correction":
+            corr = n.kwargs.get("correction", 1)
+            corr = 1.0 if corr is None else float(corr)
+            s1 = self._reduce("sum", x)
+            mu = self._emit("row", f"{s1} / {R}", [s1])
+            d = self._emit("full", f"{x} - {mu}", [x, mu])
+            sq = self._emit("full", f"{d} * {d}", [d])
+            s = self._reduce("sum", sq)
+            self.vars[n.name] = (self._emit("row", f"{s} / {format_float(self.R - corr)}", [s]), "row")
+        elif t == "aten.linalg_vector_norm.default":
+            order = float(n.args[1] if len(n.args) > 1 else n.kwargs.get("ord", 2))
+            if order == 1.0:
+                a = self._emit("full", f"tl.abs({x})", [x])
+                self.vars[n.name] = (self._reduce("sum", a), "row")
+            else:
+                sq = self._emit("full", f"{x} * {x}", [x])
+                s = self._reduce("sum", sq)
+                self.vars[n.name] = (self._emit("row", f"tl.sqrt({s})", [s]), "row")
+        elif t in ("aten._softmax.default", "aten._log_softmax.default"):
+            mx = self._reduce("max", x)
+            sh = self._emit("full", f"{x} - {mx}", [x, mx])
+            e = self._emit("full", f"tl.exp({sh})", [sh])
+            s = self._reduce("sum", e)
+            if t == "aten._softmax.default":
+                self.vars[n.name] = (self._emit("full", f"{e} / {s}", [e, s]), "full")
+            else:
+                ls = self._emit("row", f"tl.log({s})", [s])
+                self.vars[n.name] = (self._emit("full", f"{sh} - {ls}", [sh, ls]), "full")
+        elif t == "aten.native_layer_norm.default":
+            w, b, eps = n.args[2], n.args[3], float(n.args[4])
+            s1 = self._reduce("sum", x)
+            mu = self._emit("row", f"{s1} / {R}", [s1])
+            d = self._emit("full", f"{x} - {mu}", [x, mu])
+            sq = self._emit("full", f"{d} * {d}", [d])
+            s2 = self._reduce("sum", sq)
+            rstd = self._emit("row", f"tl.rsqrt({s2} / {R} + {format_float(eps)})", [s2])
+            y = self._emit("full", f"{d} * {rstd}", [d, rstd])
+            if w is not None:
+                wv, _ = self.operand(w, "full")
+                y = self._emit("full", f"{y} * {wv}", [y, wv])
+            if b is not None:
+                bv, _ = self.operand(b, "full")
+                y = self._emit("full", f"{y} + {bv}", [y, bv])
+            self.tuples[n.name] = [(y, "full"), (mu, "row"), (rstd, "row")]
+        else:
+            raise Unsupported(f"{t} is not supported by the group template")
+
+    def _lower_pointwise(self, n: OpNode):
+        t = n.target
+        k = OPERANDS.get(t, len(n.args))
+        ctx = self._ctx(n)
+        args, deps, levels = [], [], []
+        for a in n.args[:k]:
+            var, level = self.operand(a, ctx)
+            args.append(var)
+            levels.append(level)
+            if isinstance(a, Ref):
+                deps.append(var)
+        kw = dict(zip(EXTRA_ARGS.get(t, []), n.args[k:]))
+        kw.update(n.kwargs)
+        code = POINTWISE[t](args, kw)
+        level = "full" if "full" in levels else ("row" if "row" in levels else "scalar")
+        if level == "scalar":
+            level = "row" if self.grp.rdims is not None else "full"
+        self.vars[n.name] = (self._emit(level, code, deps), level)
+
+
+# -- rendering ---------------------------------------------------------------------------
+
+def _collapse(D, rd, vectors):
+    """Drop size-1 dims and merge neighbours that every operand walks contiguously.
+
+    Returns (kept, reduced): lists of (size, [stride per operand])."""
+    dims = [j for j in range(len(D)) if D[j] != 1]
+    merged: list[tuple[int, list[int], bool]] = []
+    for j in dims:
+        red = j in rd
+        sts = [v[j] for v in vectors]
+        if merged:
+            size, prev, pred = merged[-1]
+            if pred == red and all(p == s * D[j] for p, s in zip(prev, sts)):
+                merged[-1] = (size * D[j], sts, red)
+                continue
+        merged.append((D[j], sts, red))
+    kept = [(s, st) for s, st, r in merged if not r]
+    red = [(s, st) for s, st, r in merged if r]
+    return kept, red
+
+
+def _index_lines(prefix, var, dims, operands, used):
+    """Lines computing each operand's offset part from index `var` over mixed-radix `dims`."""
+    lines, offs = [], {}
+    sizes = [s for s, _ in dims]
+    divs = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        divs[i] = divs[i + 1] * sizes[i + 1]
+    coords_needed = set()
+    plans = {}
+    for k, op in enumerate(operands):
+        if op.param not in used:
+            continue
+        sts = [st[k] for _, st in dims]
+        if all(s == 0 for s in sts):
+            plans[op.param] = None
+            continue
+        ratio = [s / d for s, d in zip(sts, divs) if s != 0]
+        if all(s == 0 or s == divs[i] * sts[-1] for i, s in enumerate(sts)) and sts[-1] != 0 and all(s != 0 for s in sts):
+            plans[op.param] = f"{var} * {sts[-1]}" if sts[-1] != 1 else var
+            continue
+        del ratio
+        terms = []
+        for i, s in enumerate(sts):
+            if s:
+                coords_needed.add(i)
+                terms.append(f"{prefix}c{i} * {s}" if s != 1 else f"{prefix}c{i}")
+        plans[op.param] = " + ".join(terms)
+    for i in sorted(coords_needed):
+        if len(sizes) == 1:
+            expr = var
+        elif i == 0:
+            expr = f"{var} // {divs[0]}"
+        elif i == len(sizes) - 1:
+            expr = f"{var} % {sizes[i]}"
+        else:
+            expr = f"({var} // {divs[i]}) % {sizes[i]}"
+        lines.append(f"{prefix}c{i} = {expr}")
+    for param, expr in plans.items():
+        offs[param] = expr
+    for param, expr in offs.items():
+        if expr is not None:
+            lines.append(f"o{prefix}_{param} = {expr}")
+    return lines, offs
+
+
+@dataclass
+class GroupKernel:
+    """A rendered group kernel: module source text plus what the caller needs to know."""
+
+    source: str
+    config: dict
+    inputs: list[str]  # graph values passed to launch(), in order
+    outputs: list[str]  # graph values launch() returns, in order
+    M: int
+    R: int
+    bytes: int  # minimum bytes the kernel moves
+
+
+def lower(graph: Graph, group: Group) -> Lowering:
+    return Lowering(graph, group).lower()
+
+
+def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None = None) -> GroupKernel:
+    low = low or lower(graph, group)
+    ops = low.inputs + low.outputs
+    kept, red = _collapse(low.D, low.rd, [o.strides for o in ops])
+    M = 1
+    for s, _ in kept:
+        M *= s
+    R = 1
+    for s, _ in red:
+        R *= s
+    pointwise = group.rdims is None
+    one_pass = bool(config.get("one_pass", True)) and not pointwise
+    BLOCK_M, BLOCK_R = int(config["BLOCK_M"]), int(config.get("BLOCK_R", 1))
+    if one_pass and BLOCK_R < R:
+        raise Unsupported("one_pass needs BLOCK_R >= R")
+    used_m = {o.param for o in ops if o.level != "scalar"}
+    used_r = {o.param for o in ops if o.level == "full"}
+    kept_lines, m_off = _index_lines("m", "m", kept, ops, used_m) if kept else ([], {p: None for p in used_m})
+    red_lines, r_off = _index_lines("r", "r", red, ops, used_r) if red else ([], {p: None for p in used_r})
+
+    def addr(op: Operand) -> str:
+        parts = [f"om_{op.param}" if m_off.get(op.param) else None]
+        if op.level == "full" and not pointwise:
+            parts.append(f"or_{op.param}" if r_off.get(op.param) else None)
+        parts = [p for p in parts if p]
+        return op.param + (" + " + " + ".join(parts) if parts else "")
+
+    def render(s: Stmt, where: str) -> list[str]:
+        """Lines for one statement; where is "tile" (one-pass / pointwise) or "loop" / "top"."""
+        if s.kind == "load":
+            op = s.operand
+            cast = "" if op.dtype == "bool" else ".to(tl.float32)"
+            if op.level == "scalar":
+                return [f"{s.var} = tl.load({op.param}){cast}"]
+            msk = "mask" if op.level == "full" else "mmask"
+            return [f"{s.var} = tl.load({addr(op)}, mask={msk}, other=0){cast}"]
+        if s.kind == "expr":
+            return [f"{s.var} = {s.code}"]
+        if s.kind == "store":
+            op = s.operand
+            msk = "mask" if op.level == "full" else "mmask"
+            val = s.deps[0]
+            return [f"tl.store({addr(op)}, {val}, mask={msk})"]
+        raise AssertionError(s.kind)
+
+    def reduce_tile(s: Stmt) -> list[str]:
+        src = s.deps[0]
+        if s.op in ("sum", "max", "min"):
+            fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[s.op]
+            return [f"{s.var} = {fn}(tl.where(mask, {src}, {NEUTRAL[s.op]}), axis=1)[:, None]"]
+        best = "tl.max" if s.op == "argmax" else "tl.min"
+        return [f"{s.var}_v = {best}(tl.where(mask, {src}, {NEUTRAL[s.op]}), axis=1)[:, None]",
+                f"{s.var} = tl.min(tl.where(mask & ({src} == {s.var}_v), r, {R}), axis=1)[:, None]"]
+
+    body: list[str] = []
+    phases: list[dict] = []
+    by_var = {s.var: s for s in low.stmts}
+    if pointwise or one_pass:
+        for s in low.stmts:
+            body += reduce_tile(s) if s.kind == "reduce" else render(s, "tile")
+    else:
+        def closure(roots) -> list[Stmt]:
+            need, stack = set(), list(roots)
+            while stack:
+                v = stack.pop()
+                st = by_var.get(v)
+                if st is None or st.level != "full" or v in need:
+                    continue
+                need.add(v)
+                stack.extend(st.deps)
+                if st.kind == "load":
+                    continue
+            return [st for st in low.stmts if st.var in need and st.kind in ("load", "expr")]
+
+        pre: list[str] = []
+        for s in low.stmts:
+            if s.kind == "reduce":
+                src = s.deps[0]
+                lines = [ln for st in closure([src]) for ln in render(st, "loop")]
+                if s.op in ("sum", "max", "min"):
+                    comb = {"sum": "acc + tl.where(mask, {x}, 0.0)", "max": "tl.maximum(acc, tl.where(mask, {x}, float('-inf')))",
+                            "min": "tl.minimum(acc, tl.where(mask, {x}, float('inf')))"}[s.op].format(x=src)
+                    fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[s.op]
+                    init = [f"acc = tl.full([BLOCK_M, BLOCK_R], {NEUTRAL[s.op]}, tl.float32)"]
+                    lines.append(f"acc = {comb}")
+                    post = [f"{s.var} = {fn}(acc, axis=1)[:, None]"]
+                else:
+                    better = ">" if s.op == "argmax" else "<"
+                    best = "tl.max" if s.op == "argmax" else "tl.min"
+                    init = [f"acc = tl.full([BLOCK_M, BLOCK_R], {NEUTRAL[s.op]}, tl.float32)",
+                            "acc_i = tl.zeros([BLOCK_M, BLOCK_R], tl.int64)"]
+                    lines += [f"cand = tl.where(mask, {src}, {NEUTRAL[s.op]})",
+                              f"take = cand {better} acc",
+                              "acc_i = tl.where(take, r + tl.zeros([BLOCK_M, BLOCK_R], tl.int64), acc_i)",
+                              "acc = tl.where(take, cand, acc)"]
+                    post = [f"{s.var}_v = {best}(acc, axis=1)[:, None]",
+                            f"{s.var} = tl.min(tl.where(acc == {s.var}_v, acc_i, {R}), axis=1)[:, None]"]
+                phases.append({"pre": pre + init, "body": lines, "post": post})
+                pre = []
+            elif s.level in ("row", "scalar") and s.kind in ("load", "expr"):
+                pre += render(s, "top")
+        full_stores = [s for s in low.stmts if s.kind == "store" and s.operand.level == "full"]
+        row_stores = [s for s in low.stmts if s.kind == "store" and s.operand.level != "full"]
+        if full_stores:
+            lines = [ln for st in closure([s.deps[0] for s in full_stores]) for ln in render(st, "loop")]
+            for s in full_stores:
+                lines += render(s, "loop")
+            phases.append({"pre": pre, "body": lines, "post": []})
+            pre = []
+        post = [ln for s in row_stores for ln in render(s, "top")]
+        phases.append({"pre": pre, "body": [], "post": post})
+
+    in_names = [op.value for op in low.inputs]
+    uniq_inputs = list(dict.fromkeys(in_names))
+    arg_of = {v: f"a{i}" for i, v in enumerate(uniq_inputs)}
+    params = [op.param for op in low.inputs] + [op.param for op in low.outputs]
+    param_doc = [f"input {op.value}: {op.dtype}{list(op.shape)}, domain strides {list(op.strides)} ({op.level})" for op in low.inputs]
+    param_doc += [f"output {op.value}: {op.dtype}{list(op.shape)} ({op.level})" for op in low.outputs]
+    checks = []
+    for v in uniq_inputs:
+        meta = graph.meta(v)
+        checks.append(f"_expect({arg_of[v]}, {tuple(meta.shape)!r}, {tuple(meta.stride)!r}, {v!r})")
+    allocs, out_vars = [], []
+    dev = arg_of[uniq_inputs[0]] + ".device" if uniq_inputs else "'cuda'"
+    for i, op in enumerate(low.outputs):
+        allocs.append(f"out{i} = torch.empty({tuple(op.shape)!r}, dtype=torch.{op.dtype}, device={dev})")
+        out_vars.append(f"out{i}")
+    call_args = ", ".join([arg_of[op.value] for op in low.inputs] + out_vars)
+    helpers = (resources.files("kernelwright.codegen") / "templates" / "triton" / "helpers.py.j2").read_text()
+    ops_used = ", ".join(graph.node(n).op for n in group.nodes)
+    text = _env().get_template("group.py.j2").render(
+        kind=group.kind, gid=group.id, ops=ops_used, domain=list(low.D), rdims=list(low.rd), M=M, R=R,
+        helpers=helpers.strip(), kernel=f"{group.id}_kernel", params=params, param_doc=param_doc,
+        pointwise=pointwise, one_pass=one_pass, index_m=kept_lines, index_r=red_lines, body=body, phases=phases,
+        launch_args=", ".join(arg_of[v] for v in uniq_inputs), input_doc=", ".join(uniq_inputs),
+        output_doc=", ".join(op.value for op in low.outputs), launch_checks=checks, launch_allocs=allocs,
+        BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, num_warps=int(config.get("num_warps", 4)),
+        num_stages=int(config.get("num_stages", 1)), call_args=call_args,
+        returns="(" + ", ".join(out_vars) + ",)",
+    )
+    text += _EXPECT
+    nbytes = sum(graph.meta(v).nbytes for v in uniq_inputs) + sum(graph.meta(o.value).nbytes for o in low.outputs)
+    return GroupKernel(text, dict(config), uniq_inputs, [o.value for o in low.outputs], M, R, nbytes)
+
+
+_EXPECT = '''
+
+def _expect(t, shape, stride, name):
+    """The kernel was specialised for this shape and these strides; refuse anything else."""
+    if tuple(t.shape) != shape or any(n != 1 and s != e for n, s, e in zip(shape, t.stride(), stride)):
+        raise ValueError(f"{name}: expected shape {shape} strides {stride}, got {tuple(t.shape)} {t.stride()}")
+'''

@@ -1,0 +1,118 @@
+"""Baselines (eager PyTorch and torch.compile) and timing a problem's implementations together.
+
+Everything is timed in one interleaved run under the same precision policy (matched precision);
+the model is built once, compile warm-up runs before timing, inputs are drawn once on the device.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from kernelwright.measure.timer import Timing, require_gpu, time_interleaved
+
+__all__ = ["Baselines", "Timings", "make_baselines", "time_problem", "compile_key"]
+
+
+class Baselines(dict):
+    """name -> callable(*inputs); `errors` holds name -> one-line reason for baselines that failed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.errors: dict[str, str] = {}
+
+
+class Timings(dict):
+    """name -> Timing; `errors` holds name -> reason for implementations that could not be timed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.errors: dict[str, str] = {}
+
+    def to_json(self) -> dict:
+        return {"timings": {k: v.to_json() for k, v in self.items()}, "errors": dict(self.errors)}
+
+
+def compile_key(compile_mode: str = "default") -> str:
+    return "compile" if compile_mode in (None, "default") else f"compile:{compile_mode}"
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def make_baselines(
+    problem,
+    policy,
+    device,
+    compile_mode: str | None = "default",
+    inputs: list | None = None,
+    include_compile: bool = True,
+    model: torch.nn.Module | None = None,
+) -> Baselines:
+    """{"eager": model, "compile" (or "compile:<mode>"): torch.compile(model)}, callables taking
+    the problem's inputs. The model is built once (or `model` is used). With `inputs`, the compiled
+    callable is run once under the policy here, so compilation and autotuning stay out of timing.
+    A compile failure leaves its key out and its reason in `.errors`."""
+    model = problem.make_model(device) if model is None else model
+    out = Baselines(eager=model)
+    if not include_compile:
+        return out
+    key = compile_key(compile_mode)
+    try:
+        torch._dynamo.reset()  # fresh caches: earlier problems' graphs and recompile counts
+        with policy.active():  # inductor reads the TF32 switches while compiling
+            compiled = torch.compile(model, mode=None if compile_mode in (None, "default") else compile_mode)
+            if inputs is not None:
+                with torch.no_grad():
+                    compiled(*inputs)
+                if torch.device(device).type == "cuda":
+                    torch.cuda.synchronize(device)
+        out[key] = compiled
+    except Exception as e:  # noqa: BLE001 - a failed baseline is a result
+        out.errors[key] = _line(e)
+    return out
+
+
+def time_problem(
+    problem,
+    policy,
+    device="cuda",
+    candidates: dict[str, Callable] | None = None,
+    seed: int = 0,
+    compile_mode: str | None = "default",
+    include_compile: bool = True,
+    warmup_s: float = 0.2,
+    min_runs: int = 50,
+    max_runs: int = 1000,
+    budget_s: float | None = None,
+    flush: bool = True,
+) -> Timings:
+    """Time eager, torch.compile and `candidates` (name -> callable(*inputs)) in one interleaved
+    run under `policy`, on one set of inputs drawn on the device. Returns name -> Timing."""
+    dev = require_gpu(device)
+    candidates = dict(candidates or {})
+    inputs = problem.make_inputs(seed, dev)
+    timings = Timings()
+    with torch.no_grad(), policy.active():
+        base = make_baselines(problem, policy, dev, compile_mode, inputs=inputs, include_compile=include_compile)
+        timings.errors.update(base.errors)
+        impls: dict[str, Callable] = dict(base)
+        for name, fn in candidates.items():
+            if name in impls:
+                raise ValueError(f"candidate name {name!r} clashes with a baseline")
+            try:  # first call outside timing; a candidate that fails here is reported, not timed
+                fn(*inputs)
+            except Exception as e:  # noqa: BLE001
+                timings.errors[name] = _line(e)
+                continue
+            impls[name] = fn
+        fns = {name: _bind(fn, inputs) for name, fn in impls.items()}
+        timings.update(time_interleaved(fns, warmup_s=warmup_s, min_runs=min_runs, max_runs=max_runs,
+                                        flush=flush, budget_s=budget_s, device=dev))
+    return timings
+
+
+def _bind(fn: Callable, inputs: list) -> Callable[[], Any]:
+    return lambda: fn(*inputs)

@@ -1,0 +1,130 @@
+"""Interleaved timing with CUDA events (design.md, "Timing protocol").
+
+Each implementation is warmed up by time (its first call, which compiles and autotunes, is not
+counted), then all are timed in interleaved rounds whose order rotates each round, with an L2
+flush before each timed run (outside the event pair) and one event pair around each call, on the
+current stream. Without a GPU nothing is timed: `RuntimeError("timing needs a CUDA GPU")`.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kernelwright.measure.l2 import NO_GPU, L2Flusher, _cuda_device
+
+__all__ = ["Timing", "time_interleaved", "round_order", "runs_for_budget", "require_gpu"]
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    mean_ms: float
+    min_ms: float
+    std_ms: float
+    runs: int
+
+    @classmethod
+    def from_samples(cls, samples_ms: Sequence[float]) -> "Timing":
+        xs = [float(x) for x in samples_ms]
+        if not xs:
+            raise ValueError("no samples")
+        return cls(
+            median_ms=statistics.median(xs),
+            mean_ms=statistics.fmean(xs),
+            min_ms=min(xs),
+            std_ms=statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            runs=len(xs),
+        )
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def require_gpu(device=None) -> torch.device:
+    """The CUDA device to time on; RuntimeError("timing needs a CUDA GPU") without one."""
+    return _cuda_device(device)
+
+
+def round_order(names: Sequence[str], r: int) -> list[str]:
+    """Order of round `r`: the names rotated left by r, so over len(names) rounds every
+    implementation runs once in every position (A B C, B C A, C A B, A B C, ...)."""
+    names = list(names)
+    if not names:
+        return []
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+def runs_for_budget(per_round_s: float, min_runs: int, max_runs: int, budget_s: float | None) -> int:
+    """Timed rounds: min_runs without a budget, else as many as fit in budget_s, within bounds."""
+    if budget_s is None or per_round_s <= 0:
+        return min_runs
+    return int(min(max_runs, max(min_runs, math.floor(budget_s / per_round_s))))
+
+
+def _warm_up(fn: Callable[[], Any], warmup_s: float, device: torch.device) -> float:
+    """First call (compilation, autotuning, allocation) untimed, then calls for >= warmup_s.
+    Returns the mean seconds per call during the timed part of the warm-up."""
+    fn()
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    n = 0
+    while True:
+        fn()
+        torch.cuda.synchronize(device)
+        n += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= warmup_s:
+            return elapsed / n
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    warmup_s: float = 0.2,
+    min_runs: int = 50,
+    max_runs: int = 1000,
+    flush: bool = True,
+    budget_s: float | None = None,
+    device=None,
+) -> dict[str, Timing]:
+    """Time zero-argument callables in interleaved, rotating rounds; returns name -> Timing.
+
+    `min_runs` timed runs each (at least 50 is the protocol's floor; fewer is allowed for quick
+    looks), more up to `max_runs` when `budget_s` (seconds for the timed rounds) allows.
+    """
+    device = require_gpu(device)
+    if not fns:
+        return {}
+    names = list(fns)
+    flusher = L2Flusher(device) if flush else None
+    per_call = {name: _warm_up(fns[name], warmup_s, device) for name in names}
+    flush_s = 0.0
+    if flusher is not None:
+        t0 = time.perf_counter()
+        for _ in range(3):
+            flusher.flush()
+        torch.cuda.synchronize(device)
+        flush_s = (time.perf_counter() - t0) / 3
+    n = runs_for_budget(sum(per_call.values()) + flush_s * len(names), min_runs, max(min_runs, max_runs), budget_s)
+
+    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                     for _ in range(n)] for name in names}
+    with torch.cuda.device(device):
+        for r in range(n):
+            for name in round_order(names, r):
+                if flusher is not None:
+                    flusher.flush()
+                start, end = events[name][r]
+                start.record()
+                fns[name]()
+                end.record()
+            torch.cuda.synchronize(device)  # keep the host from running far ahead
+    return {name: Timing.from_samples([s.elapsed_time(e) for s, e in events[name]]) for name in names}
+
+
+__all__.append("NO_GPU")

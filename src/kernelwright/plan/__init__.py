@@ -1,0 +1,4 @@
+"""Plan: exact graph rewrites, then fusion groups (anchor + fused pointwise chains)."""
+from kernelwright.plan.fusion import Group, Plan, Unit, plan_graph
+
+__all__ = ["Group", "Plan", "Unit", "plan_graph"]

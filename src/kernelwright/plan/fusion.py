@@ -1,0 +1,267 @@
+"""Partition a captured graph into fusion groups over a common iteration domain.
+
+A group is a set of ops that one kernel computes: elementwise ops over a domain shape `D`,
+plus reductions over one set of dims `Rd` of that domain (sum, mean, max, min, argmax, argmin,
+var, vector norms) and row composites (softmax, log-softmax, layer norm). Values in a group are
+either *full* (domain-shaped) or *row* (one value per kept index). Everything else — GEMMs,
+convolutions, pooling, scans, views — stays a single-node unit run by the library.
+
+Units are ordered topologically over their dependencies, so a group runs after all its inputs
+exist and before any of its outputs are read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernelwright.capture.graph import Graph, OpNode
+from kernelwright.codegen.triton_ops import POINTWISE
+
+REDUCTIONS = {
+    "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default",
+    "aten.amax.default", "aten.amin.default", "aten.argmax.default", "aten.argmin.default",
+    "aten.max.dim", "aten.min.dim", "aten.var.correction", "aten.linalg_vector_norm.default",
+}
+COMPOSITES = {"aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default"}
+FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
+
+
+@dataclass
+class Group:
+    id: str
+    nodes: list[str]
+    domain: tuple[int, ...]
+    rdims: tuple[int, ...] | None  # reduced dims of the domain; None for a pure pointwise group
+    levels: dict[str, str] = field(default_factory=dict)  # value name -> "full" | "row"
+    inputs: list[str] = field(default_factory=list)  # external values read, first-use order
+    outputs: list[str] = field(default_factory=list)  # values read outside the group
+
+    @property
+    def kind(self) -> str:
+        if self.rdims is None:
+            return "pointwise"
+        return "normalization" if any(l == "full" for n, l in self.levels.items() if self._after_reduce(n)) else "reduction"
+
+    def _after_reduce(self, name: str) -> bool:
+        return self.levels.get(name) == "full" and self.nodes.index(name) > self._first_reduce()
+
+    def _first_reduce(self) -> int:
+        for i, n in enumerate(self.nodes):
+            if self.levels.get(n) == "row":
+                return i
+        return len(self.nodes)
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "kind": self.kind, "nodes": self.nodes, "domain": list(self.domain),
+                "rdims": None if self.rdims is None else list(self.rdims), "inputs": self.inputs, "outputs": self.outputs}
+
+
+@dataclass
+class Unit:
+    """One step of the program: a fusion group, or a single node run by the library."""
+
+    group: Group | None = None
+    node: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.group.id if self.group else self.node
+
+
+@dataclass
+class Plan:
+    graph: Graph
+    units: list[Unit]
+
+    @property
+    def groups(self) -> list[Group]:
+        return [u.group for u in self.units if u.group]
+
+
+def _norm_dims(dims, ndim: int) -> tuple[int, ...]:
+    if dims is None or dims == [] or dims == ():
+        return tuple(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted(d % ndim for d in dims))
+
+
+def reduction_spec(node: OpNode, graph: Graph) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
+    """(domain, reduced dims, keepdim) of a reduction or row composite; None if not fusible."""
+    x = node.args[0]
+    meta = graph.meta(x.name) if hasattr(x, "name") else None
+    if meta is None or meta.dtype not in FLOAT_DTYPES or len(meta.shape) == 0:
+        return None
+    ndim = len(meta.shape)
+    t, a = node.target, node.args
+    if t in ("aten.sum.default", "aten.mean.default"):
+        return meta.shape, tuple(range(ndim)), False
+    if t in ("aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default"):
+        dims = a[1] if len(a) > 1 else node.kwargs.get("dim")
+        keep = a[2] if len(a) > 2 else node.kwargs.get("keepdim", False)
+        if node.kwargs.get("dtype") is not None:
+            return None
+        return meta.shape, _norm_dims(dims, ndim), bool(keep)
+    if t in ("aten.argmax.default", "aten.argmin.default", "aten.max.dim", "aten.min.dim"):
+        dim = a[1] if len(a) > 1 else node.kwargs.get("dim")
+        keep = a[2] if len(a) > 2 else node.kwargs.get("keepdim", False)
+        if dim is None:
+            return None
+        return meta.shape, _norm_dims(dim, ndim), bool(keep)
+    if t == "aten.var.correction":
+        dims = a[1] if len(a) > 1 else node.kwargs.get("dim")
+        return meta.shape, _norm_dims(dims, ndim), bool(node.kwargs.get("keepdim", False))
+    if t == "aten.linalg_vector_norm.default":
+        order = a[1] if len(a) > 1 else node.kwargs.get("ord", 2)
+        if float(order) not in (1.0, 2.0):
+            return None
+        dims = a[2] if len(a) > 2 else node.kwargs.get("dim")
+        keep = a[3] if len(a) > 3 else node.kwargs.get("keepdim", False)
+        return meta.shape, _norm_dims(dims, ndim), bool(keep)
+    if t in ("aten._softmax.default", "aten._log_softmax.default"):
+        return meta.shape, _norm_dims(a[1], ndim), True
+    if t == "aten.native_layer_norm.default":
+        k = len(a[1])
+        return meta.shape, tuple(range(ndim - k, ndim)), True
+    return None
+
+
+def row_shapes(domain, rdims) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    keep = tuple(1 if i in rdims else s for i, s in enumerate(domain))
+    drop = tuple(s for i, s in enumerate(domain) if i not in rdims)
+    return keep, drop
+
+
+def _is_pointwise(node: OpNode, graph: Graph) -> bool:
+    if node.target not in POINTWISE or node.meta is None:
+        return False
+    return node.meta.dtype in FLOAT_DTYPES or node.meta.dtype == "bool"
+
+
+class _Builder:
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.groups: list[Group] = []
+        self.owner: dict[str, Group] = {}
+        self.deps: dict[str, set[str]] = {i.name: set() for i in graph.inputs}
+
+    def _can_join(self, n: OpNode, g: Group) -> str | None:
+        """The level n's value would have in g, or None if n cannot join g."""
+        for i in n.inputs:
+            if self.owner.get(i) is not g and g.id in self.deps.get(i, set()):
+                return None  # joining would create a cycle through a unit outside g
+        if n.target == "getitem":
+            src = n.args[0].name
+            if self.owner.get(src) is not g:
+                return None
+            t = self.g.node(src).target
+            if t == "aten.native_layer_norm.default":
+                return "full" if n.args[1] == 0 else "row"
+            return "row"  # max.dim / min.dim values and indices
+        spec = reduction_spec(n, self.g) if n.target in REDUCTIONS | COMPOSITES else None
+        if spec is not None:
+            dom, rd, _ = spec
+            x = n.args[0].name
+            if dom != g.domain or (g.rdims is not None and g.rdims != rd):
+                return None
+            if self.owner.get(x) is g and g.levels[x] != "full":
+                return None
+            return "tuple" if n.target in ("aten.max.dim", "aten.min.dim", "aten.native_layer_norm.default") else (
+                "full" if n.target in COMPOSITES else "row")
+        if not _is_pointwise(n, self.g):
+            return None
+        shape = n.meta.shape
+        in_group = [i for i in n.inputs if self.owner.get(i) is g]
+        if shape == g.domain:
+            for i in in_group:
+                if g.levels[i] == "row" and len(self.g.meta(i).shape) != len(g.domain):
+                    return None
+            return "full"
+        if g.rdims is not None and shape in row_shapes(g.domain, g.rdims):
+            if all(g.levels[i] == "row" and self.g.meta(i).shape == shape for i in in_group):
+                return "row"
+        return None
+
+    def add(self, n: OpNode):
+        fusible = n.target == "getitem" or n.target in COMPOSITES or (
+            n.target in REDUCTIONS and reduction_spec(n, self.g) is not None) or _is_pointwise(n, self.g)
+        target = None
+        if fusible:
+            for i in n.inputs:
+                g = self.owner.get(i)
+                if g is not None and (level := self._can_join(n, g)) is not None:
+                    target = (g, level)
+                    break
+        deps = set().union(*(self.deps.get(i, set()) for i in n.inputs)) if n.inputs else set()
+        if target is None and fusible and n.target != "getitem":
+            spec = reduction_spec(n, self.g) if n.target in REDUCTIONS | COMPOSITES else None
+            dom, rd = (spec[0], spec[1]) if spec else (n.meta.shape, None)
+            g = Group(f"g{len(self.groups)}", [], dom, rd)
+            self.groups.append(g)
+            target = (g, self._can_join(n, g))
+            if target[1] is None:  # e.g. a reduction over a non-float input
+                self.groups.pop()
+                target = None
+        if target is None:
+            self.deps[n.name] = deps | {n.name}
+            return
+        g, level = target
+        if spec := (reduction_spec(n, self.g) if n.target in REDUCTIONS | COMPOSITES else None):
+            g.rdims = spec[1]
+        g.nodes.append(n.name)
+        g.levels[n.name] = level
+        self.owner[n.name] = g
+        self.deps[n.name] = deps | {g.id}
+
+
+def plan_graph(graph: Graph) -> Plan:
+    """Fusion groups and the unit order for `graph`."""
+    b = _Builder(graph)
+    for n in graph.nodes:
+        b.add(n)
+    outside_reads: dict[str, set[str]] = {}
+    for n in graph.nodes:
+        for i in n.inputs:
+            outside_reads.setdefault(i, set()).add(b.owner[n.name].id if n.name in b.owner else n.name)
+    escaping = set(graph.outputs) | set(graph.mutations)
+    for g in b.groups:
+        members = set(g.nodes)
+        for name in g.nodes:
+            node = graph.node(name)
+            for i in node.inputs:
+                if i not in members and i not in g.inputs:
+                    g.inputs.append(i)
+            if g.levels[name] != "tuple" and (name in escaping or outside_reads.get(name, set()) - {g.id}):
+                g.outputs.append(name)
+    units = _order_units(graph, b)
+    return Plan(graph, units)
+
+
+def _order_units(graph: Graph, b: _Builder) -> list[Unit]:
+    """Topological order of units (Kahn's algorithm, ties broken by first node position)."""
+    unit_of: dict[str, str] = {}
+    units: dict[str, Unit] = {}
+    first: dict[str, int] = {}
+    for pos, n in enumerate(graph.nodes):
+        key = b.owner[n.name].id if n.name in b.owner else n.name
+        unit_of[n.name] = key
+        if key not in units:
+            units[key] = Unit(group=b.owner[n.name]) if n.name in b.owner else Unit(node=n.name)
+            first[key] = pos
+    preds: dict[str, set[str]] = {k: set() for k in units}
+    for n in graph.nodes:
+        for i in n.inputs:
+            if i in unit_of and unit_of[i] != unit_of[n.name]:
+                preds[unit_of[n.name]].add(unit_of[i])
+    order, done = [], set()
+    ready = sorted((k for k in units if not preds[k]), key=first.get)
+    while ready:
+        k = ready.pop(0)
+        order.append(units[k])
+        done.add(k)
+        for j in units:
+            if j not in done and j not in ready and preds[j] <= done:
+                ready.append(j)
+        ready.sort(key=first.get)
+    if len(order) != len(units):
+        raise RuntimeError("fusion produced a cycle between units")  # guarded against in _can_join
+    return order

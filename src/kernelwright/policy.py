@@ -1,0 +1,47 @@
+"""Precision policies (design.md): what the GPU may round to, and the tolerance that goes with it.
+
+A policy is applied to *both* sides of every comparison: baselines are always timed under the
+same policy as the candidate (matched precision).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from kernelwright.errors import UserError
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    tol: float
+    allow_tf32: bool
+    operand_dtype: torch.dtype  # dtype GEMM/conv operands are cast to by generated kernels
+    triton_input_precision: str  # value for tl.dot(input_precision=...)
+
+    @contextlib.contextmanager
+    def active(self):
+        """Set torch's TF32 switches for the duration of the block, then restore them."""
+        saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
+        torch.backends.cudnn.allow_tf32 = self.allow_tf32
+        try:
+            yield self
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+POLICIES = {
+    "fp32": Policy("fp32", 1e-4, False, torch.float32, "ieee"),
+    "tf32": Policy("tf32", 1e-2, True, torch.float32, "tf32"),
+    "bf16": Policy("bf16", 1e-2, False, torch.bfloat16, "ieee"),
+}
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise UserError(f"unknown precision policy {name!r}; choose one of {', '.join(POLICIES)}") from None

@@ -1,0 +1,204 @@
+"""Load a KernelBench-format problem file, or wrap a module and example inputs, as a `Problem`.
+
+Shrinking: a problem file may define a module-level dict `SMALL` mapping its size globals to
+smaller values (`SMALL = {"batch_size": 4, "dim": 256}`); `load_problem(path, small=True)`
+applies it, so `get_inputs()`/`get_init_inputs()` produce CPU-test-sized shapes.
+"""
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from kernelwright.errors import ProblemError, UserError
+
+_counter = itertools.count()
+
+
+@dataclass
+class Problem:
+    """A problem: how to build the model and draw its inputs.
+
+    `model_factory(device)` returns a fresh model whose weights depend only on `init_seed`;
+    `input_factory(seed, device)` returns a fresh list of inputs drawn under `seed`.
+    """
+
+    name: str
+    path: Path | None
+    model_cls: type | None
+    get_inputs: Callable[[], list]
+    get_init_inputs: Callable[[], list]
+    level: int | None = None
+    source: str | None = None  # the problem file's text (copied into emitted modules)
+    init_seed: int = 0
+    _module: Any = field(default=None, repr=False)
+    _instance: torch.nn.Module | None = field(default=None, repr=False)
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.path else self.name
+
+    def make_model(self, device: str | torch.device = "cpu") -> torch.nn.Module:
+        """A fresh model on `device`, weights drawn under `init_seed` (or a copy of the given module)."""
+        if self._instance is not None:
+            import copy
+
+            return copy.deepcopy(self._instance).to(device)
+        torch.manual_seed(self.init_seed)
+        try:
+            with torch.device(device):
+                init = list(self.get_init_inputs())
+                model = self.model_cls(*init)
+        except Exception as e:  # noqa: BLE001 - user code
+            raise ProblemError(self.where, f"Model(*get_init_inputs()) raised {type(e).__name__}: {_first_line(e)}") from e
+        if not isinstance(model, torch.nn.Module):
+            raise ProblemError(self.where, "Model(...) did not return a torch.nn.Module")
+        return model
+
+    def make_inputs(self, seed: int, device: str | torch.device = "cpu") -> list:
+        """Fresh inputs drawn on `device` under `seed` (drawn on the GPU directly: they can be large)."""
+        torch.manual_seed(seed)
+        try:
+            with torch.device(device):
+                inputs = self.get_inputs()
+        except Exception as e:  # noqa: BLE001 - user code
+            raise ProblemError(self.where, f"get_inputs() raised {type(e).__name__}: {_first_line(e)}") from e
+        if not isinstance(inputs, (list, tuple)):
+            raise ProblemError(self.where, "get_inputs() must return a list")
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def check(self, device: str | torch.device = "meta") -> list[torch.Tensor]:
+        """Run the model once on `device` (meta by default: shapes only) and check its outputs.
+
+        Returns the outputs as a flat list of tensors; raises ProblemError for bad problems.
+        """
+        model = self.make_model(device)
+        inputs = self.make_inputs(0, device)
+        try:
+            with torch.no_grad():
+                out = model(*inputs)
+        except Exception as e:  # noqa: BLE001 - user code
+            raise ProblemError(self.where, f"forward raised {type(e).__name__}: {_first_line(e)}") from e
+        return flatten_outputs(out, self.where)
+
+
+def flatten_outputs(out: Any, where: str = "model") -> list[torch.Tensor]:
+    """The model's output as a list of tensors; anything else is a ProblemError."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)) and out and all(isinstance(o, torch.Tensor) for o in out):
+        return list(out)
+    raise ProblemError(where, f"forward must return a tensor or a tuple of tensors, got {type(out).__name__}")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else ""
+
+
+def load_problem(path: str | Path, small: bool = False) -> Problem:
+    """Load a KernelBench-format file; `small=True` applies its `SMALL` size overrides."""
+    path = Path(path)
+    if not path.exists():
+        raise ProblemError(path, "no such file")
+    if path.is_dir():
+        raise ProblemError(path, "is a folder, expected a problem file (.py)")
+    try:
+        source = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProblemError(path, f"cannot read: {e}") from e
+    try:
+        code = compile(source, str(path), "exec")
+    except SyntaxError as e:
+        raise ProblemError(path, f"syntax error at line {e.lineno}: {e.msg}") from e
+    mod_name = f"kernelwright_problem_{next(_counter)}"
+    module = types.ModuleType(mod_name)
+    module.__file__ = str(path)
+    sys.modules[mod_name] = module  # dataclasses and pickling look modules up by name
+    try:
+        exec(code, module.__dict__)
+    except Exception as e:  # noqa: BLE001 - user code
+        raise ProblemError(path, f"importing raised {type(e).__name__}: {_first_line(e)}") from e
+    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
+    if missing:
+        raise ProblemError(path, f"missing {', '.join(missing)} (KernelBench format needs Model, get_inputs, get_init_inputs)")
+    if not (isinstance(module.Model, type) and issubclass(module.Model, torch.nn.Module)):
+        raise ProblemError(path, "Model is not a torch.nn.Module subclass")
+    for fn in ("get_inputs", "get_init_inputs"):
+        if not callable(getattr(module, fn)):
+            raise ProblemError(path, f"{fn} is not callable")
+    if small:
+        overrides = getattr(module, "SMALL", None)
+        if not isinstance(overrides, dict):
+            raise ProblemError(path, "has no SMALL dict of size overrides, cannot shrink")
+        for key, value in overrides.items():
+            if key not in module.__dict__:
+                raise ProblemError(path, f"SMALL names {key!r}, which the file does not define")
+            module.__dict__[key] = value
+    level = None
+    for part in path.parts:
+        if part.startswith("level") and part[5:].isdigit():
+            level = int(part[5:])
+    return Problem(
+        name=path.stem,
+        path=path,
+        model_cls=module.Model,
+        get_inputs=module.get_inputs,
+        get_init_inputs=module.get_init_inputs,
+        level=level,
+        source=source,
+        _module=module,
+    )
+
+
+def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str = "module") -> Problem:
+    """Python API: a problem from a live module and example inputs.
+
+    Fresh input sets keep the examples' shapes and dtypes: floating tensors are redrawn from a
+    standard normal, integer tensors uniformly from their observed range.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise UserError("from_module: model must be a torch.nn.Module")
+    examples = list(example_inputs)
+
+    def get_inputs():
+        fresh = []
+        for x in examples:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                fresh.append(torch.randn(x.shape, dtype=x.dtype))
+            elif isinstance(x, torch.Tensor) and x.dtype != torch.bool and x.numel():
+                lo, hi = int(x.min()), int(x.max())
+                fresh.append(torch.randint(lo, hi + 1, x.shape, dtype=x.dtype))
+            elif isinstance(x, torch.Tensor):
+                fresh.append(x.clone())
+            else:
+                fresh.append(x)
+        return fresh
+
+    return Problem(
+        name=name,
+        path=None,
+        model_cls=type(model),
+        get_inputs=get_inputs,
+        get_init_inputs=lambda: [],
+        _instance=model,
+    )
+
+
+def discover(paths: list[str | Path]) -> list[Path]:
+    """Problem files under the given files or folders, sorted; a missing path is a UserError."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found.extend(sorted(q for q in p.rglob("*.py") if not q.name.startswith("_")))
+        elif p.exists():
+            found.append(p)
+        else:
+            raise ProblemError(p, "no such file or folder")
+    return found

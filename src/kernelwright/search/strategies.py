@@ -1,0 +1,183 @@
+"""Ask/tell search strategies over a list of candidate configs.
+
+    strategy = ModelBased(CostModel()).bind(candidates, features)
+    while batch := strategy.ask(8):
+        strategy.tell(run(batch))
+
+``ask`` never returns a config it returned before; it returns [] once every candidate has
+been asked. ``tell`` takes RunResults (failures included).
+"""
+from __future__ import annotations
+
+import random
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+from ..space.config import Config
+from .cost_model import CostModel, FeatureFn, config_features
+from .result import RunResult
+
+
+class Strategy:
+    """Base class: keeps the candidate list and the set of configs already asked."""
+
+    name = "strategy"
+
+    def __init__(self, candidates: Optional[Sequence[Config]] = None,
+                 features: Optional[FeatureFn] = None, task_key: str = ""):
+        self.candidates: Optional[list[Config]] = None
+        self.features: FeatureFn = features or config_features
+        self.task_key = task_key
+        self._asked: set[Config] = set()
+        self.results: list[RunResult] = []
+        if candidates is not None:
+            self.bind(candidates, features, task_key)
+
+    @property
+    def bound(self) -> bool:
+        return self.candidates is not None
+
+    def bind(self, candidates: Sequence[Config], features: Optional[FeatureFn] = None,
+             task_key: Optional[str] = None) -> "Strategy":
+        """Set the candidates (duplicates dropped, order kept) and reset what was asked."""
+        seen: set[Config] = set()
+        self.candidates = [c for c in candidates if not (c in seen or seen.add(c))]
+        if features is not None:
+            self.features = features
+        if task_key is not None:
+            self.task_key = task_key
+        self._asked = set()
+        self.results = []
+        return self
+
+    def _require_bound(self) -> list[Config]:
+        if self.candidates is None:
+            raise RuntimeError(f"{type(self).__name__}: call bind(candidates) before ask()")
+        return self.candidates
+
+    def unasked(self) -> list[Config]:
+        return [c for c in self._require_bound() if c not in self._asked]
+
+    @property
+    def remaining(self) -> int:
+        return len(self._require_bound()) - len(self._asked)
+
+    @property
+    def done(self) -> bool:
+        return self.remaining <= 0
+
+    def ask(self, n: int) -> list[Config]:
+        if n <= 0:
+            return []
+        picks = self._pick(self.unasked(), n)[:n]
+        self._asked.update(picks)
+        return picks
+
+    def _pick(self, pool: list[Config], n: int) -> list[Config]:  # pragma: no cover
+        raise NotImplementedError
+
+    def tell(self, results: Iterable[RunResult]) -> None:
+        self.results.extend(results)
+
+    def __repr__(self) -> str:
+        n = len(self.candidates) if self.candidates is not None else "unbound"
+        return f"{type(self).__name__}(candidates={n}, asked={len(self._asked)})"
+
+
+class Exhaustive(Strategy):
+    """Every candidate, in the given order."""
+
+    name = "exhaustive"
+
+    def _pick(self, pool, n):
+        return pool[:n]
+
+
+class RandomSearch(Strategy):
+    """Uniformly random order, without repeats."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0, candidates=None, features=None, task_key: str = ""):
+        self.seed = seed
+        self.rng = random.Random(seed)
+        super().__init__(candidates, features, task_key)
+
+    def _pick(self, pool, n):
+        return self.rng.sample(pool, min(n, len(pool)))
+
+
+class ModelBased(Strategy):
+    """Bayesian-style search with a cost model.
+
+    Each unasked config gets a predicted mean and std of log(time) (spread across the
+    forest's trees); picks go by lower confidence bound ``mean - kappa * std``, with a
+    share ``explore`` of uniformly random picks. Before the model has data (and when it was
+    not pre-fitted on earlier trials) picks are random. Results told are added to the
+    model, which is refitted.
+    """
+
+    name = "model"
+
+    def __init__(self, cost_model: Optional[CostModel] = None, explore: float = 0.2,
+                 seed: int = 0, kappa: float = 1.0, candidates=None, features=None,
+                 task_key: str = ""):
+        if not 0.0 <= explore <= 1.0:
+            raise ValueError("explore must be within [0, 1]")
+        self.model = cost_model if cost_model is not None else CostModel(seed=seed)
+        self.explore = explore
+        self.kappa = kappa
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self._feat_cache: dict[Config, dict] = {}
+        super().__init__(candidates, features, task_key)
+
+    def bind(self, candidates, features=None, task_key=None):
+        self._feat_cache = {}
+        return super().bind(candidates, features, task_key)
+
+    def _feats(self, config: Config) -> dict:
+        f = self._feat_cache.get(config)
+        if f is None:
+            f = self._feat_cache[config] = self.features(config)
+        return f
+
+    def scores(self, pool: Sequence[Config]) -> np.ndarray:
+        """Lower confidence bound of log(time) per config (lower is more promising)."""
+        mean, std = self.model.predict([self._feats(c) for c in pool])
+        return mean - self.kappa * std
+
+    def _pick(self, pool, n):
+        n = min(n, len(pool))
+        if not self.model.fitted:
+            return self.rng.sample(pool, n)
+        order = list(np.argsort(self.scores(pool), kind="stable"))
+        chosen: list[int] = []
+        taken: set[int] = set()
+        for _ in range(n):
+            if self.rng.random() < self.explore:
+                rest = [i for i in range(len(pool)) if i not in taken]
+                i = self.rng.choice(rest)
+            else:
+                while order[0] in taken:
+                    order.pop(0)
+                i = int(order.pop(0))
+            taken.add(i)
+            chosen.append(i)
+        return [pool[i] for i in chosen]
+
+    def tell(self, results):
+        results = list(results)
+        super().tell(results)
+        if results:
+            self.model.add_results(results, self._feats, group=self.task_key)
+
+
+def choose_strategy(n_configs: int, budget: Optional[int], cost_model: Optional[CostModel] = None,
+                    seed: int = 0, small_space: int = 16) -> Strategy:
+    """Exhaustive when the whole space fits the trial budget (or is tiny when only a time
+    budget is given); otherwise model-based search."""
+    if (budget is not None and n_configs <= budget) or (budget is None and n_configs <= small_space):
+        return Exhaustive()
+    return ModelBased(cost_model, seed=seed)

@@ -1,0 +1,84 @@
+"""Error measure of design.md's verification protocol: the excess over allclose.
+
+    excess = max over elements of (|out - ref| - tol * |ref|)      (computed in float64)
+
+A candidate is allclose with rtol = atol = tol exactly when its excess is at most tol. The excess
+may be negative (every element well inside the tolerance). Where the reference is not finite the
+output must match it exactly (NaN where NaN, the same infinity); a non-finite output where the
+reference is finite, a shape mismatch, or a dtype mismatch gives an excess of +inf with a reason.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["excess", "excess_reason", "poisoned_like"]
+
+
+def _kind(dtype: torch.dtype) -> str:
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "float"
+    if dtype == torch.bool:
+        return "bool"
+    return "int"
+
+
+def excess_reason(
+    out: torch.Tensor, ref: torch.Tensor, tol: float, dtype: torch.dtype | None = None
+) -> tuple[float, str | None]:
+    """(excess, reason): reason is None unless the excess is +inf (then it says why).
+
+    `dtype` is the dtype `out` must have (e.g. the eager float32 output's dtype while `ref` is the
+    float64 reference); without it only the kind (float, complex, int, bool) must match `ref`'s.
+    """
+    if not isinstance(out, torch.Tensor):
+        return math.inf, f"output is a {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != tuple(ref.shape):
+        return math.inf, f"shape mismatch: got {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    if dtype is not None and out.dtype != dtype:
+        return math.inf, f"dtype mismatch: got {out.dtype}, expected {dtype}"
+    if dtype is None and _kind(out.dtype) != _kind(ref.dtype):
+        return math.inf, f"dtype mismatch: got {out.dtype}, expected a {_kind(ref.dtype)} dtype like {ref.dtype}"
+    if out.numel() == 0:
+        return -math.inf, None
+    wide = torch.complex128 if out.dtype.is_complex or ref.dtype.is_complex else torch.float64
+    o = out.detach().as_subclass(torch.Tensor).to(device=ref.device, dtype=wide)
+    r = ref.detach().as_subclass(torch.Tensor).to(dtype=wide)
+    if wide == torch.complex128:
+        o, r = torch.view_as_real(o), torch.view_as_real(r)
+    r_fin = torch.isfinite(r)
+    o_fin = torch.isfinite(o)
+    if not bool(r_fin.all()):
+        bad = ~r_fin
+        # NaN must meet NaN; an infinity must meet the same infinity.
+        same = torch.where(torch.isnan(r), torch.isnan(o), o == r)
+        if not bool(same[bad].all()):
+            n = int((~same & bad).sum())
+            return math.inf, f"NaN/Inf mismatch: {n} element(s) where the reference is not finite differ"
+    if not bool(o_fin[r_fin].all()):
+        n = int((~o_fin & r_fin).sum())
+        return math.inf, f"NaN/Inf mismatch: {n} non-finite element(s) where the reference is finite"
+    if not bool(r_fin.any()):
+        return -math.inf, None
+    o, r = o[r_fin], r[r_fin]
+    value = float(((o - r).abs() - tol * r.abs()).max())
+    return value, None
+
+
+def excess(out: torch.Tensor, ref: torch.Tensor, tol: float, dtype: torch.dtype | None = None) -> float:
+    """max(|out - ref| - tol*|ref|) in float64; +inf on NaN/Inf, shape or dtype mismatch."""
+    return excess_reason(out, ref, tol, dtype)[0]
+
+
+def poisoned_like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor like `t` (shape, dtype, strides, device) filled with poison: NaN for floating and
+    complex dtypes, the dtype's largest value for integers, True for bool. Launchers give kernels
+    such buffers in verification mode so that elements a kernel never writes fail the comparison."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return torch.full_like(t, float("nan"))
+    if t.dtype == torch.bool:
+        return torch.ones_like(t)
+    return torch.full_like(t, torch.iinfo(t.dtype).max)

@@ -1,0 +1,332 @@
+"""`verify`: design.md's verification protocol for one candidate.
+
+Per input set k (seed `seed0 + k`, at least max(n_sets, 2) sets):
+  1. high-precision reference: a float64 deepcopy of the model on float64 inputs (float32 with
+     TF32 off where float64 fails; `VerifyResult.reference_dtype` says which);
+  2. eager: the float32 model under the policy; its excess over the reference sets the floor;
+  3. candidate run A on a fresh copy of the inputs, then a decoy run on different inputs, then
+     run B on set k again (stale memory from an earlier run then holds other values), each run
+     after NaN-poisoning the allocator with blocks the size of the outputs; the reference's
+     forward raises while the candidate runs; anti-cheat checks after every run.
+Output i passes when its largest candidate excess is at most max(tol, 4 * eager excess_i),
+eager excess_i being the largest over the sets. Any exception the candidate raises, or a failed
+check, is a failed result, never an exception out of `verify`.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kernelwright.problem.load import _first_line, flatten_outputs
+from kernelwright.verify import anticheat
+from kernelwright.verify.compare import excess_reason, poisoned_like
+
+__all__ = ["verify", "VerifyResult", "SetResult"]
+
+_DEFERRED_DELAY_S = 0.05
+
+
+def _jsonable(x: float) -> float | str:
+    return x if math.isfinite(x) else str(x)
+
+
+@dataclass
+class SetResult:
+    seed: int
+    excess: float  # largest candidate excess over outputs and runs of this set
+    eager_excess: float  # largest eager excess over outputs of this set
+    passed: bool = False  # every output within its threshold (filled in at the end)
+    output_excess: list[float] = field(default_factory=list)  # per output, max over runs
+    reasons: list[str] = field(default_factory=list)  # why an output had an infinite excess
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["excess"], d["eager_excess"] = _jsonable(self.excess), _jsonable(self.eager_excess)
+        d["output_excess"] = [_jsonable(x) for x in self.output_excess]
+        return d
+
+
+@dataclass
+class VerifyResult:
+    passed: bool
+    excess: float  # largest candidate excess over sets, outputs and runs
+    eager_excess: float  # largest eager excess (same policy) over sets and outputs
+    threshold: float  # max(tol, 4 * eager_excess); each output uses its own eager excess
+    reason: str | None = None  # one line when not passed
+    failed_check: str | None = None  # "build", "exception", "outputs", "excess" or an anticheat.CHECKS name
+    policy: str = ""
+    tol: float = 0.0
+    reference_dtype: str = "float64"  # "float64", or "float32" (TF32 off) where float64 failed
+    thresholds: list[float] = field(default_factory=list)  # per output
+    sets: list[SetResult] = field(default_factory=list)
+    checks: dict[str, str] = field(default_factory=dict)  # check name -> "ok" | "skipped: ..." | reason
+
+    def to_json(self) -> dict:
+        return {
+            "passed": self.passed,
+            "excess": _jsonable(self.excess),
+            "eager_excess": _jsonable(self.eager_excess),
+            "threshold": _jsonable(self.threshold),
+            "reason": self.reason,
+            "failed_check": self.failed_check,
+            "policy": self.policy,
+            "tol": self.tol,
+            "reference_dtype": self.reference_dtype,
+            "thresholds": [_jsonable(t) for t in self.thresholds],
+            "sets": [s.to_json() for s in self.sets],
+            "checks": dict(self.checks),
+        }
+
+
+class _Fail(Exception):
+    def __init__(self, check: str, reason: str):
+        super().__init__(reason)
+        self.check, self.reason = check, reason
+
+
+def _exc_line(e: BaseException) -> str:
+    line = _first_line(e)
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        anticheat.synchronize(device)
+
+
+def _clone_inputs(inputs: list) -> list:
+    return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
+
+
+def _upcast(inputs: list, dtype: torch.dtype) -> list:
+    return [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+
+
+@contextlib.contextmanager
+def _tf32_off():
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+class _HighPrecisionReference:
+    """float64 copy of the model; falls back to a float32 copy with TF32 off on first failure."""
+
+    def __init__(self, problem, reference: torch.nn.Module, device: torch.device):
+        self.problem, self.device = problem, device
+        self.model = copy.deepcopy(reference).double()
+        self.dtype = "float64"
+        self.fallback_reason: str | None = None
+
+    def __call__(self, inputs: list) -> list[torch.Tensor]:
+        if self.dtype == "float64":
+            try:
+                with torch.no_grad(), _tf32_off(), _default_dtype(torch.float64):
+                    return flatten_outputs(self.model(*_upcast(inputs, torch.float64)), self.problem.where)
+            except Exception as e:  # noqa: BLE001 - float64 unsupported by some op/device
+                self.fallback_reason = _exc_line(e)
+                self.dtype = "float32"
+                self.model = self.problem.make_model(self.device)  # fresh: no hooks a candidate added
+        with torch.no_grad(), _tf32_off():
+            return flatten_outputs(self.model(*inputs), self.problem.where)
+
+
+def _call_candidate(candidate, inputs, reference, policy, device):
+    """Run the candidate once. Returns (flat outputs, early copies, settled copies, stream info)."""
+    with torch.no_grad(), policy.active(), anticheat.reference_disabled(reference) as wire:
+        stream_before = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        try:
+            out = candidate(*inputs)
+        except Exception as e:  # noqa: BLE001 - a failing candidate is a result
+            if wire.called:
+                raise _Fail("reference_fallback", anticheat.check_reference_fallback(wire)) from e
+            raise _Fail("exception", f"candidate raised {_exc_line(e)}") from e
+        stream_after = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+        early = [t.detach().clone() for t in tensors] if device.type == "cuda" else None
+    _sync(device)
+    reason = anticheat.check_reference_fallback(wire)
+    if reason:
+        raise _Fail("reference_fallback", reason)
+    reason = anticheat.check_patched_timers()
+    if reason:
+        raise _Fail("patched_timers", reason)
+    try:
+        flat = flatten_outputs(out, "candidate")
+    except Exception as e:  # noqa: BLE001
+        raise _Fail("outputs", str(e).removeprefix("candidate: ")) from e
+    settled = [t.detach().clone() for t in flat]
+    return flat, early, settled, (stream_before, stream_after)
+
+
+def verify(
+    problem,
+    candidate_factory: Callable[[torch.nn.Module], Callable],
+    policy,
+    device: str | torch.device = "cpu",
+    n_sets: int = 5,
+    seed0: int = 1000,
+) -> VerifyResult:
+    """Verify the candidate built by `candidate_factory(reference_model)` against `problem`.
+
+    The reference model's weights reach the candidate through the factory (e.g. by loading its
+    state_dict into a ModelNew). Problem errors (a reference that cannot run) propagate as
+    ProblemError; everything the candidate does wrong is a failed VerifyResult.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    n_sets = max(2, int(n_sets))
+    tol = float(policy.tol)
+    checks = {name: "ok" for name in anticheat.CHECKS}
+    if device.type != "cuda":
+        checks["other_streams"] = f"skipped: no CUDA streams on {device.type}"
+    result = VerifyResult(passed=False, excess=-math.inf, eager_excess=-math.inf, threshold=tol,
+                          policy=policy.name, tol=tol, checks=checks)
+
+    reference = problem.make_model(device)
+    high = _HighPrecisionReference(problem, reference, device)
+
+    cand_exc: list[float] = []  # per output, max over sets and runs
+    eager_exc: list[float] = []
+
+    def finish(fail: _Fail | None) -> VerifyResult:
+        result.reference_dtype = high.dtype
+        result.excess = max(cand_exc, default=result.excess)
+        result.eager_excess = max(eager_exc, default=result.eager_excess)
+        result.thresholds = [_threshold(tol, e) for e in eager_exc]
+        result.threshold = max(result.thresholds, default=tol)
+        for s in result.sets:
+            s.passed = all(c <= t for c, t in zip(s.output_excess, result.thresholds))
+        if fail is None:
+            over = [i for i, (c, t) in enumerate(zip(cand_exc, result.thresholds)) if not c <= t]
+            if over:
+                i = over[0]
+                why = next((r for s in result.sets for r in s.reasons if r.startswith(f"output {i}:")), None)
+                msg = why or (f"output {i}: excess {cand_exc[i]:.3g} > threshold {result.thresholds[i]:.3g} "
+                              f"(tol {tol:g}, eager excess {eager_exc[i]:.3g})")
+                fail = _Fail("excess", msg)
+        if fail is not None:
+            result.passed = False
+            result.reason = fail.reason
+            result.failed_check = fail.check
+            if fail.check in result.checks:
+                result.checks[fail.check] = fail.reason
+        else:
+            result.passed = True
+        return result
+
+    try:
+        try:
+            with torch.no_grad(), policy.active():
+                candidate = candidate_factory(reference)
+        except Exception as e:  # noqa: BLE001
+            raise _Fail("build", f"building the candidate raised {_exc_line(e)}") from e
+        reason = anticheat.check_patched_timers()
+        if reason:
+            raise _Fail("patched_timers", reason)
+
+        decoy = problem.make_inputs(seed0 - 1, device)
+        first: dict[str, list] = {}
+        for k in range(n_sets):
+            seed = seed0 + k
+            inputs = problem.make_inputs(seed, device)
+            pristine = _clone_inputs(inputs)
+            hi = high(_clone_inputs(inputs))
+            with torch.no_grad(), policy.active():
+                eager = flatten_outputs(reference(*inputs), problem.where)
+            _sync(device)
+            ref_mutates = anticheat.check_input_mutation(inputs, pristine) is not None
+            ref_aliases = [anticheat.aliases_any(o, inputs) for o in eager]
+            if len(hi) != len(eager):
+                raise RuntimeError(f"{problem.where}: float64 and float32 references return different output counts")
+            if not eager_exc:
+                eager_exc = [-math.inf] * len(eager)
+                cand_exc = [-math.inf] * len(eager)
+            set_res = SetResult(seed=seed, excess=-math.inf, eager_excess=-math.inf,
+                                output_excess=[-math.inf] * len(eager))
+            result.sets.append(set_res)
+            for i, (e, h) in enumerate(zip(eager, hi)):
+                x, _ = excess_reason(e, h, tol, dtype=e.dtype)
+                eager_exc[i] = max(eager_exc[i], x)
+                set_res.eager_excess = max(set_res.eager_excess, x)
+
+            def run(run_inputs, *, full_checks: bool, delay: bool = False):
+                poison = [poisoned_like(o) for o in eager]  # leave NaN in the allocator's free blocks
+                del poison
+                cand_inputs = _clone_inputs(run_inputs)
+                before = _clone_inputs(run_inputs)
+                outs, early, settled, streams = _call_candidate(candidate, cand_inputs, reference, policy, device)
+                if not full_checks:
+                    return outs, settled
+                if len(outs) != len(eager):
+                    raise _Fail("outputs", f"returned {len(outs)} output(s), expected {len(eager)}")
+                for name, reason in (
+                    ("lazy_results", anticheat.check_lazy_results(outs)),
+                    ("output_memory", anticheat.check_output_memory(outs, eager, cand_inputs, ref_aliases)),
+                    ("input_mutation", anticheat.check_input_mutation(cand_inputs, before, ref_mutates)),
+                    ("other_streams", anticheat.check_other_streams(early, settled, device, *streams)),
+                ):
+                    if reason:
+                        raise _Fail(name, reason)
+                if delay:
+                    time.sleep(_DEFERRED_DELAY_S)
+                    _sync(device)
+                    reason = anticheat.check_deferred_values(settled, outs)
+                    if reason:
+                        raise _Fail("lazy_results", reason)
+                for i, (o, h, e) in enumerate(zip(outs, hi, eager)):
+                    if o.device != e.device:
+                        x, why = math.inf, f"output on {o.device}, expected {e.device}"
+                    else:
+                        x, why = excess_reason(o, h, tol, dtype=e.dtype)
+                    cand_exc[i] = max(cand_exc[i], x)
+                    set_res.output_excess[i] = max(set_res.output_excess[i], x)
+                    set_res.excess = max(set_res.excess, x)
+                    if why and len(set_res.reasons) < 4:
+                        set_res.reasons.append(f"output {i}: {why}")
+                return outs, settled
+
+            _, settled_a = run(pristine, full_checks=True, delay=(k == 0))
+            if k < 2:
+                first[f"cand{k}"] = settled_a
+                first[f"ref{k}"] = [o.detach().clone() for o in eager]
+            if k == 1:
+                reason = anticheat.check_constant_outputs(first["ref0"], first["ref1"], first["cand0"], first["cand1"])
+                first.clear()
+                if reason:
+                    raise _Fail("constant_outputs", reason)
+            del settled_a
+            run(decoy, full_checks=False)  # different inputs in between: stale memory now holds other values
+            run(pristine, full_checks=True)
+            del inputs, pristine, hi, eager
+    except _Fail as f:
+        return finish(f)
+    return finish(None)
+
+
+def _threshold(tol: float, eager: float) -> float:
+    if not math.isfinite(eager):
+        return tol  # eager itself is non-finite where the reference is not: no floor from it
+    return max(tol, 4.0 * eager)
