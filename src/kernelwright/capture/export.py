@@ -63,13 +63,21 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            ep = torch.export.export(model, tuple(inputs))
+            with torch.device(_device_of(inputs, model)):  # tensors made in forward land beside the inputs
+                ep = torch.export.export(model, tuple(inputs))
             if decompose:
                 ep = ep.run_decompositions()
         except Exception as e:  # noqa: BLE001 - export raises many types
             first = (str(e).strip().splitlines() or [""])[0]
             raise CaptureError(f"torch.export failed: {type(e).__name__}: {first[:300]}") from e
     return _to_graph(ep, name)
+
+
+def _device_of(inputs: list, model: torch.nn.Module) -> torch.device:
+    for t in list(inputs) + list(model.parameters()):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
 
 
 def _to_graph(ep, name: str) -> Graph:

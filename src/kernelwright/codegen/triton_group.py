@@ -375,8 +375,12 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
     kept_lines, m_off = _index_lines("m", "m", kept, ops, used_m) if kept else ([], {p: None for p in used_m})
     red_lines, r_off = _index_lines("r", "r", red, ops, used_r) if red else ([], {p: None for p in used_r})
 
+    out_params = {o.param for o in low.outputs}
+
     def addr(op: Operand) -> str:
-        parts = [f"om_{op.param}" if m_off.get(op.param) else None]
+        # an output with no offset along m (one row in all) still needs a block of pointers
+        zero_m = "0 * m" if op.param in out_params else None
+        parts = [f"om_{op.param}" if m_off.get(op.param) else zero_m]
         if op.level == "full" and not pointwise:
             parts.append(f"or_{op.param}" if r_off.get(op.param) else None)
         parts = [p for p in parts if p]
@@ -480,7 +484,7 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
     allocs, out_vars = [], []
     dev = arg_of[uniq_inputs[0]] + ".device" if uniq_inputs else "'cuda'"
     for i, op in enumerate(low.outputs):
-        allocs.append(f"out{i} = torch.empty({tuple(op.shape)!r}, dtype=torch.{op.dtype}, device={dev})")
+        allocs.append(f"out{i} = _alloc({tuple(op.shape)!r}, torch.{op.dtype}, {dev})")
         out_vars.append(f"out{i}")
     call_args = ", ".join([arg_of[op.value] for op in low.inputs] + out_vars)
     helpers = (resources.files("kernelwright.codegen") / "templates" / "triton" / "helpers.py.j2").read_text()
@@ -501,6 +505,10 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
 
 
 _EXPECT = '''
+
+def _alloc(shape, dtype, device):
+    """Output allocation; verification replaces this with a NaN-poisoning allocator."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 def _expect(t, shape, stride, name):
     """The kernel was specialised for this shape and these strides; refuse anything else."""

@@ -1,0 +1,1 @@
+"""Bench: time eager, torch.compile and kernelwright over many problems, per-level summaries."""

@@ -1,0 +1,1 @@
+"""Emit: the drop-in `ModelNew` module with its kernels beside it, result.json and report.md."""

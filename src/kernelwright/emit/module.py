@@ -1,0 +1,79 @@
+"""Write `model_new.py` (class ModelNew) and its kernel files into an output folder."""
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import sys
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from kernelwright import __version__
+from kernelwright.emit.program import forward_lines
+from kernelwright.plan.fusion import Plan
+from kernelwright.problem import Problem
+
+
+@lru_cache(maxsize=None)
+def _env() -> jinja2.Environment:
+    root = resources.files("kernelwright.emit") / "templates"
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(lambda n: (root / n).read_text()),
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters["pyrepr"] = repr
+    return env
+
+
+def single_output(plan: Plan) -> bool:
+    """Whether the original forward returned a bare tensor (not a tuple)."""
+    ep = plan.graph.exported
+    spec = getattr(getattr(ep, "call_spec", None), "out_spec", None)
+    if spec is None or len(plan.graph.outputs) != 1:
+        return len(plan.graph.outputs) == 1
+    leaf = getattr(spec, "is_leaf", None)
+    return bool(leaf()) if callable(leaf) else spec.num_children == 0
+
+
+def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tuple[str, list[str], list[str]]],
+                     kernel_sources: dict[str, str], policy: str, summary: list[str], overrides: dict | None) -> str:
+    """The text of model_new.py. With no plan (capture failed) ModelNew is the original Model."""
+    if plan is None:
+        args, body = "*args", ["return super().forward(*args)"]
+    else:
+        args = ", ".join(i.name for i in plan.graph.user_inputs)
+        mods = {gid: (f"_k_{gid}", ins, outs) for gid, (_, ins, outs) in kernels.items()}
+        body = forward_lines(plan, mods, single_output(plan))
+    return _env().get_template("model_new.py.j2").render(
+        version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
+        summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
+        kernel_sources=sorted(kernel_sources.items()), args=args, body=body)
+
+
+def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str]) -> Path:
+    """Write model_new.py and kernels/*.py; returns the model_new.py path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    kdir = out_dir / "kernels"
+    kdir.mkdir(exist_ok=True)
+    for old in kdir.glob("*.py"):
+        old.unlink()
+    for name, src in kernel_sources.items():
+        (kdir / f"{name}.py").write_text(src)
+    path = out_dir / "model_new.py"
+    path.write_text(text)
+    return path
+
+
+_count = [0]
+
+
+def import_model_new(path: Path):
+    """Import an emitted model_new.py as a fresh module."""
+    _count[0] += 1
+    name = f"kw_model_new_{_count[0]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

@@ -1,0 +1,93 @@
+"""Render the forward of a captured graph as straight-line Python over ATen calls and kernels.
+
+The same text serves the emitted `model_new.py` and in-process candidates, so what is verified
+and timed is exactly what the user gets.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernelwright.capture.graph import Graph, Ref
+from kernelwright.plan.fusion import Plan
+
+
+def render_value(v) -> str:
+    """A captured argument as Python source (Refs become variable names)."""
+    if isinstance(v, Ref):
+        return v.name
+    if isinstance(v, bool) or v is None:
+        return repr(v)
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "float('inf')" if v > 0 else "float('-inf')"
+        if math.isnan(v):
+            return "float('nan')"
+        return repr(v)
+    if isinstance(v, int):
+        return repr(v)
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, torch.dtype):
+        return str(v)
+    if isinstance(v, torch.device):
+        return "_dev"
+    if isinstance(v, torch.layout):
+        return str(v)
+    if isinstance(v, torch.memory_format):
+        return str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(render_value(x) for x in v) + "]"
+    if isinstance(v, tuple):
+        inner = ", ".join(render_value(x) for x in v)
+        return f"({inner},)" if len(v) == 1 else f"({inner})"
+    raise ValueError(f"cannot render argument {v!r} of type {type(v).__name__}")
+
+
+def attr_path(fqn: str) -> str:
+    """'layers.0.weight' -> 'self.layers[0].weight' style access that works for any module tree."""
+    out = "self"
+    for part in fqn.split("."):
+        out = f"{out}.{part}" if part.isidentifier() else f"getattr({out}, {part!r})"
+    return out
+
+
+def node_line(graph: Graph, name: str) -> str:
+    n = graph.node(name)
+    if n.target == "getitem":
+        return f"{name} = {n.args[0].name}[{n.args[1]}]"
+    args = [render_value(a) for a in n.args]
+    args += [f"{k}={render_value(v)}" for k, v in n.kwargs.items()]
+    return f"{name} = torch.ops.{n.target}({', '.join(args)})"
+
+
+def forward_lines(plan: Plan, kernels: dict[str, tuple[str, list[str], list[str]]], single_output: bool) -> list[str]:
+    """Body of `forward`. `kernels` maps a group id to (module variable, input names, output names)
+    for the groups that run a generated kernel; other groups run their ATen ops."""
+    g = plan.graph
+    lines = []
+    for inp in g.inputs:
+        if inp.kind in ("param", "buffer"):
+            lines.append(f"{inp.name} = {attr_path(inp.fqn)}")
+        elif inp.kind == "constant":
+            lines.append(f"{inp.name} = self._kw_constants[{inp.fqn!r}]")
+    user = g.user_inputs
+    if user:
+        lines.append(f"_dev = {user[0].name}.device")
+    for unit in plan.units:
+        if unit.group is not None and unit.group.id in kernels:
+            mod, ins, outs = kernels[unit.group.id]
+            targets = ", ".join(outs) + ("," if len(outs) == 1 else "")
+            lines.append(f"{targets} = {mod}.launch({', '.join(ins)})")
+        elif unit.group is not None:
+            lines += [node_line(g, n) for n in unit.group.nodes]
+        else:
+            lines.append(node_line(g, unit.node))
+    for name, fqn in g.mutations.items():
+        lines.append(f"{attr_path(fqn)}.copy_({name})")
+    if single_output and len(g.outputs) == 1:
+        lines.append(f"return {g.outputs[0]}")
+    else:
+        lines.append("return (" + ", ".join(g.outputs) + ("," if len(g.outputs) == 1 else "") + ")")
+    return lines

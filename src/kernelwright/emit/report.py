@@ -1,0 +1,67 @@
+"""report.md: what was generated, how it compares with eager and torch.compile, kernel by kernel."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _ms(v) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
+
+
+def _pct_bw(gbps, spec_bw) -> str:
+    return f"{100 * gbps / spec_bw:.0f}%" if gbps and spec_bw else "-"
+
+
+def render_report(result: dict) -> str:
+    from kernelwright.analyze import device_spec
+
+    spec = device_spec()
+    lines = [f"# kernelwright report: {result['problem']}", ""]
+    lines.append(f"- precision policy: **{result['precision']}** (baselines timed under the same policy)")
+    lines.append(f"- device: {result['device']}" + (" (shrunk SMALL shapes)" if result.get("small") else ""))
+    if result.get("capture") != "ok":
+        lines.append(f"- capture failed: {result['capture']} — ModelNew is the original model")
+    v = result.get("verify") or {}
+    if v:
+        lines.append(f"- verification: **{'PASS' if v.get('passed') else 'FAIL'}**, excess over allclose "
+                     f"{v.get('excess')} (eager fp32: {v.get('eager_excess')}, threshold {v.get('threshold')})"
+                     + (f": {v.get('reason')}" if v.get("reason") else ""))
+    t = result.get("timing")
+    lines.append("")
+    lines.append("## Whole model")
+    if t:
+        lines += ["", "| implementation | median ms | mean ms | runs |", "|---|---:|---:|---:|"]
+        for k, row in t.items():
+            if isinstance(row, dict) and "median_ms" in row:
+                lines.append(f"| {k} | {_ms(row['median_ms'])} | {_ms(row.get('mean_ms'))} | {row.get('runs', '-')} |")
+        for base in ("eager", "compile"):
+            if f"speedup_vs_{base}" in t:
+                lines.append(f"\nspeedup over {base}: **{t[f'speedup_vs_{base}']:.2f}x**")
+    else:
+        lines.append("\nNot timed (no CUDA GPU): timing needs a GPU.")
+    lines += ["", "## Groups", "",
+              f"Bandwidth is against {spec.name}'s {spec.mem_bw_gbs:.0f} GB/s.", "",
+              "| group | kind | ops | chosen | config | ms | library ms | GB/s | % bw | regs | spills | smem | excess | eager excess |",
+              "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for g in result.get("groups", []):
+        r = g.get("resources") or {}
+        cfg = ",".join(f"{k}={v}" for k, v in (g.get("config") or {}).items()) or "-"
+        lines.append(f"| {g['id']} | {g['kind']} | {' '.join(g['ops'])} | {g['strategy']} | {cfg} | {_ms(g.get('time_ms'))} | "
+                     f"{_ms(g.get('library_ms'))} | {g['gbps']:.0f} | {_pct_bw(g['gbps'], spec.mem_bw_gbs)} | " if g.get("gbps") else
+                     f"| {g['id']} | {g['kind']} | {' '.join(g['ops'])} | {g['strategy']} | {cfg} | {_ms(g.get('time_ms'))} | "
+                     f"{_ms(g.get('library_ms'))} | - | - | ")
+        lines[-1] += f"{r.get('registers', '-')} | {r.get('spills', '-')} | {r.get('shared_bytes', '-')} | {g.get('excess')} | {g.get('eager_excess')} |"
+        if g.get("note"):
+            lines.append(f"|  | | {g['note']} | | | | | | | | | | | |")
+    cov = (result.get("analysis") or {}).get("coverage")
+    if cov:
+        lines += ["", "## Coverage", "",
+                  f"- generated kernels: {100 * cov['generated_bytes']:.0f}% of bytes, {100 * cov['generated_flops']:.0f}% of FLOPs",
+                  f"- library calls (cuBLAS/cuDNN/ATen): {100 * cov['library_bytes']:.0f}% of bytes, {100 * cov['library_flops']:.0f}% of FLOPs"]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: Path, result: dict) -> Path:
+    path = Path(out_dir) / "report.md"
+    path.write_text(render_report(result))
+    return path

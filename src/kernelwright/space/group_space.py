@@ -1,0 +1,56 @@
+"""Schedule spaces of the fused group template (codegen/triton_group.py), from axes + constraints."""
+from __future__ import annotations
+
+from kernelwright.space.axes import Axis, Space, pow2_range
+from kernelwright.space.config import Config
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _warps_fit(c: dict) -> bool:
+    """At least one element per thread and at most 64 per thread per live value."""
+    tile = c["BLOCK_M"] * c.get("BLOCK_R", 1)
+    per_thread = tile // (32 * c["num_warps"])
+    return 1 <= per_thread <= 64
+
+
+def group_space(M: int, R: int, pointwise: bool) -> list[Config]:
+    """Candidate configs for a group with M kept indices and R reduced elements per row."""
+    if pointwise:
+        top = max(256, min(16384, next_pow2(M)))
+        return Space("triton.pointwise", [Axis("BLOCK_M", pow2_range(256, top)), Axis("num_warps", [2, 4, 8, 16])],
+                     [_warps_fit], fixed={"BLOCK_R": 1, "one_pass": False, "num_stages": 1}).configs()
+    rp = next_pow2(R)
+    mp = next_pow2(M)
+    configs: list[Config] = []
+    if rp <= 16384:
+        configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("num_warps", [1, 2, 4, 8, 16])],
+                         [lambda c: c["BLOCK_M"] <= mp and c["BLOCK_M"] * rp <= 16384, _warps_fit],
+                         fixed={"BLOCK_R": rp, "one_pass": True, "num_stages": 1}).configs()
+    if rp >= 32:
+        configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("BLOCK_R", pow2_range(16, min(rp // 2, 4096))),
+                                        Axis("num_warps", [1, 2, 4, 8, 16])],
+                         [lambda c: c["BLOCK_M"] <= mp and 512 <= c["BLOCK_M"] * c["BLOCK_R"] <= 8192, _warps_fit],
+                         fixed={"one_pass": False, "num_stages": 1}).configs()
+    return configs
+
+
+def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> Config:
+    """The documented heuristic used when nothing can be timed (CPU) and the cost model has no data:
+    pointwise: 1024 elements and 4 warps per program; rows that fit 8192 elements: one pass with a
+    tile of about 2048 elements; longer rows: 1024-element chunks; reductions over a strided
+    (non-innermost) dim: 32x32 tiles so neighbouring rows share coalesced loads."""
+    if pointwise:
+        return Config.make("triton.pointwise", BLOCK_M=1024, BLOCK_R=1, num_warps=4, one_pass=False, num_stages=1)
+    rp = next_pow2(R)
+    if not r_contiguous:
+        bm, br = min(32, next_pow2(M)), min(32, rp)
+        return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=br, one_pass=br >= R, num_warps=4, num_stages=1)
+    if rp <= 8192:
+        bm = max(1, min(next_pow2(M), 2048 // rp))
+        tile = bm * rp
+        nw = 4 if tile <= 2048 else 8
+        return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=rp, one_pass=True, num_warps=nw, num_stages=1)
+    return Config.make("triton.row", BLOCK_M=1, BLOCK_R=1024, one_pass=False, num_warps=4, num_stages=1)

@@ -1,0 +1,122 @@
+"""Timing protocol: pure logic without a GPU; sanity of real timings on a GPU (marked, skipped)."""
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+from kernelwright.measure import (L2Flusher, Timing, make_baselines, round_order, runs_for_budget,
+                                  time_interleaved, time_problem)
+from kernelwright.policy import get_policy
+from kernelwright.problem import from_module
+
+HAS_GPU = torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------- no GPU needed
+def test_round_order_rotates():
+    names = ["a", "b", "c"]
+    assert round_order(names, 0) == ["a", "b", "c"]
+    assert round_order(names, 1) == ["b", "c", "a"]
+    assert round_order(names, 2) == ["c", "a", "b"]
+    assert round_order(names, 3) == ["a", "b", "c"]
+    assert round_order([], 5) == []
+    # over len(names) rounds every name takes every position once
+    for pos in range(3):
+        assert Counter(round_order(names, r)[pos] for r in range(3)) == Counter(names)
+
+
+def test_timing_stats_from_samples():
+    xs = [3.0, 1.0, 2.0, 10.0, 4.0]
+    t = Timing.from_samples(xs)
+    assert t.median_ms == 3.0 and t.mean_ms == 4.0 and t.min_ms == 1.0 and t.runs == 5
+    assert t.std_ms == pytest.approx(statistics.stdev(xs))
+    assert t.to_json() == {"median_ms": 3.0, "mean_ms": 4.0, "min_ms": 1.0, "std_ms": t.std_ms, "runs": 5}
+    assert Timing.from_samples([2.0]).std_ms == 0.0
+    with pytest.raises(ValueError):
+        Timing.from_samples([])
+
+
+def test_runs_for_budget():
+    assert runs_for_budget(0.001, 50, 1000, None) == 50
+    assert runs_for_budget(0.001, 50, 1000, 0.2) == 200
+    assert runs_for_budget(0.001, 50, 1000, 0.01) == 50  # never fewer than min_runs
+    assert runs_for_budget(0.0001, 50, 1000, 10.0) == 1000
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the no-GPU error")
+def test_no_gpu_is_a_clear_error():
+    problem = from_module(nn.Linear(4, 4), [torch.randn(2, 4)])
+    for call in (
+        lambda: time_interleaved({"a": lambda: None}),
+        lambda: L2Flusher("cuda"),
+        lambda: time_problem(problem, get_policy("fp32"), "cpu"),
+    ):
+        with pytest.raises(RuntimeError, match="timing needs a CUDA GPU"):
+            call()
+
+
+def test_cpu_device_is_refused_even_with_gpu():
+    with pytest.raises(RuntimeError, match="timing needs a CUDA GPU"):
+        time_interleaved({"a": lambda: None}, device="cpu")
+
+
+def test_make_baselines_eager_only_on_cpu():
+    problem = from_module(nn.Linear(4, 3), [torch.randn(2, 4)])
+    base = make_baselines(problem, get_policy("fp32"), "cpu", include_compile=False)
+    assert list(base) == ["eager"] and base.errors == {}
+    assert base["eager"](torch.randn(2, 4)).shape == (2, 3)
+
+
+# ---------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+def test_l2_flusher_size():
+    f = L2Flusher("cuda")
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    assert f.nbytes >= 2 * (l2 or 60 * 2**20)
+    f.flush()
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+def test_time_copy_sanity():
+    n = 64 * 2**20  # 256 MiB of float32 each way
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    small_dst = torch.empty(n // 16, device="cuda")
+    res = time_interleaved(
+        {"copy": lambda: dst.copy_(src), "copy_small": lambda: small_dst.copy_(src[: n // 16])},
+        warmup_s=0.1,
+    )
+    big, small = res["copy"], res["copy_small"]
+    assert big.runs >= 50 and small.runs >= 50
+    assert 0 < big.min_ms <= big.median_ms and big.std_ms >= 0
+    tbps = 2 * n * 4 / (big.median_ms * 1e-3) / 1e12
+    assert 0.3 < tbps < 6.0, f"copy at {tbps:.2f} TB/s"  # H200 measures about 4.2
+    assert big.median_ms > 4 * small.median_ms  # 16x the bytes takes clearly longer
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+def test_time_problem_interleaves_baselines_and_candidates():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU())
+    problem = from_module(model, [torch.randn(256, 512)])
+
+    def broken(x):
+        raise RuntimeError("no kernel")
+
+    ref = problem.make_model("cuda")
+    res = time_problem(problem, get_policy("fp32"), "cuda",
+                       candidates={"mine": lambda x: torch.relu(ref[0](x)), "broken": broken},
+                       warmup_s=0.05, min_runs=50)
+    assert set(res) >= {"eager", "mine"} and "broken" not in res
+    assert "broken" in res.errors
+    assert "compile" in res or "compile" in res.errors
+    for t in res.values():
+        assert t.runs >= 50 and t.median_ms > 0

@@ -1,0 +1,330 @@
+"""Unit tests for kernelwright.search on a dummy runner with a known time function."""
+import json
+import math
+import random
+import time
+
+import numpy as np
+
+from kernelwright.search import (CandidateCache, CostModel, Exhaustive, ModelBased,
+                                 RandomSearch, RunResult, TrialDB, choose_strategy,
+                                 default_db_path, make_record, task_feature_fn, tune)
+from kernelwright.space import Axis, Config, Space, pow2_range
+
+# --- a synthetic problem -------------------------------------------------------------
+
+SPACE = Space("rowwise", [Axis("BLOCK", pow2_range(16, 8192)),      # 10 values
+                          Axis("num_warps", [1, 2, 4, 8, 16]),       # 5
+                          Axis("num_stages", [1, 2, 3, 4])])         # 4  -> 200 configs
+CONFIGS = SPACE.configs()
+
+
+def fails(c):
+    return c["BLOCK"] == 8192 and c["num_warps"] == 1
+
+
+def true_time(c, opt=10.0):
+    """Known optimum at BLOCK=2**opt, num_warps=4, num_stages=2, plus a small fixed jitter."""
+    b, w, s = math.log2(c["BLOCK"]), math.log2(c["num_warps"]), c["num_stages"]
+    jitter = random.Random(c.key()).random() * 0.02
+    return 1.0 + (b - opt) ** 2 + 0.5 * (w - 2) ** 2 + 0.3 * (s - 2) ** 2 + jitter
+
+
+OPTIMUM = min((c for c in CONFIGS if not fails(c)), key=true_time)
+assert OPTIMUM == Config.make("rowwise", BLOCK=1024, num_warps=4, num_stages=2)
+
+
+def make_runner(opt=10.0, calls=None):
+    def run(configs):
+        if calls is not None:
+            calls.append(list(configs))
+        out = []
+        for c in configs:
+            if fails(c):
+                out.append(RunResult.failure(c, "compile", "out of registers"))
+            elif c["num_warps"] == 16 and c["BLOCK"] == 16:
+                out.append(RunResult(c, time_ms=0.001, error="wrong: max excess 3.5", excess=3.5))
+            else:
+                out.append(RunResult(c, time_ms=true_time(c, opt), excess=0.0))
+        return out
+    return run
+
+
+def trials_to_optimum(strategy, batch=8):
+    strategy.bind(CONFIGS)
+    run = make_runner()
+    n = 0
+    while batch_cfgs := strategy.ask(batch):
+        if OPTIMUM in batch_cfgs:
+            return n + batch_cfgs.index(OPTIMUM) + 1
+        n += len(batch_cfgs)
+        strategy.tell(run(batch_cfgs))
+    raise AssertionError("optimum never asked")
+
+
+def spearman(a, b):
+    ra = np.argsort(np.argsort(a)).astype(float)
+    rb = np.argsort(np.argsort(b)).astype(float)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+# --- results ---------------------------------------------------------------------------
+
+def test_run_result_ok_and_errors():
+    c = CONFIGS[0]
+    assert RunResult(c, 1.5).ok
+    r = RunResult.failure(c, "timeout", "compile took 60 s")
+    assert not r.ok and r.error == "timeout: compile took 60 s" and r.error_kind == "timeout"
+    assert not RunResult(c, 1.0, error="wrong: excess 1e-2").ok      # timed but wrong
+    assert not RunResult(c).ok                                         # nothing reported
+    assert not RunResult(c, float("nan")).ok
+    assert RunResult(c, 2.0).extra == {} and RunResult(c, 2.0).extra is not RunResult(c, 2.0).extra
+
+
+# --- strategies ------------------------------------------------------------------------
+
+def test_exhaustive_in_order_and_finds_optimum():
+    s = Exhaustive().bind(CONFIGS + CONFIGS[:5])       # duplicates dropped
+    seen = []
+    while b := s.ask(7):
+        seen += b
+    assert seen == CONFIGS and s.done and s.ask(3) == []
+    res = tune(CONFIGS, make_runner(), strategy=Exhaustive())
+    assert res.best.config == OPTIMUM and res.stopped == "exhausted"
+    assert len(res.results) == 200 and res.n_failed == 4 + 4  # 4 compile errors, 4 wrong
+
+
+def test_random_search_no_repeats_and_seeded():
+    a = RandomSearch(seed=3).bind(CONFIGS)
+    got = []
+    while b := a.ask(9):
+        got += b
+    assert len(got) == len(set(got)) == 200
+    assert RandomSearch(seed=3).bind(CONFIGS).ask(9) == got[:9]
+    assert RandomSearch(seed=4).bind(CONFIGS).ask(9) != got[:9]
+
+
+def test_model_based_never_repeats():
+    s = ModelBased(seed=1).bind(CONFIGS[:40])
+    got = []
+    run = make_runner()
+    while b := s.ask(6):
+        got += b
+        s.tell(run(b))
+    assert sorted(c.key() for c in got) == sorted(c.key() for c in CONFIGS[:40])
+
+
+def test_model_based_beats_random():
+    model = [trials_to_optimum(ModelBased(seed=s)) for s in range(5)]
+    # random needs (200 + 1) / 2 trials on average to hit the one optimum among 200;
+    # random search is cheap, so average it over many seeds for a steady baseline
+    rand = [trials_to_optimum(RandomSearch(seed=s)) for s in range(40)]
+    assert 70 < np.mean(rand) < 130
+    assert np.mean(model) < 40, model
+    assert np.mean(model) < 0.5 * np.mean(rand), (model, np.mean(rand))
+
+
+def test_choose_strategy():
+    assert isinstance(choose_strategy(30, 40), Exhaustive)
+    assert isinstance(choose_strategy(200, 40), ModelBased)
+    assert isinstance(choose_strategy(8, None), Exhaustive)
+    assert isinstance(choose_strategy(200, None), ModelBased)
+
+
+# --- tune: budgets and errors ----------------------------------------------------------
+
+def test_budget_trials():
+    calls = []
+    res = tune(CONFIGS, make_runner(calls=calls), budget_trials=13, batch_size=5)
+    assert res.n_run == len(res.results) == 13 and res.stopped == "trials"
+    assert [len(b) for b in calls] == [5, 5, 3]
+    assert len({r.config for r in res.results}) == 13
+
+
+def test_budget_seconds_fake_clock():
+    now = [0.0]
+    run = make_runner()
+
+    def slow_run(configs):
+        now[0] += 0.1 * len(configs)
+        return run(configs)
+
+    res = tune(CONFIGS, slow_run, budget_s=2.0, batch_size=8, clock=lambda: now[0])
+    assert res.stopped == "time"
+    # 2.0 s at 0.1 s per trial: 20 trials; batches shrink to fit the remaining time
+    assert 20 <= res.n_run <= 21, res.n_run
+    # both budgets: the first reached stops
+    now[0] = 0.0
+    res = tune(CONFIGS, slow_run, budget_trials=100, budget_s=1.0, clock=lambda: now[0])
+    assert res.stopped == "time" and res.n_run < 100
+    now[0] = 0.0
+    res = tune(CONFIGS, slow_run, budget_trials=5, budget_s=100.0, clock=lambda: now[0])
+    assert res.stopped == "trials" and res.n_run == 5
+
+
+def test_budget_seconds_wall_clock():
+    run = make_runner()
+
+    def sleepy(configs):
+        time.sleep(0.01 * len(configs))
+        return run(configs)
+
+    t0 = time.monotonic()
+    res = tune(CONFIGS, sleepy, budget_s=0.15, batch_size=4, strategy=RandomSearch(0))
+    took = time.monotonic() - t0
+    assert res.stopped == "time" and 4 <= res.n_run < 40
+    assert took < 1.0  # generous: the machine may be loaded
+
+
+def test_errors_are_results_not_exceptions():
+    state = {"n": 0}
+    run = make_runner()
+
+    def flaky(configs):
+        state["n"] += 1
+        if state["n"] == 2:
+            raise RuntimeError("illegal memory access\nwhole context lost")
+        if state["n"] == 3:
+            return run(configs)[:-1]             # drops one result
+        return run(configs)
+
+    res = tune(CONFIGS, flaky, budget_trials=40, batch_size=8, strategy=Exhaustive())
+    assert len(res.results) == 40
+    crashed = [r for r in res.results if r.error_kind == "crash"]
+    assert len(crashed) == 8 + 1
+    assert all("\n" not in r.error for r in crashed)
+    assert "illegal memory access" in crashed[0].error
+    assert res.best is not None and res.best.ok
+    # a wrong-but-fast result is never best
+    res = tune([c for c in CONFIGS if c["BLOCK"] == 16], make_runner(), strategy=Exhaustive())
+    assert res.best.config["num_warps"] != 16 and res.n_failed == 4
+
+
+# --- database --------------------------------------------------------------------------
+
+def test_default_db_path(monkeypatch, tmp_path):
+    monkeypatch.delenv("KERNELWRIGHT_DB", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_db_path() == tmp_path / "xdg" / "kernelwright" / "trials.jsonl"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_db_path() == tmp_path / ".cache" / "kernelwright" / "trials.jsonl"
+    monkeypatch.setenv("KERNELWRIGHT_DB", str(tmp_path / "env.jsonl"))
+    assert default_db_path() == tmp_path / "env.jsonl"
+    assert default_db_path(tmp_path / "cli.jsonl") == tmp_path / "cli.jsonl"
+
+
+def test_db_round_trip_and_truncation(tmp_path):
+    db = TrialDB(tmp_path / "sub" / "trials.jsonl")
+    assert db.records() == [] and db.best("t") is None and not db.path.exists()
+    run = make_runner()
+    results = run(CONFIGS[:30])
+    db.add_many(make_record(r, "taskA", {"log2_numel": 20.0, "op": "softmax"}, "H200", "fp32")
+                for r in results)
+    db.add_result(RunResult(Config.make("other", X=1), 0.5), "taskB", {}, "cpu", "fp32")
+    recs = db.records()
+    assert len(recs) == 31 and db.path.exists()
+    r0 = recs[0]
+    for k in ("task_key", "task_features", "template", "config", "time_ms", "error", "excess",
+              "device", "precision", "version", "timestamp"):
+        assert k in r0
+    assert Config.from_json(r0["config"]) == CONFIGS[0]
+    assert len(db.records(template="rowwise")) == 30 and len(db.records(device="cpu")) == 1
+    best = db.best("taskA")
+    assert Config.from_json(best["config"]) == min((r for r in results if r.ok),
+                                                   key=lambda r: r.time_ms).config
+    back = db.results("taskA")
+    assert [(r.config, r.time_ms, r.error) for r in back] == [(r.config, r.time_ms, r.error) for r in results]
+
+    # a writer died mid-line: the broken line is skipped, the next add starts a fresh line
+    with open(db.path, "a") as f:
+        f.write('{"task_key": "taskA", "config": {"templ')
+    assert len(db.records()) == 31 and db.skipped_lines == 1
+    db.add_result(RunResult(CONFIGS[40], 0.25), "taskA", device="H200", precision="fp32")
+    assert len(db.records()) == 32
+    assert db.best("taskA")["time_ms"] == 0.25
+    for line in open(db.path):
+        pass
+    assert json.loads(line)["time_ms"] == 0.25
+
+
+# --- cost model --------------------------------------------------------------------------
+
+def _records(task_key, task_features, opt, configs):
+    return [make_record(r, task_key, task_features, "H200", "fp32") for r in make_runner(opt)(configs)]
+
+
+def test_cost_model_prior_with_few_records():
+    m = CostModel()
+    mean, std = m.predict([{"BLOCK": 10.0}, {"BLOCK": 4.0}])
+    assert not m.fitted and mean.shape == (2,) and np.all(std > 0) and mean[0] == mean[1]
+    m.fit(_records("a", {}, 10.0, CONFIGS[:2]))
+    assert not m.fitted
+    assert m.rank(CONFIGS[:5]) == CONFIGS[:5]
+
+
+def test_cost_model_transfers_across_tasks():
+    rng = random.Random(0)
+    train = rng.sample(CONFIGS, 80)
+    model = CostModel().fit(_records("A", {"log2_numel": 20.0, "row": 10.0}, 10.0, train))
+    assert model.fitted
+    test = [c for c in CONFIGS if not fails(c) and not (c["num_warps"] == 16 and c["BLOCK"] == 16)]
+    mean, std = model.predict_configs(test, {"log2_numel": 21.0, "row": 10.5})
+    truth = [true_time(c, 10.5) for c in test]
+    rho = spearman(mean, truth)
+    assert rho > 0.5, rho
+    assert model.rank(test, {"log2_numel": 21.0})[0] != test[0]
+
+
+def test_cost_model_failures_penalty_or_excluded():
+    recs = _records("A", {}, 10.0, CONFIGS)
+    bad = [c for c in CONFIGS if fails(c)]
+    pen = CostModel(failures="penalty").fit(recs)
+    exc = CostModel(failures="exclude").fit(recs)
+    fn = task_feature_fn({})
+    m_pen, _ = pen.predict([fn(c) for c in bad])
+    m_exc, _ = exc.predict([fn(c) for c in bad])
+    assert np.all(m_pen > m_exc)
+    worst_ok = max(math.log(r["time_ms"]) for r in recs if r["error"] is None)
+    assert np.mean(m_pen) > worst_ok - 0.5
+
+
+# --- tune with a database: experience is reused -----------------------------------------
+
+def test_second_tune_reuses_db(tmp_path):
+    db = TrialDB(tmp_path / "t.jsonl")
+    feats = {"log2_numel": 20.0}
+    first = tune(CONFIGS, make_runner(), budget_trials=40, db=db, task_key="T",
+                 task_features=feats, device="H200", precision="fp32", seed=1)
+    assert first.strategy == "model" and len(db.records(task_key="T")) == 40
+
+    second = tune(CONFIGS, make_runner(), budget_trials=8, batch_size=8, db=db, task_key="T",
+                  task_features=feats, device="H200", precision="fp32", seed=2)
+    first_batch = [true_time(c.config) for c in second.results[:8]]
+    space_times = sorted(true_time(c) for c in CONFIGS)
+    top_decile = space_times[len(space_times) // 10]
+    # a random batch of 8 holds 0.8 configs of the top 10% on average, and its median is
+    # the space's median; a share of model picks is random exploration, hence the median
+    assert sum(t <= top_decile for t in first_batch) >= 3, first_batch
+    assert np.median(first_batch) < 0.5 * np.median(space_times), first_batch
+    assert second.best.time_ms <= first.best.time_ms * 1.05
+
+    # a similar new task profits from the same records (task features in the model)
+    other = tune(CONFIGS, make_runner(10.5), budget_trials=8, db=db, task_key="T2",
+                 task_features={"log2_numel": 21.0}, device="H200", precision="fp32", seed=3)
+    assert np.median([true_time(r.config, 10.5) for r in other.results]) < 0.5 * np.median(
+        [true_time(c, 10.5) for c in CONFIGS])
+
+
+def test_candidate_cache_skips_known(tmp_path):
+    db = TrialDB(tmp_path / "t.jsonl")
+    tune(CONFIGS[:20], make_runner(), db=db, task_key="T", strategy=Exhaustive())
+    cache = CandidateCache.from_db(db, task_key="T")
+    assert len(cache) == 20 and ("T", CONFIGS[0]) in cache and ("U", CONFIGS[0]) not in cache
+    calls = []
+    res = tune(CONFIGS[:30], make_runner(calls=calls), db=db, task_key="T",
+               strategy=Exhaustive(), cache=cache)
+    ran = [c for b in calls for c in b]
+    assert ran == CONFIGS[20:30] and res.n_run == 10 and res.n_cached == 20
+    assert len(res.results) == 30 and len(db.records(task_key="T")) == 30
+    assert len(cache) == 30
