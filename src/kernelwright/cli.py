@@ -191,12 +191,7 @@ def main():
         print("kernelwright: aborted", file=sys.stderr)
         sys.exit(1)
     except Exception as e:  # noqa: BLE001
-        import click
-
-        if isinstance(e, click.exceptions.UsageError):
-            print(f"kernelwright: error: {e.format_message()}", file=sys.stderr)
-            sys.exit(2)
-        if isinstance(e, click.exceptions.ClickException):
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):  # click/typer usage errors
             print(f"kernelwright: error: {e.format_message()}", file=sys.stderr)
             sys.exit(2)
         if _state["debug"] or "--debug" in sys.argv:

@@ -24,9 +24,9 @@ from kernelwright.emit.module import import_model_new, render_model_new, write_m
 from kernelwright.plan import Plan, plan_graph
 from kernelwright.policy import Policy, get_policy
 from kernelwright.problem import Problem
-from kernelwright.search import CostModel, RunResult, TrialDB, default_db_path, tune
+from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, tune
 from kernelwright.space.config import Config
-from kernelwright.space.group_space import default_config, group_space
+from kernelwright.space.group_space import default_config, group_space, seed_configs
 from kernelwright.verify.compare import excess_reason, poisoned_like
 
 
@@ -283,11 +283,22 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
         task_key = f"{problem.name}/{group.id}/{'x'.join(map(str, group.domain))}/{group.kind}"
         if timed:
             space = group_space(M, R, group.rdims is None)
-            tr = tune(space, tuner.run, budget_trials=per_trials, budget_s=per_s, db=db, task_key=task_key,
-                      task_features=feats, device=torch.cuda.get_device_name(device), precision=policy.name)
-            gr.trials, gr.failed = len(tr.results), tr.n_failed
+            seeds = [c for c in seed_configs(M, R, group.rdims is None, r_contig)]
+            common = dict(db=db, task_key=task_key, task_features=feats, device=torch.cuda.get_device_name(device),
+                          precision=policy.name)
+            n_seed = len(seeds) if per_trials is None else min(len(seeds), per_trials)
+            first = tune(seeds[:n_seed], tuner.run, budget_trials=n_seed, budget_s=per_s, strategy=Exhaustive(), **common)
+            rest_trials = None if per_trials is None else per_trials - len(first.results)
+            rest_s = None if per_s is None else max(0.0, per_s - first.elapsed_s)
+            results = list(first.results)
+            if rest_trials is None or rest_trials > 0:
+                second = tune([c for c in space if c not in seeds], tuner.run, budget_trials=rest_trials,
+                              budget_s=rest_s, **common)
+                results += second.results
+            gr.trials, gr.failed = len(results), sum(1 for r in results if not r.ok)
             gr.library_ms = tuner.library_ms
-            best = tr.best
+            ok = [r for r in results if r.ok]
+            best = min(ok, key=lambda r: r.time_ms) if ok else None
             if best is not None and (tuner.library_ms is None or best.time_ms < tuner.library_ms):
                 cfg = best.config
                 gr.strategy, gr.config, gr.time_ms, gr.excess = "triton", cfg.as_dict(), best.time_ms, best.excess

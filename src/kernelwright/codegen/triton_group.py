@@ -223,10 +223,11 @@ class Lowering:
                 s = self._reduce("sum", sq)
                 self.vars[n.name] = (self._emit("row", f"tl.sqrt({s})", [s]), "row")
         elif t in ("aten._softmax.default", "aten._log_softmax.default"):
-            mx = self._reduce("max", x)
+            # online softmax: one pass gives the row max and sum(exp(x - max)) together
+            mx, s = self._new("s"), self._new("s")
+            self.stmts.append(Stmt(s, "row", "reduce", code=mx, deps=(x,), op="online_softmax"))
             sh = self._emit("full", f"{x} - {mx}", [x, mx])
             e = self._emit("full", f"tl.exp({sh})", [sh])
-            s = self._reduce("sum", e)
             if t == "aten._softmax.default":
                 self.vars[n.name] = (self._emit("full", f"{e} / {s}", [e, s]), "full")
             else:
@@ -406,6 +407,9 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
 
     def reduce_tile(s: Stmt) -> list[str]:
         src = s.deps[0]
+        if s.op == "online_softmax":
+            return [f"{s.code} = tl.max(tl.where(mask, {src}, float('-inf')), axis=1)[:, None]",
+                    f"{s.var} = tl.sum(tl.where(mask, tl.exp({src} - {s.code}), 0.0), axis=1)[:, None]"]
         if s.op in ("sum", "max", "min"):
             fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[s.op]
             return [f"{s.var} = {fn}(tl.where(mask, {src}, {NEUTRAL[s.op]}), axis=1)[:, None]"]
@@ -438,7 +442,17 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
             if s.kind == "reduce":
                 src = s.deps[0]
                 lines = [ln for st in closure([src]) for ln in render(st, "loop")]
-                if s.op in ("sum", "max", "min"):
+                if s.op == "online_softmax":
+                    init = ["acc = tl.full([BLOCK_M, BLOCK_R], float('-inf'), tl.float32)",
+                            "acc_s = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)"]
+                    lines += [f"cand = tl.where(mask, {src}, float('-inf'))",
+                              "m_new = tl.maximum(acc, cand)",
+                              "m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)",
+                              "acc_s = acc_s * tl.exp(acc - m_safe) + tl.where(mask, tl.exp(cand - m_safe), 0.0)",
+                              "acc = m_new"]
+                    post = [f"{s.code} = tl.max(acc, axis=1)[:, None]",
+                            f"{s.var} = tl.sum(acc_s * tl.exp(acc - tl.where({s.code} == float('-inf'), 0.0, {s.code})), axis=1)[:, None]"]
+                elif s.op in ("sum", "max", "min"):
                     comb = {"sum": "acc + tl.where(mask, {x}, 0.0)", "max": "tl.maximum(acc, tl.where(mask, {x}, float('-inf')))",
                             "min": "tl.minimum(acc, tl.where(mask, {x}, float('inf')))"}[s.op].format(x=src)
                     fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[s.op]

@@ -143,6 +143,7 @@ class _Builder:
         self.groups: list[Group] = []
         self.owner: dict[str, Group] = {}
         self.deps: dict[str, set[str]] = {i.name: set() for i in graph.inputs}
+        self._next_id = 0
 
     def _can_join(self, n: OpNode, g: Group) -> str | None:
         """The level n's value would have in g, or None if n cannot join g."""
@@ -181,6 +182,33 @@ class _Builder:
                 return "row"
         return None
 
+    def _mergeable(self, a: Group, b: Group) -> bool:
+        """Two groups feeding one op merge when they share the domain and no path between them
+        leaves both (which would make one kernel wait on its own output)."""
+        if a.domain != b.domain or (a.rdims is not None and b.rdims is not None and a.rdims != b.rdims):
+            return False
+        for x, y in ((a, b), (b, a)):
+            for name in x.nodes:
+                for i in self.g.node(name).inputs:
+                    if self.owner.get(i) not in (x, y) and y.id in self.deps.get(i, set()):
+                        return False
+        return True
+
+    def _merge(self, a: Group, b: Group):
+        """Fold group b into group a (node order stays topological)."""
+        pos = {n.name: k for k, n in enumerate(self.g.nodes)}
+        a.nodes = sorted(a.nodes + b.nodes, key=pos.get)
+        a.levels.update(b.levels)
+        if a.rdims is None:
+            a.rdims = b.rdims
+        for name in b.nodes:
+            self.owner[name] = a
+        for deps in self.deps.values():
+            if b.id in deps:
+                deps.discard(b.id)
+                deps.add(a.id)
+        self.groups.remove(b)
+
     def add(self, n: OpNode):
         fusible = n.target == "getitem" or n.target in COMPOSITES or (
             n.target in REDUCTIONS and reduction_spec(n, self.g) is not None) or _is_pointwise(n, self.g)
@@ -195,7 +223,8 @@ class _Builder:
         if target is None and fusible and n.target != "getitem":
             spec = reduction_spec(n, self.g) if n.target in REDUCTIONS | COMPOSITES else None
             dom, rd = (spec[0], spec[1]) if spec else (n.meta.shape, None)
-            g = Group(f"g{len(self.groups)}", [], dom, rd)
+            g = Group(f"g{self._next_id}", [], dom, rd)
+            self._next_id += 1
             self.groups.append(g)
             target = (g, self._can_join(n, g))
             if target[1] is None:  # e.g. a reduction over a non-float input
@@ -211,6 +240,10 @@ class _Builder:
         g.levels[n.name] = level
         self.owner[n.name] = g
         self.deps[n.name] = deps | {g.id}
+        for i in n.inputs:  # n joins siblings: fold the other producer groups in where that is safe
+            other = self.owner.get(i)
+            if other is not None and other is not g and self._mergeable(g, other):
+                self._merge(g, other)
 
 
 def plan_graph(graph: Graph) -> Plan:

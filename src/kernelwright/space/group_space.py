@@ -54,3 +54,17 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -
         nw = 4 if tile <= 2048 else 8
         return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=rp, one_pass=True, num_warps=nw, num_stages=1)
     return Config.make("triton.row", BLOCK_M=1, BLOCK_R=1024, one_pass=False, num_warps=4, num_stages=1)
+
+
+def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> list[Config]:
+    """Expert starting points tried before the model-based search: the heuristic default and its
+    neighbours in warps and rows per program (all inside the group's space)."""
+    base = default_config(M, R, pointwise, r_contiguous)
+    space = set(group_space(M, R, pointwise))
+    out = [base]
+    nw = base["num_warps"]
+    for c in (base.replace(num_warps=nw * 2), base.replace(num_warps=max(1, nw // 2)),
+              base.replace(BLOCK_M=base["BLOCK_M"] * 2), base.replace(BLOCK_M=base["BLOCK_M"] * 4, num_warps=nw * 2)):
+        if c in space and c not in out:
+            out.append(c)
+    return out

@@ -22,6 +22,7 @@ _LOCK = threading.Lock()
 _KERNELS = {}  # (device, key) -> cuda.core Kernel
 _STREAMS = {}  # (device, stream handle) -> cuda.core Stream
 _SMS = {}  # device -> multiprocessor count
+_CONFIGS = {}  # (grid, block, shmem) -> LaunchConfig
 _LOCAL = threading.local()
 
 
@@ -84,11 +85,14 @@ def load_kernel(cubin, name):
 def _stream():
     """cuda.core Stream wrapping torch's current stream (wrappers cached by handle)."""
     dev = _device()
-    ts = torch.cuda.current_stream()
-    key = (dev.device_id, int(ts.cuda_stream))
-    s = _STREAMS.get(key)
+    idx = dev.device_id
+    try:  # cheap: the raw handle without building a torch Stream object
+        handle = torch._C._cuda_getCurrentRawStream(idx)
+    except Exception:
+        handle = torch.cuda.current_stream(idx).cuda_stream
+    s = _STREAMS.get((idx, handle))
     if s is None:
-        s = _STREAMS[key] = dev.create_stream(ts)
+        s = _STREAMS[(idx, handle)] = dev.create_stream(torch.cuda.current_stream(idx))
     return s
 
 
@@ -112,7 +116,10 @@ def launch(kernel, grid, block, *args, shmem=0):
     """Launch `kernel` on torch's current stream. Tensors are passed as device pointers."""
     from cuda.core import LaunchConfig, launch as _launch
 
-    cfg = LaunchConfig(grid=grid, block=block, shmem_size=int(shmem))
+    key = (grid, block, shmem)
+    cfg = _CONFIGS.get(key)
+    if cfg is None:
+        cfg = _CONFIGS[key] = LaunchConfig(grid=grid, block=block, shmem_size=int(shmem))
     _launch(_stream(), cfg, kernel, *[_arg(a) for a in args])
 
 
@@ -187,13 +194,13 @@ class CudaKernel:
 
     def kernel(self, defines=None):
         """The loaded kernel for `defines` (default: self.defines), compiled on first use."""
-        d = dict(self.defines if defines is None else defines)
-        arch = arch_of()
+        d = self.defines if defines is None else defines
         key = (torch.cuda.current_device(), tuple(sorted(d.items())))
         k = self._variants.get(key)
         if k is None:
             fn = self.compile_fn or nvrtc_compile
-            k = self._variants[key] = load_kernel(fn(self.source, self.name, d, arch), self.name)
+            cubin = fn(self.source, self.name, dict(d), arch_of())
+            k = self._variants[key] = load_kernel(cubin, self.name)
         return k
 
     def _variant(self, n, ptrs_lds):

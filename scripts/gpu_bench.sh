@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run on the GPU machine: bench a list of problems with kernelwright and write JSON + logs to $OUT.
+# usage: scripts/gpu_bench.sh NAME BUDGET PROBLEM...
+set -u
+name=$1; budget=$2; shift 2
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/kw_out}
+python3 -m kernelwright bench "$@" --budget "$budget" --json "$OUT/$name.json" --out /tmp/kw_runs 2>&1 | tee "$OUT/$name.log"
