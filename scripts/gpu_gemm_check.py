@@ -6,6 +6,7 @@ Usage (on the GPU machine):  PYTHONPATH=src python3 scripts/gpu_gemm_check.py --
 Cases: GEMM 4096^3 fp32 (input_precision "ieee", TF32 off in cuBLAS), 4096^3 tf32 (TF32 on),
 8192^3 bf16 (bf16 tensors); conv2d implicit GEMM on a ResNet-like layer (N=32, C=256, H=W=56,
 3x3, pad 1) under tf32 (cuDNN TF32 on) in NCHW and channels-last, and fp32 (TF32 off).
+"*_kmajor" / "*_to_nhwc" cases let the launcher copy operands to the layout TF32 wgmma needs.
 Every config is verified against a float32 IEEE reference before it is timed with
 triton.testing.do_bench (median).  Every step is in try/except; results go to DIR/gemm_check.json
 and a table on stdout.  A global deadline keeps the run under --deadline seconds.
@@ -50,7 +51,7 @@ def bench(fn):
     return do_bench(fn, warmup=25, rep=60, return_mode="median")
 
 
-def run_gemm_case(label, prec, size, dtype, mod, max_configs, deadline, log):
+def run_gemm_case(label, prec, size, dtype, mod, max_configs, deadline, log, extra=None):
     res = {"case": label, "precision": prec, "M": size, "N": size, "K": size, "dtype": str(dtype), "trials": []}
     try:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -68,6 +69,8 @@ def run_gemm_case(label, prec, size, dtype, mod, max_configs, deadline, log):
         log(f"[{label}] cuBLAS {res['cublas_ms']:.3f} ms = {res['cublas_tflops']:.1f} TFLOP/s (err {res['cublas_err']:.2e})")
         space = gemm_space(prec, M=size, N=size, K=size, elem_bytes=a.element_size())[:max_configs]
         pk = precision_kwargs(prec) if dtype == torch.float32 else dict(INPUT_PRECISION="ieee", CAST_BF16=False)
+        pk.update(extra or {})
+        res["launch_kwargs"] = pk
         limit = max(TOL[prec], 4 * res["cublas_err"])
         for cfg in space:
             if time.time() > deadline:
@@ -104,7 +107,7 @@ def run_gemm_case(label, prec, size, dtype, mod, max_configs, deadline, log):
     return res
 
 
-def run_conv_case(label, prec, channels_last, mod, max_configs, deadline, log,
+def run_conv_case(label, prec, channels_last, mod, max_configs, deadline, log, extra=None,
                   N=32, C=256, H=56, W=56, Cout=256, k=3, pad=1):
     res = {"case": label, "precision": prec, "shape": dict(N=N, C=C, H=H, W=W, Cout=Cout, k=k, pad=pad),
            "channels_last": channels_last, "trials": []}
@@ -128,6 +131,8 @@ def run_conv_case(label, prec, channels_last, mod, max_configs, deadline, log,
         log(f"[{label}] cuDNN conv+bias+relu {res['cudnn_ms']:.3f} ms = {res['cudnn_tflops']:.1f} TFLOP/s")
         space = conv_space(prec, batch=N, Cin=C, Cout=Cout, OH=OH, OW=OW)[:max_configs]
         pk = precision_kwargs(prec)
+        pk.update(extra or {})
+        res["launch_kwargs"] = pk
         limit = max(TOL[prec], 4 * res["cudnn_err"])
         for cfg in space:
             if time.time() > deadline:
@@ -173,7 +178,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-configs", type=int, default=16, help="configs tried per case (<= 24)")
     ap.add_argument("--deadline", type=float, default=270.0, help="seconds for the whole run")
-    ap.add_argument("--cases", default="gemm_fp32,gemm_tf32,gemm_bf16,conv_tf32,conv_tf32_nhwc,conv_fp32")
+    ap.add_argument("--cases", default="gemm_fp32,gemm_tf32,gemm_tf32_kmajor,gemm_bf16,conv_tf32,conv_tf32_nhwc,conv_tf32_to_nhwc,conv_fp32")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
@@ -207,12 +212,17 @@ def main():
                 r = run_gemm_case(case, "fp32", 4096, torch.float32, mods["gemm"], n, deadline, log)
             elif case == "gemm_tf32":
                 r = run_gemm_case(case, "tf32", 4096, torch.float32, mods["gemm"], n, deadline, log)
+            elif case == "gemm_tf32_kmajor":  # B copied to K-major inside the launcher (timed)
+                r = run_gemm_case(case, "tf32", 4096, torch.float32, mods["gemm"], n, deadline, log,
+                                  extra=dict(KMAJOR=True))
             elif case == "gemm_bf16":
                 r = run_gemm_case(case, "bf16", 8192, torch.bfloat16, mods["gemm"], n, deadline, log)
             elif case == "conv_tf32":
                 r = run_conv_case(case, "tf32", False, mods["conv"], n, deadline, log)
             elif case == "conv_tf32_nhwc":
                 r = run_conv_case(case, "tf32", True, mods["conv"], n, deadline, log)
+            elif case == "conv_tf32_to_nhwc":  # NCHW input converted inside the launcher (timed)
+                r = run_conv_case(case, "tf32", False, mods["conv"], n, deadline, log, extra=dict(NHWC=True))
             elif case == "conv_fp32":
                 r = run_conv_case(case, "fp32", False, mods["conv"], max(4, n // 2), deadline, log)
             else:

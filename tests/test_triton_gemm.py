@@ -32,6 +32,9 @@ pytestmark = pytest.mark.interpreter
 
 # The same tests run compiled on a GPU with TRITON_INTERPRET=0 KW_TRITON_TEST_DEVICE=cuda.
 DEVICE = os.environ.get("KW_TRITON_TEST_DEVICE", "cpu")
+if DEVICE == "cuda":  # references in IEEE float32: no TF32 in cuBLAS / cuDNN
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 TILE = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2)
 ATOL = 1e-4
 
@@ -74,6 +77,7 @@ def test_plain_gemm_ieee_and_transposes(cache):
     _close(mod.launch(a, w.T, **TILE), a @ w.T)
     at = _rand(56, 40, g=g)
     _close(mod.launch(at.T, w.T, **TILE), at.T @ w.T)
+    _close(mod.launch(at.T, b, **TILE, KMAJOR=True), at.T @ b)  # copies both to K-major
 
 
 def test_split_k(cache):

@@ -273,10 +273,6 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
         R = math.prod(s for s, _ in red) if red else 1
         main = tuner.low.inputs[0] if tuner.low.inputs else None
         r_contig = not red or main is None or any(st[ops.index(main)] == 1 for _, st in red[-1:])
-        if timed and M == 1 and R > 65536:
-            gr.note = "no template: a reduction to one value needs a split reduction (not built yet)"
-            summary.append(f"{group.id} [{group.kind}]: library ({gr.note})")
-            continue
         gr.eager_excess = tuner.eager_excess
         gr.bytes = sum(graph.meta(v).nbytes for v in group.inputs) + sum(graph.meta(v).nbytes for v in group.outputs)
         feats = _task_features(group, tuner, M, R)

@@ -18,7 +18,7 @@ import jinja2
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
-from kernelwright.plan.fusion import Group, reduction_spec, row_shapes
+from kernelwright.plan.fusion import FREE_VIEWS, Group, reduction_spec, row_shapes
 
 NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
 TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "int64": "tl.int64",
@@ -157,6 +157,8 @@ class Lowering:
         for name in self.grp.outputs:
             var, level = self.vars[name]
             meta = self.g.meta(name)
+            if tuple(meta.shape) == self.D and (level != "row" or self.grp.rdims is None or self.rd):
+                level = "full" if level == "row" and tuple(meta.shape) != row_shapes(self.D, self.rd)[0] else level
             if level == "full":
                 if tuple(meta.shape) != self.D:
                     raise Unsupported(f"output {name} shape {meta.shape} differs from the domain")
@@ -181,6 +183,9 @@ class Lowering:
         t = n.target
         if t == "getitem":
             self.vars[n.name] = self.tuples[n.args[0].name][n.args[1]]
+            return
+        if t in FREE_VIEWS:  # a re-labelling: row values broadcast implicitly in the tiles
+            self.vars[n.name] = self.vars[n.args[0].name]
             return
         if t in POINTWISE:
             self._lower_pointwise(n)
@@ -420,22 +425,15 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
     body: list[str] = []
     phases: list[dict] = []
     by_var = {s.var: s for s in low.stmts}
+    split = int(config.get("SPLIT", 1))
+    if split > 1:
+        return _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines, render, by_var)
     if pointwise or one_pass:
         for s in low.stmts:
             body += reduce_tile(s) if s.kind == "reduce" else render(s, "tile")
     else:
         def closure(roots) -> list[Stmt]:
-            need, stack = set(), list(roots)
-            while stack:
-                v = stack.pop()
-                st = by_var.get(v)
-                if st is None or st.level != "full" or v in need:
-                    continue
-                need.add(v)
-                stack.extend(st.deps)
-                if st.kind == "load":
-                    continue
-            return [st for st in low.stmts if st.var in need and st.kind in ("load", "expr")]
+            return _closure(low, by_var, roots)
 
         pre: list[str] = []
         for s in low.stmts:
@@ -485,6 +483,79 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         post = [ln for s in row_stores for ln in render(s, "top")]
         phases.append({"pre": pre, "body": [], "post": post})
 
+    return _finish_render("group.py.j2", graph, group, low, config, M, R, dict(
+        pointwise=pointwise, one_pass=one_pass, index_m=kept_lines, index_r=red_lines, body=body, phases=phases,
+        BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R))
+
+
+def _closure(low: "Lowering", by_var: dict, roots) -> list[Stmt]:
+    """The full-level loads and expressions the given values need, in program order."""
+    need, stack = set(), list(roots)
+    while stack:
+        v = stack.pop()
+        st = by_var.get(v)
+        if st is None or st.level != "full" or v in need:
+            continue
+        need.add(v)
+        stack.extend(st.deps)
+    return [st for st in low.stmts if st.var in need and st.kind in ("load", "expr")]
+
+
+_COMBINE = {"sum": ("acc{k} + tl.where(mask, {x}, 0.0)", "tl.sum"),
+            "max": ("tl.maximum(acc{k}, tl.where(mask, {x}, float('-inf')))", "tl.max"),
+            "min": ("tl.minimum(acc{k}, tl.where(mask, {x}, float('inf')))", "tl.min")}
+
+
+def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines, render, by_var):
+    """Two kernels: per-(row block, split) partial reductions, then a combine + row epilogue."""
+    reduces = [s for s in low.stmts if s.kind == "reduce"]
+    if not reduces or any(s.op not in _COMBINE for s in reduces):
+        raise Unsupported("split reduction needs sum/max/min reductions only")
+    if any(s.kind == "store" and s.operand.level == "full" for s in low.stmts):
+        raise Unsupported("split reduction cannot write domain-shaped outputs")
+    closures = {s.var: _closure(low, by_var, [s.deps[0]]) for s in reduces}
+    for s in reduces:
+        for st in closures[s.var]:
+            if any(by_var.get(d) is not None and by_var[d].level != "full" and by_var[d].kind != "load"
+                   for d in st.deps):
+                raise Unsupported("a reduction depends on another row value; cannot split it")
+    BLOCK_M, BLOCK_R = int(config["BLOCK_M"]), int(config["BLOCK_R"])
+    chunk = -(-(-(-R // split)) // BLOCK_R) * BLOCK_R
+    needed = list(dict.fromkeys(st.var for s in reduces for st in closures[s.var]))
+    body = [ln for v in needed for ln in render(by_var[v], "loop")]
+    init, post_a, finish = [], [], []
+    for k, s in enumerate(reduces):
+        comb, fn = _COMBINE[s.op]
+        init.append(f"acc{k} = tl.full([BLOCK_M, BLOCK_R], {NEUTRAL[s.op]}, tl.float32)")
+        body.append(f"acc{k} = " + comb.format(k=k, x=s.deps[0]))
+        post_a.append(f"tl.store(part{k} + m * {split} + split, {fn}(acc{k}, axis=1)[:, None], mask=mmask)")
+        finish.append(f"{s.var} = {fn}(tl.load(part{k} + m * {split} + s, mask=smask, other={NEUTRAL[s.op]}), axis=1)[:, None]")
+    for st in low.stmts:
+        if st.kind in ("load", "expr") and st.level != "full":
+            finish += render(st, "top")
+    for st in low.stmts:
+        if st.kind == "store":
+            finish += render(st, "top")
+    full_loads = [op for op in low.inputs if op.level == "full"]
+    row_loads = [op for op in low.inputs if op.level != "full"]
+    parts = [f"part{k}" for k in range(len(reduces))]
+    extra = dict(
+        SPLIT=split, CHUNK=chunk, SPLIT_P2=1 << (split - 1).bit_length(), index_m=kept_lines, index_r=red_lines,
+        init=init, body=body, post_a=post_a, finish=finish, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R,
+        params_a=[op.param for op in full_loads] + parts,
+        doc_a=[f"input {op.value}: {op.dtype}{list(op.shape)}, domain strides {list(op.strides)}" for op in full_loads]
+        + [f"partial {s.op} per (row, split)" for s in reduces],
+        params_b=parts + [op.param for op in row_loads] + [op.param for op in low.outputs],
+        doc_b=[f"partial {s.op} per (row, split)" for s in reduces]
+        + [f"input {op.value}: {op.dtype}{list(op.shape)} ({op.level})" for op in row_loads]
+        + [f"output {op.value}: {op.dtype}{list(op.shape)}" for op in low.outputs],
+        partial_allocs=[f"part{k} = torch.empty(({M}, {split}), dtype=torch.float32, device=out0.device)" for k in range(len(reduces))],
+        full_loads=full_loads, row_loads=row_loads, parts=parts)
+    return _finish_render("group_split.py.j2", graph, group, low, config, M, R, extra)
+
+
+def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKernel":
+    """Launcher pieces shared by the templates, then the rendered module."""
     in_names = [op.value for op in low.inputs]
     uniq_inputs = list(dict.fromkeys(in_names))
     arg_of = {v: f"a{i}" for i, v in enumerate(uniq_inputs)}
@@ -501,17 +572,18 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         allocs.append(f"out{i} = _alloc({tuple(op.shape)!r}, torch.{op.dtype}, {dev})")
         out_vars.append(f"out{i}")
     call_args = ", ".join([arg_of[op.value] for op in low.inputs] + out_vars)
+    if "parts" in extra:
+        extra["call_a"] = ", ".join([arg_of[op.value] for op in extra["full_loads"]] + extra["parts"])
+        extra["call_b"] = ", ".join(extra["parts"] + [arg_of[op.value] for op in extra["row_loads"]] + out_vars)
     helpers = (resources.files("kernelwright.codegen") / "templates" / "triton" / "helpers.py.j2").read_text()
     ops_used = ", ".join(graph.node(n).op for n in group.nodes)
-    text = _env().get_template("group.py.j2").render(
+    text = _env().get_template(template).render(
         kind=group.kind, gid=group.id, ops=ops_used, domain=list(low.D), rdims=list(low.rd), M=M, R=R,
         helpers=helpers.strip(), kernel=f"{group.id}_kernel", params=params, param_doc=param_doc,
-        pointwise=pointwise, one_pass=one_pass, index_m=kept_lines, index_r=red_lines, body=body, phases=phases,
         launch_args=", ".join(arg_of[v] for v in uniq_inputs), input_doc=", ".join(uniq_inputs),
         output_doc=", ".join(op.value for op in low.outputs), launch_checks=checks, launch_allocs=allocs,
-        BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, num_warps=int(config.get("num_warps", 4)),
-        num_stages=int(config.get("num_stages", 1)), call_args=call_args,
-        returns="(" + ", ".join(out_vars) + ",)",
+        num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1)), call_args=call_args,
+        returns="(" + ", ".join(out_vars) + ",)", **extra,
     )
     text += _EXPECT
     nbytes = sum(graph.meta(v).nbytes for v in uniq_inputs) + sum(graph.meta(o.value).nbytes for o in low.outputs)

@@ -23,6 +23,8 @@ REDUCTIONS = {
 }
 COMPOSITES = {"aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default"}
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
+FREE_VIEWS = {"aten.expand.default", "aten.squeeze.dims", "aten.squeeze.dim", "aten.unsqueeze.default",
+              "aten.view.default", "aten._unsafe_view.default"}
 
 
 @dataclass
@@ -158,6 +160,8 @@ class _Builder:
             if t == "aten.native_layer_norm.default":
                 return "full" if n.args[1] == 0 else "row"
             return "row"  # max.dim / min.dim values and indices
+        if n.target in FREE_VIEWS:
+            return self._view_level(n, g)
         spec = reduction_spec(n, self.g) if n.target in REDUCTIONS | COMPOSITES else None
         if spec is not None:
             dom, rd, _ = spec
@@ -176,6 +180,8 @@ class _Builder:
             for i in in_group:
                 if g.levels[i] == "row" and len(self.g.meta(i).shape) != len(g.domain):
                     return None
+                if g.levels[i] in ("row", "row_b") and g.rdims is not None and len(g.rdims) == len(g.domain):
+                    return None  # after a reduction to one value, a second kernel reads it as a scalar
             return "full"
         if g.rdims is not None and shape in row_shapes(g.domain, g.rdims):
             if all(g.levels[i] == "row" and self.g.meta(i).shape == shape for i in in_group):
@@ -187,6 +193,9 @@ class _Builder:
         leaves both (which would make one kernel wait on its own output)."""
         if a.domain != b.domain or (a.rdims is not None and b.rdims is not None and a.rdims != b.rdims):
             return False
+        rd = a.rdims if a.rdims is not None else b.rdims
+        if rd is not None and len(rd) == len(a.domain) and (a.rdims is None or b.rdims is None):
+            return False  # elementwise work after a reduction to one value stays a separate kernel
         for x, y in ((a, b), (b, a)):
             for name in x.nodes:
                 for i in self.g.node(name).inputs:
@@ -209,8 +218,30 @@ class _Builder:
                 deps.add(a.id)
         self.groups.remove(b)
 
+    def _view_level(self, n: OpNode, g: Group) -> str | None:
+        """Views that only re-label a group value: expand of a row value (or a same-shape value)
+        to the domain, and squeeze/unsqueeze/view between a row value's keepdim and flat forms."""
+        src = n.args[0]
+        if not hasattr(src, "name") or self.owner.get(src.name) is not g or n.meta is None:
+            return None
+        level, shape, src_shape = g.levels[src.name], tuple(n.meta.shape), tuple(self.g.meta(src.name).shape)
+        rows = row_shapes(g.domain, g.rdims) if g.rdims is not None else ()
+        if n.target == "aten.expand.default":
+            if shape != g.domain:
+                return None
+            if level == "full" and src_shape == g.domain:
+                return "full"
+            if level == "row" and rows and src_shape == rows[0]:
+                return "row_b"  # a row value standing for its broadcast over the domain
+            return None
+        if level == "row" and rows and shape in rows and src_shape in rows:
+            return "row"
+        if level == "full" and shape == src_shape == g.domain:
+            return "full"
+        return None
+
     def add(self, n: OpNode):
-        fusible = n.target == "getitem" or n.target in COMPOSITES or (
+        fusible = n.target in FREE_VIEWS or n.target == "getitem" or n.target in COMPOSITES or (
             n.target in REDUCTIONS and reduction_spec(n, self.g) is not None) or _is_pointwise(n, self.g)
         target = None
         if fusible:

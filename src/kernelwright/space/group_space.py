@@ -24,6 +24,11 @@ def group_space(M: int, R: int, pointwise: bool) -> list[Config]:
                      [_warps_fit], fixed={"BLOCK_R": 1, "one_pass": False, "num_stages": 1}).configs()
     rp = next_pow2(R)
     mp = next_pow2(M)
+    if needs_split(M, R):
+        return Space("triton.split", [Axis("BLOCK_M", [1, 2, 4]), Axis("BLOCK_R", [1024, 2048, 4096]),
+                                      Axis("SPLIT", [32, 64, 128, 256, 512, 1024]), Axis("num_warps", [4, 8])],
+                     [lambda c: 132 <= M * c["SPLIT"] // c["BLOCK_M"] <= 16384 and c["BLOCK_M"] <= mp, _warps_fit],
+                     fixed={"one_pass": False, "num_stages": 1}).configs()
     configs: list[Config] = []
     if rp <= 16384:
         configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("num_warps", [1, 2, 4, 8, 16])],
@@ -37,6 +42,11 @@ def group_space(M: int, R: int, pointwise: bool) -> list[Config]:
     return configs
 
 
+def needs_split(M: int, R: int) -> bool:
+    """Too few rows to fill the GPU and long rows: split each row over many programs."""
+    return M < 264 and R >= 65536
+
+
 def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> Config:
     """The documented heuristic used when nothing can be timed (CPU) and the cost model has no data:
     pointwise: 1024 elements and 4 warps per program; rows that fit 8192 elements: one pass with a
@@ -45,6 +55,9 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -
     if pointwise:
         return Config.make("triton.pointwise", BLOCK_M=1024, BLOCK_R=1, num_warps=4, one_pass=False, num_stages=1)
     rp = next_pow2(R)
+    if needs_split(M, R):
+        split = min(1024, max(32, next_pow2(1056 // max(M, 1))))
+        return Config.make("triton.split", BLOCK_M=1, BLOCK_R=2048, SPLIT=split, one_pass=False, num_warps=8, num_stages=1)
     if not r_contiguous:
         bm, br = min(32, next_pow2(M)), min(32, rp)
         return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=br, one_pass=br >= R, num_warps=4, num_stages=1)
@@ -63,6 +76,10 @@ def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> 
     space = set(group_space(M, R, pointwise))
     out = [base]
     nw = base["num_warps"]
+    if base.template == "triton.split":
+        variants = [base.replace(SPLIT=base["SPLIT"] // 2), base.replace(SPLIT=base["SPLIT"] * 2),
+                    base.replace(BLOCK_R=4096), base.replace(num_warps=4)]
+        return out + [c for c in variants if c in space and c not in out]
     for c in (base.replace(num_warps=nw * 2), base.replace(num_warps=max(1, nw // 2)),
               base.replace(BLOCK_M=base["BLOCK_M"] * 2), base.replace(BLOCK_M=base["BLOCK_M"] * 4, num_warps=nw * 2)):
         if c in space and c not in out:
