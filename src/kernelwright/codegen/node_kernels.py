@@ -1,0 +1,80 @@
+"""Kernels for single library nodes (pooling, scans, ...): the interface templates implement.
+
+A node template turns one ATen node into a module with a `launch(*inputs)` function that returns
+a tuple with one entry per node output (None for outputs nobody reads). The optimizer treats it
+like a fusion group: the library call is always a candidate, and the template only wins when it
+is verified and faster.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from kernelwright.capture.graph import Graph, OpNode
+from kernelwright.space.config import Config
+
+
+@dataclass
+class NodeKernel:
+    source: str  # module text: the kernel(s) and `launch`, each argument documented
+    inputs: list[str]  # graph values passed to launch(), in order
+    outputs: int  # number of entries in the tuple launch() returns (= len(node.outs))
+
+
+class NodeTemplate(Protocol):
+    name: str
+
+    def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
+        """None when the template can compute `node` (outputs `used` are read), else why not."""
+
+    def space(self, graph: Graph, node: OpNode) -> list[Config]:
+        """Candidate configs, generated from axes with constraints."""
+
+    def default(self, graph: Graph, node: OpNode) -> Config:
+        """The documented heuristic choice (used without a GPU)."""
+
+    def render(self, graph: Graph, node: OpNode, config: dict, used: set[int]) -> NodeKernel:
+        """The module text for `config`."""
+
+
+def used_outputs(graph: Graph, node: OpNode) -> set[int]:
+    """Which outputs of `node` are read: getitem indices for tuple outputs, else {0}."""
+    if len(node.outs) <= 1:
+        return {0}
+    used = set()
+    for u in graph.users(node.name):
+        if u.target == "getitem":
+            used.add(int(u.args[1]))
+        else:
+            return set(range(len(node.outs)))
+    if node.name in graph.outputs:
+        return set(range(len(node.outs)))
+    return used
+
+
+def templates() -> list[NodeTemplate]:
+    """Every node template that is installed (import errors leave a template out)."""
+    found: list[NodeTemplate] = []
+    try:
+        from kernelwright.codegen.triton_pool import TEMPLATE as pool
+        found.append(pool)
+    except ImportError:
+        pass
+    try:
+        from kernelwright.codegen.triton_scan import TEMPLATE as scan
+        found.append(scan)
+    except ImportError:
+        pass
+    return found
+
+
+def template_for(graph: Graph, node: OpNode) -> tuple[NodeTemplate | None, str]:
+    """The first template that supports `node`, or None and the reasons."""
+    reasons = []
+    used = used_outputs(graph, node)
+    for t in templates():
+        why = t.supports(graph, node, used)
+        if why is None:
+            return t, ""
+        reasons.append(f"{t.name}: {why}")
+    return None, "; ".join(reasons)
