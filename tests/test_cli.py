@@ -91,12 +91,7 @@ def test_inspect_json_full_size():
 # Problem.check() first. forward_raises.py: torch.export's fake-tensor logger writes a multi-line
 # ERROR log with a Python traceback to stderr before the `kernelwright: error:` line.
 # returns_non_tensor.py (forward returns a dict): exits 0 and prints a table.
-_KNOWN = {"forward_raises": "torch fake_tensor logger prints a traceback to stderr during capture",
-          "returns_non_tensor": "inspect accepts a forward that returns a dict (exit 0)"}
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=_KNOWN[p.stem], strict=True))
-                                  if p.stem in _KNOWN else p for p in BAD], ids=[p.stem for p in BAD])
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
 def test_inspect_bad_problem(path):
     assert BAD, "no fixtures"
     p = kw("inspect", path)

@@ -88,6 +88,7 @@ def inspect(problem: Path = typer.Argument(..., help="KernelBench-format problem
     from kernelwright.problem import load_problem
 
     p = load_problem(problem, small=small)
+    p.check("meta")  # forward must run and return tensors (shapes only, nothing is computed)
     try:
         graph = capture(p)
     except CaptureError as e:
@@ -125,6 +126,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     from kernelwright.problem import load_problem
 
     p = load_problem(problem, small=small)
+    p.check("meta")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder")
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,

@@ -19,6 +19,9 @@ import torch
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture import CaptureError, capture
 from kernelwright.capture.execute import input_device, run_graph, run_node
+from kernelwright.codegen import gemm_epilogue
+from kernelwright.codegen.node_kernels import template_for, used_outputs
+from kernelwright.codegen.triton_gemm import gemm_space
 from kernelwright.codegen.triton_group import Unsupported, _collapse, lower, render_group
 from kernelwright.emit.module import import_model_new, render_model_new, write_module
 from kernelwright.plan import Plan, plan_graph
@@ -65,15 +68,6 @@ def _floating(v):
     return isinstance(v, torch.Tensor) and v.is_floating_point()
 
 
-def _group_reference(graph, group, env, dtype):
-    """Run the group's ATen ops on its inputs cast to `dtype`; returns name -> value."""
-    local = {k: (env[k].to(dtype) if _floating(env[k]) else env[k]) for k in group.inputs}
-    dev = input_device(local)
-    for name in group.nodes:
-        local[name] = run_node(graph.node(name), local, dev)
-    return local
-
-
 def _time_fns(fns: dict[str, Callable], device) -> dict[str, float]:
     from kernelwright.measure.timer import time_interleaved
 
@@ -98,96 +92,95 @@ def _kernel_resources(mod) -> dict:
     return {}
 
 
-class GroupTuner:
-    """Builds, verifies and times candidates of one group (a `run` function for search.tune)."""
+class KernelTuner:
+    """Builds, verifies and times the candidates of one unit (a `run` function for search.tune).
 
-    def __init__(self, graph, group, env, policy: Policy, device: torch.device, cache_dir: Path, timed: bool):
-        self.graph, self.group, self.env, self.policy = graph, group, env, policy
-        self.device, self.cache_dir, self.timed = device, cache_dir, timed
-        self.low = lower(graph, group)
-        self.ref64 = _group_reference(graph, group, env, torch.float64 if device.type != "mps" else torch.float32)
-        self.eager = {o: env[o] for o in self.low_outputs}
-        self.eager_excess = max((excess_reason(self.eager[o], self.ref64[o], policy.tol, self.eager[o].dtype)[0]
-                                 for o in self.low_outputs), default=-math.inf)
+    Subclasses say how a config becomes module text (`render`). Verification compares every
+    output the unit produces with a float64 run of the unit's ATen ops on the same inputs;
+    outputs are NaN-poisoned first, so elements a kernel never writes fail."""
+
+    name = "unit"
+
+    def __init__(self, graph, nodes: list[str], inputs: list[str], outputs: list[tuple[str, int | None]],
+                 env, policy: Policy, device: torch.device, cache_dir: Path, timed: bool):
+        self.graph, self.nodes, self.unit_inputs, self.outputs = graph, nodes, inputs, outputs
+        self.env, self.policy, self.device, self.cache_dir, self.timed = env, policy, device, cache_dir, timed
+        ref = self._run_library(torch.float64)
+        self.ref64 = [_pick(ref, o) for o in outputs]
+        self.eager = [_pick(env, o) for o in outputs]
+        self.eager_excess = max((excess_reason(e, r, policy.tol, e.dtype)[0] for e, r in zip(self.eager, self.ref64)),
+                                default=-math.inf)
         self.threshold = max(policy.tol, 4 * self.eager_excess)
-        self.inputs = None
-        self.sources: dict[str, str] = {}
         self.modules: dict[str, object] = {}
-        self.excesses: dict[str, float] = {}
         self.library_ms: float | None = None
 
-    @property
-    def low_outputs(self):
-        return list(self.group.outputs)
+    def _run_library(self, dtype=None) -> dict:
+        local = {k: (self.env[k].to(dtype) if dtype is not None and _floating(self.env[k]) else self.env[k])
+                 for k in self.unit_inputs}
+        dev = input_device(local) or self.device
+        for name in self.nodes:
+            local[name] = run_node(self.graph.node(name), local, dev)
+        return local
 
     def library_fn(self):
-        nodes = [self.graph.node(n) for n in self.group.nodes]
-        env = self.env
-        dev = self.device
+        return self._run_library
 
-        def run():
-            local = {k: env[k] for k in self.group.inputs}
-            for n in nodes:
-                local[n.name] = run_node(n, local, dev)
-            return local
+    def render(self, cfg: Config) -> tuple[str, list[str]]:
+        """(module text, graph values passed to launch) for `cfg`."""
+        raise NotImplementedError
 
-        return run
+    def pick(self, outs) -> list:
+        """The launch() results in the order of self.outputs."""
+        return list(outs)
 
     def build(self, cfg: Config):
-        k = render_group(self.graph, self.group, cfg.as_dict(), self.low)
-        mod = load_module_from_source(k.source, f"{self.group.id}", self.cache_dir)
-        self.sources[cfg.key()] = k.source
+        text, ins = self.render(cfg)
+        mod = load_module_from_source(text, self.name, self.cache_dir)
         self.modules[cfg.key()] = mod
-        return k, mod
+        return text, ins, mod
 
-    def check(self, cfg: Config, k, mod) -> float:
+    def check(self, ins, mod) -> float:
         """Run once with NaN-poisoned outputs; returns the excess, raising ValueError on failure."""
-        args = [self.env[v] for v in k.inputs]
+        args = [self.env[v] for v in ins]
         real_alloc = mod._alloc
         mod._alloc = lambda shape, dtype, device: poisoned_like(torch.empty(shape, dtype=dtype, device=device))
         try:
             with self.policy.active():
-                outs = mod.launch(*args)
+                outs = self.pick(mod.launch(*args))
         finally:
             mod._alloc = real_alloc
         worst = -math.inf
-        for name, out in zip(k.outputs, outs):
-            ex, why = excess_reason(out, self.ref64[name], self.policy.tol, self.eager[name].dtype)
+        for (name, _), out, ref, eager in zip(self.outputs, outs, self.ref64, self.eager):
+            ex, why = excess_reason(out, ref, self.policy.tol, eager.dtype)
             if why or ex > self.threshold:
                 raise ValueError(f"wrong: {name} excess {ex:.3g} > {self.threshold:.3g}" + (f" ({why})" if why else ""))
             worst = max(worst, ex)
         return worst
 
     def run(self, configs: list[Config]) -> list[RunResult]:
-        results, fns = [], {}
-        built = {}
+        results, fns, built = [], {}, {}
         for cfg in configs:
             try:
-                k, mod = self.build(cfg)
-            except Unsupported as e:
-                results.append(RunResult.failure(cfg, "compile", str(e)))
-                continue
-            except Exception as e:  # noqa: BLE001 - failures are data
+                _, ins, mod = self.build(cfg)
+            except Exception as e:  # noqa: BLE001 - failures are data (Unsupported included)
                 results.append(RunResult.failure(cfg, "compile", f"{type(e).__name__}: {str(e)[:200]}"))
                 continue
             try:
-                ex = self.check(cfg, k, mod)
+                ex = self.check(ins, mod)
             except ValueError as e:
                 results.append(RunResult.failure(cfg, "wrong", str(e)))
                 continue
             except Exception as e:  # noqa: BLE001
                 results.append(RunResult.failure(cfg, "crash", f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"))
                 continue
-            self.excesses[cfg.key()] = ex
-            args = [self.env[v] for v in k.inputs]
+            args = [self.env[v] for v in ins]
             built[cfg.key()] = (cfg, ex)
             fns[cfg.key()] = (lambda m=mod, a=args: m.launch(*a))
         if not self.timed:
             return results + [RunResult(cfg, None, "untimed: no GPU", excess=ex) for cfg, ex in built.values()]
         if fns:
-            lib = self.library_fn()
             with self.policy.active():
-                times = _time_fns({**fns, "__library__": lib}, self.device)
+                times = _time_fns({**fns, "__library__": self.library_fn()}, self.device)
             lib_ms = times.pop("__library__")
             self.library_ms = lib_ms if self.library_ms is None else min(self.library_ms, lib_ms)
             for key, (cfg, ex) in built.items():
@@ -195,11 +188,64 @@ class GroupTuner:
         return results
 
 
-def _task_features(group, tuner: GroupTuner | None, M: int, R: int) -> dict:
-    nbytes = sum(tuner.graph.meta(v).nbytes for v in group.inputs) if tuner else 0
-    return {"log2_M": math.log2(max(M, 1)), "log2_R": math.log2(max(R, 1)), "log2_bytes": math.log2(max(nbytes, 1)),
-            "n_nodes": len(group.nodes), "n_reduce": sum(1 for s in tuner.low.stmts if s.kind == "reduce") if tuner else 0,
-            "kind": group.kind}
+def _pick(env: dict, out: tuple[str, int | None]):
+    name, idx = out
+    return env[name] if idx is None else env[name][idx]
+
+
+class GroupTuner(KernelTuner):
+    """A fusion group rendered by codegen/triton_group.py."""
+
+    def __init__(self, graph, group, env, policy, device, cache_dir, timed):
+        self.group = group
+        self.low = lower(graph, group)
+        self.name = group.id
+        super().__init__(graph, group.nodes, group.inputs, [(o, None) for o in group.outputs], env, policy,
+                         device, cache_dir, timed)
+        ops = self.low.inputs + self.low.outputs
+        kept, red = _collapse(self.low.D, self.low.rd, [o.strides for o in ops])
+        self.M = math.prod(s for s, _ in kept) if kept else 1
+        self.R = math.prod(s for s, _ in red) if red else 1
+        main = self.low.inputs[0] if self.low.inputs else None
+        self.r_contig = not red or main is None or red[-1][1][ops.index(main)] == 1
+        pw = group.rdims is None
+        self.space = group_space(self.M, self.R, pw)
+        self.seeds = seed_configs(self.M, self.R, pw, self.r_contig)
+        self.default = default_config(self.M, self.R, pw, self.r_contig)
+        self.features = {"log2_M": math.log2(max(self.M, 1)), "log2_R": math.log2(max(self.R, 1)),
+                         "log2_bytes": math.log2(max(1, sum(graph.meta(v).nbytes for v in group.inputs))),
+                         "n_nodes": len(group.nodes), "n_reduce": sum(1 for s in self.low.stmts if s.kind == "reduce"),
+                         "kind": group.kind}
+        self.task = f"{'x'.join(map(str, group.domain))}/{group.kind}/{'+'.join(graph.node(n).op for n in group.nodes)}"
+
+    def render(self, cfg):
+        k = render_group(self.graph, self.group, cfg.as_dict(), self.low)
+        return k.source, k.inputs
+
+
+class NodeTuner(KernelTuner):
+    """A single library node with a node template (pooling, scans)."""
+
+    def __init__(self, graph, node, template, env, policy, device, cache_dir, timed):
+        self.node, self.template = node, template
+        self.used = used_outputs(graph, node)
+        self.name = node.name
+        multi = len(node.outs) > 1
+        outs = [(node.name, i) for i in sorted(self.used)] if multi else [(node.name, None)]
+        super().__init__(graph, [node.name], node.inputs, outs, env, policy, device, cache_dir, timed)
+        self.space = template.space(graph, node)
+        self.default = template.default(graph, node)
+        self.seeds = [self.default]
+        meta = graph.meta(node.inputs[0]) if node.inputs else None
+        self.features = {"log2_bytes": math.log2(max(1, meta.nbytes if meta else 1)), "kind": template.name}
+        self.task = f"{node.target}/{'x'.join(map(str, meta.shape)) if meta else ''}"
+
+    def render(self, cfg):
+        k = self.template.render(self.graph, self.node, cfg.as_dict(), self.used)
+        return k.source, k.inputs
+
+    def pick(self, outs):
+        return [outs[i if i is not None else 0] for _, i in self.outputs]
 
 
 def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
@@ -232,6 +278,17 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     path = write_module(out_dir, text, sources)
     log(f"wrote {path}")
     result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log)
+    t = result["timing"] or {}
+    kw, eager = (t.get("kernelwright") or {}).get("median_ms"), (t.get("eager") or {}).get("median_ms")
+    if plan is not None and kw and eager and kw > eager:
+        # the generated program lost to eager as a whole (e.g. ATen's functional batch norm is slower
+        # than the module's cuDNN path): ship the original forward instead, and say so
+        log(f"generated program {kw:.3f} ms is slower than eager {eager:.3f} ms: ModelNew keeps the original forward")
+        result["whole_model_fallback"] = {"generated_ms": kw, "eager_ms": eager, "generated_timing": t}
+        text = render_model_new(problem, None, {}, {}, policy.name,
+                                ["(generated program was slower than eager; original forward kept)"], overrides)
+        path = write_module(out_dir, text, {})
+        result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log)
     result["analysis"] = _analysis(graph, plan, result)
     result["seconds"] = round(time.time() - started, 2)
     (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -241,56 +298,162 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     return result
 
 
+class GemmTuner(KernelTuner):
+    """A library GEMM node and its pointwise epilogue group as one Triton GEMM (codegen/gemm_epilogue.py).
+
+    The reference to beat is what the program would otherwise run: the library GEMM followed by
+    the group's chosen implementation (`group_impl`)."""
+
+    def __init__(self, graph, gemm, group, group_impl, env, policy, device, cache_dir, timed):
+        self.fused = gemm_epilogue.build(graph, gemm, group)
+        self.name = f"{group.id}_gemm"
+        self.group_impl = group_impl
+        ins = self.fused.inputs
+        super().__init__(graph, [gemm.name] + group.nodes, [v for v in dict.fromkeys(gemm.inputs + group.inputs)
+                                                           if v != gemm.name], [(group.outputs[0], None)],
+                         env, policy, device, cache_dir, timed)
+        del ins
+        f = self.fused
+        self.space = [Config.make("triton.gemm", **c) for c in
+                      gemm_space(policy.name, M=f.M, N=f.N, K=f.K, elem_bytes=4, max_configs=40)]
+        self.seeds = self.space[:4]
+        self.default = self.space[0]
+        self.features = {"log2_M": math.log2(f.M), "log2_N": math.log2(f.N), "log2_K": math.log2(f.K),
+                         "n_operands": len(f.operands), "kind": "gemm_epilogue"}
+        self.task = f"gemm/{f.M}x{f.N}x{f.K}/{group.id}"
+
+    def library_fn(self):
+        gemm, env, dev = self.fused.gemm, self.env, self.device
+        impl = self.group_impl
+
+        def run():
+            local = {k: env[k] for k in gemm.inputs}
+            local[gemm.name] = run_node(gemm, local, dev)
+            return impl(local)
+
+        return run
+
+    def render(self, cfg):
+        return gemm_epilogue.render(self.fused, cfg.as_dict(), self.policy.name)
+
+
+def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, kernels, sources, result, per_trials,
+                         per_s, db, problem, log):
+    """Strategy 2 of issue 4: try each (library GEMM, pointwise epilogue group) pair as one Triton
+    GEMM; it replaces the pair only when verified and faster than library GEMM + chosen group."""
+    groups = {g.id: g for g in plan.groups}
+    for unit in plan.units:
+        if unit.node is None or graph.node(unit.node).target not in gemm_epilogue.GEMMS:
+            continue
+        gemm = graph.node(unit.node)
+        users = {u.name for u in graph.users(gemm.name)}
+        group = next((g for g in groups.values() if users and users <= set(g.nodes)), None)
+        if group is None or gemm_epilogue.fusable(graph, gemm, group):
+            continue
+        gr = GroupResult(f"{group.id}+{gemm.name}", "gemm_epilogue", [gemm.op] + [graph.node(n).op for n in group.nodes])
+        result["groups"].append(gr)
+        impl = _group_impl(graph, group, kernels.get(group.id), cache_dir, sources.get(group.id), device)
+        try:
+            tuner = GemmTuner(graph, gemm, group, impl, env, policy, device, cache_dir, timed)
+        except Unsupported as e:
+            gr.note = f"no template: {e}"
+            continue
+        gr.eager_excess = tuner.eager_excess
+        gr.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + group.outputs)
+        if not timed:
+            gr.note = "untimed (no GPU): the library GEMM + epilogue kernel is kept"
+            continue
+        common = dict(db=db, task_key=f"{problem.name}/{gr.id}/{tuner.task}", task_features=tuner.features,
+                      precision=policy.name, device=torch.cuda.get_device_name(device))
+        results = _search(tuner, per_trials, per_s, common)
+        ok = [r for r in results if r.ok]
+        gr.trials, gr.failed, gr.library_ms = len(results), len(results) - len(ok), tuner.library_ms
+        best = min(ok, key=lambda r: r.time_ms) if ok else None
+        if best is not None and tuner.library_ms is not None and best.time_ms < tuner.library_ms:
+            text, ins = tuner.render(best.config)
+            gid = f"{group.id}_gemm"
+            sources.pop(group.id, None)
+            kernels.pop(group.id, None)
+            sources[gid] = text
+            kernels[group.id] = (gid, ins, list(group.outputs), False)
+            kernels[gemm.name] = None  # the fused kernel computes it
+            gr.strategy, gr.config, gr.time_ms, gr.excess = "triton", best.config.as_dict(), best.time_ms, best.excess
+            flops = 2 * tuner.fused.M * tuner.fused.N * tuner.fused.K
+            gr.note = f"{flops / (best.time_ms * 1e-3) / 1e12:.1f} TFLOP/s"
+        else:
+            gr.time_ms = tuner.library_ms
+            gr.note = "library GEMM + epilogue faster" if best else "no candidate passed"
+        log(f"{gr.id} [gemm_epilogue]: {gr.strategy} {gr.time_ms or 0:.3f} ms, library+epilogue "
+            f"{(tuner.library_ms or 0):.3f} ms ({gr.trials} trials, {gr.failed} failed)")
+
+
+def _group_impl(graph, group, kernel, cache_dir, source, device):
+    """The group's chosen implementation as env -> env (kernel if one was chosen, else ATen)."""
+    if kernel is not None and source is not None:
+        mod = load_module_from_source(source, group.id, cache_dir)
+        _, ins, outs, _ = kernel
+
+        def run_kernel(local):
+            res = mod.launch(*[local[v] for v in ins])
+            local.update(zip(outs, res))
+            return local
+
+        return run_kernel
+    nodes = [graph.node(n) for n in group.nodes]
+
+    def run_aten(local):
+        for n in nodes:
+            local[n.name] = run_node(n, local, device)
+        return local
+
+    return run_aten
+
+
 def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Options, result):
+    """Search every group (and every node with a node template); returns summary, kernels, sources."""
     graph = plan.graph
     log = opts.log
     model = problem.make_model(device)
     inputs = problem.make_inputs(0, device)
     with torch.no_grad(), policy.active():
         env = run_graph(graph, model, inputs, keep=True)
-    groups = plan.groups
-    n = max(1, len(groups))
+    units = [u for u in plan.units if u.group is not None or template_for(graph, graph.node(u.node))[0] is not None]
+    n = max(1, len(units))
     per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)
     per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
     db = TrialDB(default_db_path(opts.db_path))
     kernels, sources, summary = {}, {}, []
+    tuned = {id(u) for u in units}
     for unit in plan.units:
-        if unit.group is None:
+        if id(unit) not in tuned:
             summary.append(f"{unit.node}: library ({graph.node(unit.node).target})")
             continue
-        group = unit.group
-        gr = GroupResult(group.id, group.kind, [graph.node(x).op for x in group.nodes])
+        if unit.group is not None:
+            group = unit.group
+            gr = GroupResult(group.id, group.kind, [graph.node(x).op for x in group.nodes])
+            values = group.inputs + group.outputs
+            make = lambda: GroupTuner(graph, group, env, policy, device, cache_dir, timed)  # noqa: E731
+        else:
+            node = graph.node(unit.node)
+            template, _ = template_for(graph, node)
+            gr = GroupResult(node.name, "node", [node.op])
+            values = node.inputs + [node.name]
+            make = lambda: NodeTuner(graph, node, template, env, policy, device, cache_dir, timed)  # noqa: E731
         result["groups"].append(gr)
         try:
-            tuner = GroupTuner(graph, group, env, policy, device, cache_dir, timed)
+            tuner = make()
         except Unsupported as e:
             gr.note = f"no template: {e}"
-            summary.append(f"{group.id} [{group.kind}]: library ({gr.note})")
+            summary.append(f"{gr.id} [{gr.kind}]: library ({gr.note})")
             continue
-        ops = tuner.low.inputs + tuner.low.outputs
-        kept, red = _collapse(tuner.low.D, tuner.low.rd, [o.strides for o in ops])
-        M = math.prod(s for s, _ in kept) if kept else 1
-        R = math.prod(s for s, _ in red) if red else 1
-        main = tuner.low.inputs[0] if tuner.low.inputs else None
-        r_contig = not red or main is None or any(st[ops.index(main)] == 1 for _, st in red[-1:])
         gr.eager_excess = tuner.eager_excess
-        gr.bytes = sum(graph.meta(v).nbytes for v in group.inputs) + sum(graph.meta(v).nbytes for v in group.outputs)
-        feats = _task_features(group, tuner, M, R)
-        task_key = f"{problem.name}/{group.id}/{'x'.join(map(str, group.domain))}/{group.kind}"
+        gr.bytes = sum(_nbytes(graph, v) for v in values)
+        common = dict(db=db, task_key=f"{problem.name}/{gr.id}/{tuner.task}", task_features=tuner.features,
+                      precision=policy.name)
+        cfg = None
         if timed:
-            space = group_space(M, R, group.rdims is None)
-            seeds = [c for c in seed_configs(M, R, group.rdims is None, r_contig)]
-            common = dict(db=db, task_key=task_key, task_features=feats, device=torch.cuda.get_device_name(device),
-                          precision=policy.name)
-            n_seed = len(seeds) if per_trials is None else min(len(seeds), per_trials)
-            first = tune(seeds[:n_seed], tuner.run, budget_trials=n_seed, budget_s=per_s, strategy=Exhaustive(), **common)
-            rest_trials = None if per_trials is None else per_trials - len(first.results)
-            rest_s = None if per_s is None else max(0.0, per_s - first.elapsed_s)
-            results = list(first.results)
-            if rest_trials is None or rest_trials > 0:
-                second = tune([c for c in space if c not in seeds], tuner.run, budget_trials=rest_trials,
-                              budget_s=rest_s, **common)
-                results += second.results
+            common["device"] = torch.cuda.get_device_name(device)
+            results = _search(tuner, per_trials, per_s, common)
             gr.trials, gr.failed = len(results), sum(1 for r in results if not r.ok)
             gr.library_ms = tuner.library_ms
             ok = [r for r in results if r.ok]
@@ -302,7 +465,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
                 gr.time_ms = tuner.library_ms
                 gr.note = "library faster" if best is not None else "no candidate passed"
         else:
-            cfg = _untimed_choice(group, M, R, r_contig, feats, db, policy)
+            cfg = _untimed_choice(tuner, db, policy)
             res = tuner.run([cfg])
             gr.trials = 1
             if res and res[0].excess is not None:
@@ -312,34 +475,57 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
                 gr.failed = 1
                 gr.note = f"candidate failed: {res[0].error if res else '?'}"
         if gr.strategy == "triton":
-            key = cfg.key()
-            k = render_group(graph, group, gr.config, tuner.low)
-            sources[group.id] = k.source
-            kernels[group.id] = (group.id, k.inputs, k.outputs)
-            mod = tuner.modules.get(key)
+            text, ins = tuner.render(cfg)
+            sources[gr.id] = text
+            if unit.group is not None:
+                kernels[gr.id] = (gr.id, ins, list(unit.group.outputs), False)
+            else:
+                kernels[gr.id] = (gr.id, ins, [unit.node], len(graph.node(unit.node).outs) > 1)
+            mod = tuner.modules.get(cfg.key())
             gr.resources = _kernel_resources(mod) if (mod is not None and timed) else {}
             if gr.time_ms:
                 gr.gbps = gr.bytes / (gr.time_ms * 1e-3) / 1e9
         ms = f"{gr.time_ms:.3f} ms" if gr.time_ms else "untimed"
         lib = f", library {gr.library_ms:.3f} ms" if gr.library_ms else ""
-        log(f"{group.id} [{group.kind}] {'+'.join(gr.ops)}: {gr.strategy} {ms}{lib} ({gr.trials} trials, {gr.failed} failed)")
-        summary.append(f"{group.id} [{group.kind}] {', '.join(gr.ops)}: {gr.strategy}"
-                       + (f" {cfg.key()}" if gr.config else ""))
+        log(f"{gr.id} [{gr.kind}] {'+'.join(gr.ops)}: {gr.strategy} {ms}{lib} ({gr.trials} trials, {gr.failed} failed)")
+        summary.append(f"{gr.id} [{gr.kind}] {', '.join(gr.ops)}: {gr.strategy}" + (f" {cfg.key()}" if gr.config else ""))
+    if opts.backend in ("triton", "all"):
+        _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, kernels, sources, result,
+                             per_trials, per_s, db, problem, log)
     result["groups"] = [asdict(g) for g in result["groups"]]
     return summary, kernels, sources
 
 
-def _untimed_choice(group, M, R, r_contig, feats, db, policy) -> Config:
+def _nbytes(graph, name) -> int:
+    outs = [graph.meta(name)] if graph.is_input(name) else graph.node(name).outs
+    return sum(m.nbytes for m in outs if m is not None)
+
+
+def _search(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult]:
+    """Expert seeds first (in order), then model-based search over the rest of the space."""
+    space = set(tuner.space)
+    seeds = [c for c in tuner.seeds if c in space] or tuner.seeds[:1]
+    n_seed = len(seeds) if per_trials is None else min(len(seeds), per_trials)
+    first = tune(seeds[:n_seed], tuner.run, budget_trials=n_seed, budget_s=per_s, strategy=Exhaustive(), **common)
+    results = list(first.results)
+    rest_trials = None if per_trials is None else per_trials - len(results)
+    rest_s = None if per_s is None else max(0.0, per_s - first.elapsed_s)
+    rest = [c for c in tuner.space if c not in seeds]
+    if rest and (rest_trials is None or rest_trials > 0) and (rest_s is None or rest_s > 0):
+        results += tune(rest, tuner.run, budget_trials=rest_trials, budget_s=rest_s, **common).results
+    return results
+
+
+def _untimed_choice(tuner: KernelTuner, db, policy) -> Config:
     """Without a GPU: the cost model's best predicted config if it has data, else the heuristic."""
     try:
         model = CostModel()
-        model.fit(db.records(precision=policy.name))
+        model.fit([r for r in db.records(precision=policy.name) if r.get("template") == tuner.default.template])
         if model.fitted:
-            space = group_space(M, R, group.rdims is None)
-            return model.rank(space, feats)[0]
+            return model.rank(tuner.space, tuner.features)[0]
     except Exception:  # noqa: BLE001 - a broken db must not stop the job
         pass
-    return default_config(M, R, group.rdims is None, r_contig)
+    return tuner.default
 
 
 def _final_checks(problem, path, policy, device, timed, log):

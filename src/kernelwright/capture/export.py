@@ -13,6 +13,7 @@ from torch.export import ExportGraphSignature
 
 from kernelwright.capture.graph import Graph, Input, OpNode, Ref, TensorMeta
 from kernelwright.problem import Problem
+from kernelwright.problem.load import quiet_torch_logs
 
 
 class CaptureError(Exception):
@@ -60,7 +61,7 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
     if any(not isinstance(x, torch.Tensor) for x in inputs):
         kinds = sorted({type(x).__name__ for x in inputs if not isinstance(x, torch.Tensor)})
         raise CaptureError(f"non-tensor inputs ({', '.join(kinds)}) are not supported")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_torch_logs():
         warnings.simplefilter("ignore")
         try:
             with torch.device(_device_of(inputs, model)):  # tensors made in forward land beside the inputs

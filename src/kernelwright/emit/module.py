@@ -36,14 +36,14 @@ def single_output(plan: Plan) -> bool:
     return bool(leaf()) if callable(leaf) else spec.num_children == 0
 
 
-def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tuple[str, list[str], list[str]]],
+def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tuple],
                      kernel_sources: dict[str, str], policy: str, summary: list[str], overrides: dict | None) -> str:
     """The text of model_new.py. With no plan (capture failed) ModelNew is the original Model."""
     if plan is None:
         args, body = "*args", ["return super().forward(*args)"]
     else:
         args = ", ".join(i.name for i in plan.graph.user_inputs)
-        mods = {gid: (f"_k_{gid}", ins, outs) for gid, (_, ins, outs) in kernels.items()}
+        mods = {key: (None if k is None else (f"_k_{k[0]}", k[1], k[2], k[3])) for key, k in kernels.items()}
         body = forward_lines(plan, mods, single_output(plan))
     return _env().get_template("model_new.py.j2").render(
         version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,

@@ -62,9 +62,10 @@ def node_line(graph: Graph, name: str) -> str:
     return f"{name} = torch.ops.{n.target}({', '.join(args)})"
 
 
-def forward_lines(plan: Plan, kernels: dict[str, tuple[str, list[str], list[str]]], single_output: bool) -> list[str]:
-    """Body of `forward`. `kernels` maps a group id to (module variable, input names, output names)
-    for the groups that run a generated kernel; other groups run their ATen ops."""
+def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> list[str]:
+    """Body of `forward`. `kernels` maps a group id (or node name) to (module variable, input names,
+    output names, whether launch() returns the node's whole tuple) for units that run a generated
+    kernel; other units run their ATen ops."""
     g = plan.graph
     lines = []
     for inp in g.inputs:
@@ -76,9 +77,12 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple[str, list[str], list[str]
     if user:
         lines.append(f"_dev = {user[0].name}.device")
     for unit in plan.units:
-        if unit.group is not None and unit.group.id in kernels:
-            mod, ins, outs = kernels[unit.group.id]
-            targets = ", ".join(outs) + ("," if len(outs) == 1 else "")
+        key = unit.group.id if unit.group is not None else unit.node
+        if key in kernels and kernels[key] is None:
+            continue  # computed inside another unit's fused kernel
+        if key in kernels:
+            mod, ins, outs, whole_tuple = kernels[key]
+            targets = outs[0] if whole_tuple else ", ".join(outs) + ("," if len(outs) == 1 else "")
             lines.append(f"{targets} = {mod}.launch({', '.join(ins)})")
         elif unit.group is not None:
             lines += [node_line(g, n) for n in unit.group.nodes]

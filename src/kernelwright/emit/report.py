@@ -26,6 +26,10 @@ def render_report(result: dict) -> str:
         lines.append(f"- verification: **{'PASS' if v.get('passed') else 'FAIL'}**, excess over allclose "
                      f"{v.get('excess')} (eager fp32: {v.get('eager_excess')}, threshold {v.get('threshold')})"
                      + (f": {v.get('reason')}" if v.get("reason") else ""))
+    fb = result.get("whole_model_fallback")
+    if fb:
+        lines.append(f"- the generated program took {fb['generated_ms']:.3f} ms against eager's {fb['eager_ms']:.3f} ms, "
+                     "so ModelNew keeps the original forward (the groups below are what was tried)")
     t = result.get("timing")
     lines.append("")
     lines.append("## Whole model")

@@ -6,6 +6,7 @@ applies it, so `get_inputs()`/`get_init_inputs()` produce CPU-test-sized shapes.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import sys
@@ -81,11 +82,28 @@ class Problem:
         model = self.make_model(device)
         inputs = self.make_inputs(0, device)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), quiet_torch_logs():
                 out = model(*inputs)
         except Exception as e:  # noqa: BLE001 - user code
             raise ProblemError(self.where, f"forward raised {type(e).__name__}: {_first_line(e)}") from e
         return flatten_outputs(out, self.where)
+
+
+@contextlib.contextmanager
+def quiet_torch_logs():
+    """Silence torch's fake/meta-tensor error logging: failures reach the user as one line."""
+    import logging
+
+    names = ("torch._subclasses.fake_tensor", "torch._dynamo", "torch.export", "torch._export")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
 
 
 def flatten_outputs(out: Any, where: str = "model") -> list[torch.Tensor]:
