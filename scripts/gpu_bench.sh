@@ -5,4 +5,5 @@ set -u
 name=$1; budget=$2; shift 2
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kw_out}
-python3 -m kernelwright bench "$@" --budget "$budget" --json "$OUT/$name.json" --out /tmp/kw_runs 2>&1 | tee "$OUT/$name.log"
+export KERNELWRIGHT_DB=${KERNELWRIGHT_DB:-$OUT/trials.jsonl}
+python3 -m kernelwright bench "$@" --precision "${PRECISION:-fp32}" --budget "$budget" --json "$OUT/$name.json" --out /tmp/kw_runs 2>&1 | tee "$OUT/$name.log"

@@ -98,6 +98,12 @@ def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_di
     header = f"{'problem':34s} {'eager ms':>9s} {'compile ms':>10s}" + ("" if baseline_only else f" {'kw ms':>9s} {'ok':>3s} {'vs compile':>10s}")
     echo(header)
 
+    def save():
+        if json_out:
+            Path(json_out).write_text(json.dumps({"rows": rows, "summary": summarise(rows, baseline_only), "options": opts,
+                                                  "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__},
+                                                 indent=2, default=str))
+
     def show(r):
         t = r.get("times", {})
         line = f"{('L' + str(r.get('level')) + ' ' + r['problem'])[:34]:34s} {t.get('eager', float('nan')):9.3f} {t.get('compile', float('nan')):10.3f}"
@@ -114,6 +120,7 @@ def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_di
             r = _one(p, opts)
             rows.append(r)
             show(r)
+            save()
     else:
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
@@ -128,13 +135,11 @@ def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_di
                 continue
             rows.append(r)
             show(r)
+            save()
         for pr in procs:
             pr.join()
     summary = summarise(rows, baseline_only)
     for lvl, s in summary.items():
         echo(f"{lvl}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items()))
-    if json_out:
-        Path(json_out).write_text(json.dumps({"rows": rows, "summary": summary, "options": opts,
-                                              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__},
-                                             indent=2, default=str))
+    save()
     return rows, summary

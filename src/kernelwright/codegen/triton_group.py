@@ -10,6 +10,7 @@ the elementwise values it needs from global memory.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -48,6 +49,59 @@ class Stmt:
     deps: tuple[str, ...] = ()
     operand: Operand | None = None
     op: str = ""  # reduction kind
+
+
+def broadcast_strides(shape, strides, target) -> tuple[int, ...] | None:
+    """Strides of a (shape, strides) tensor broadcast right-aligned to `target`; None if it does not broadcast."""
+    off = len(target) - len(shape)
+    if off < 0:
+        return None
+    out = []
+    for j, size in enumerate(target):
+        k = j - off
+        if k < 0 or shape[k] == 1:
+            out.append(0)
+        elif shape[k] == size:
+            out.append(strides[k])
+        else:
+            return None
+    return tuple(out)
+
+
+def refine_strides(shape, strides, target) -> tuple[int, ...] | None:
+    """Strides for viewing a (shape, strides) tensor with shape `target` (same element count),
+    splitting and merging dims as `Tensor.view` would; None where the view needs a copy."""
+    if math.prod(shape) != math.prod(target):
+        return None
+    pieces = [(s, st) for s, st in zip(shape, strides) if s != 1]
+    out: list[int] = []
+    for t in reversed(target):
+        if t == 1:
+            out.append(0)
+            continue
+        need, first, prev = t, None, None
+        while need > 1:
+            if not pieces:
+                return None
+            size, st = pieces[-1]
+            if prev is not None and st != prev[1] * prev[0]:
+                return None  # merging two dims that are not adjacent in memory
+            if first is None:
+                first = st
+            if size <= need:
+                if need % size:
+                    return None
+                need //= size
+                prev = pieces.pop()
+            else:
+                if size % need:
+                    return None
+                pieces[-1] = (size // need, st * need)
+                need = 1
+        out.append(first)
+    if pieces:
+        return None
+    return tuple(reversed(out))
 
 
 def _contig(shape) -> tuple[int, ...]:
@@ -99,17 +153,24 @@ class Lowering:
         self.stmts.append(Stmt(var, "row", "reduce", deps=(src,), op=op))
         return var
 
-    def _domain_strides(self, meta, ctx: str) -> tuple[int, ...]:
+    def _domain_strides(self, meta, ctx: str, shape: tuple | None = None) -> tuple[int, ...]:
         """Strides of a tensor broadcast into domain coordinates.
 
-        ctx "full": right-aligned against the domain; "row": against the row shape without
-        the reduced dims (keepdim=False form)."""
+        ctx "full": broadcast (right-aligned) against `shape` — the shape of the op using it,
+        by default the domain — then viewed as the domain when `shape` is a reshaping of it
+        (e.g. [N, C, H, W] seen as group norm's [N, G, C/G, H*W]); "row": against the row shape
+        without the reduced dims (keepdim=False form)."""
         nd = len(self.D)
         if ctx == "full" or len(meta.shape) == 0:
-            off = nd - len(meta.shape)
-            if off < 0:
-                raise Unsupported("operand has more dims than the domain")
-            return tuple(0 if j < off or meta.shape[j - off] == 1 else meta.stride[j - off] for j in range(nd))
+            target = tuple(shape) if shape is not None else self.D
+            st = broadcast_strides(meta.shape, meta.stride, target)
+            if st is None:
+                raise Unsupported(f"operand of shape {tuple(meta.shape)} does not broadcast to {target}")
+            if target != self.D:
+                st = refine_strides(target, st, self.D)
+                if st is None:
+                    raise Unsupported(f"{target} is not a view of the domain {self.D}")
+            return st
         kept = [j for j in range(nd) if j not in self.rd]
         off = len(kept) - len(meta.shape)
         if off < 0:
@@ -117,6 +178,8 @@ class Lowering:
         st = [0] * nd
         for pos, j in enumerate(kept):
             if pos >= off and meta.shape[pos - off] != 1:
+                if meta.shape[pos - off] != self.D[j]:
+                    raise Unsupported(f"row operand of shape {tuple(meta.shape)} does not match the kept dims")
                 st[j] = meta.stride[pos - off]
         return tuple(st)
 
@@ -127,8 +190,9 @@ class Lowering:
             return "row"
         return "full"
 
-    def operand(self, ref, ctx: str) -> tuple[str, str]:
-        """(var, level) of a graph value or Python scalar used as an op argument."""
+    def operand(self, ref, ctx: str, shape: tuple | None = None, strides: tuple | None = None) -> tuple[str, str]:
+        """(var, level) of a graph value or Python scalar used as an op argument (`shape`: the
+        using op's shape; `strides`: explicit domain strides, e.g. per-channel parameters)."""
         if not isinstance(ref, Ref):
             if isinstance(ref, (int, float, bool)):
                 return format_float(ref), "scalar"
@@ -138,7 +202,8 @@ class Lowering:
         meta = self.g.meta(ref.name)
         if meta is None:
             raise Unsupported(f"{ref.name} has no tensor metadata")
-        strides = self._domain_strides(meta, ctx)
+        if strides is None:
+            strides = self._domain_strides(meta, ctx, shape)
         key = (ref.name, strides)
         if key not in self.loads:
             op = Operand(f"in{len(self.inputs)}", ref.name, strides, self._level_of(strides), meta.dtype, meta.shape)
@@ -160,9 +225,9 @@ class Lowering:
             if tuple(meta.shape) == self.D and (level != "row" or self.grp.rdims is None or self.rd):
                 level = "full" if level == "row" and tuple(meta.shape) != row_shapes(self.D, self.rd)[0] else level
             if level == "full":
-                if tuple(meta.shape) != self.D:
-                    raise Unsupported(f"output {name} shape {meta.shape} differs from the domain")
-                strides = _contig(self.D)
+                strides = refine_strides(tuple(meta.shape), _contig(meta.shape), self.D)
+                if strides is None:
+                    raise Unsupported(f"output {name} shape {meta.shape} is not a view of the domain")
             else:
                 from kernelwright.capture.graph import TensorMeta
 
@@ -193,7 +258,8 @@ class Lowering:
         spec = reduction_spec(n, self.g)
         if spec is None:
             raise Unsupported(f"{t} is not supported by the group template")
-        x, lx = self.operand(n.args[0], "full")
+        x_meta = self.g.meta(n.args[0].name)
+        x, lx = self.operand(n.args[0], "full", tuple(x_meta.shape))
         R = format_float(self.R)
         if t in ("aten.sum.default", "aten.sum.dim_IntList"):
             self.vars[n.name] = (self._reduce("sum", x), "row")
@@ -212,12 +278,8 @@ class Lowering:
         elif t == "aten.var.correction":
             corr = n.kwargs.get("correction", 1)
             corr = 1.0 if corr is None else float(corr)
-            s1 = self._reduce("sum", x)
-            mu = self._emit("row", f"{s1} / {R}", [s1])
-            d = self._emit("full", f"{x} - {mu}", [x, mu])
-            sq = self._emit("full", f"{d} * {d}", [d])
-            s = self._reduce("sum", sq)
-            self.vars[n.name] = (self._emit("row", f"{s} / {format_float(self.R - corr)}", [s]), "row")
+            _, m2 = self._welford(x)
+            self.vars[n.name] = (self._emit("row", f"{m2} / {format_float(self.R - corr)}", [m2]), "row")
         elif t == "aten.linalg_vector_norm.default":
             order = float(n.args[1] if len(n.args) > 1 else n.kwargs.get("ord", 2))
             if order == 1.0:
@@ -240,30 +302,50 @@ class Lowering:
                 self.vars[n.name] = (self._emit("full", f"{sh} - {ls}", [sh, ls]), "full")
         elif t == "aten.native_layer_norm.default":
             w, b, eps = n.args[2], n.args[3], float(n.args[4])
-            s1 = self._reduce("sum", x)
-            mu = self._emit("row", f"{s1} / {R}", [s1])
-            d = self._emit("full", f"{x} - {mu}", [x, mu])
-            sq = self._emit("full", f"{d} * {d}", [d])
-            s2 = self._reduce("sum", sq)
-            rstd = self._emit("row", f"tl.rsqrt({s2} / {R} + {format_float(eps)})", [s2])
-            y = self._emit("full", f"{d} * {rstd}", [d, rstd])
-            if w is not None:
-                wv, _ = self.operand(w, "full")
-                y = self._emit("full", f"{y} * {wv}", [y, wv])
-            if b is not None:
-                bv, _ = self.operand(b, "full")
-                y = self._emit("full", f"{y} + {bv}", [y, bv])
-            self.tuples[n.name] = [(y, "full"), (mu, "row"), (rstd, "row")]
+            self.tuples[n.name] = self._normalize(x, w, b, eps)
+        elif t == "aten.native_group_norm.default":
+            w, b, eps = n.args[1], n.args[2], float(n.args[7])
+            cg = self.D[2]  # channels per group; weight/bias are per channel c = g * cg + j
+            ch = lambda ref: None if ref is None else self.g.meta(ref.name).stride[0]  # noqa: E731
+            ws = None if w is None else (0, cg * ch(w), ch(w), 0)
+            bs = None if b is None else (0, cg * ch(b), ch(b), 0)
+            self.tuples[n.name] = self._normalize(x, w, b, eps, ws, bs)
+        elif t == "aten._native_batch_norm_legit.no_stats":
+            w, b, eps = n.args[1], n.args[2], float(n.args[5])
+            per_channel = lambda ref: None if ref is None else tuple(  # noqa: E731
+                self.g.meta(ref.name).stride[0] if j == 1 else 0 for j in range(len(self.D)))
+            self.tuples[n.name] = self._normalize(x, w, b, eps, per_channel(w), per_channel(b))
         else:
             raise Unsupported(f"{t} is not supported by the group template")
+
+    def _welford(self, x: str) -> tuple[str, str]:
+        """Row mean and sum of squared deviations of `x` in one pass over the data."""
+        mean, m2 = self._new("s"), self._new("s")
+        self.stmts.append(Stmt(m2, "row", "reduce", code=mean, deps=(x,), op="welford"))
+        return mean, m2
+
+    def _normalize(self, x, w, b, eps, w_strides=None, b_strides=None) -> list[tuple[str, str]]:
+        """(x - mean) * rstd [* w] [+ b] over the reduced dims: [(y, full), (mean, row), (rstd, row)]."""
+        mu, m2 = self._welford(x)
+        rstd = self._emit("row", f"tl.rsqrt({m2} / {format_float(self.R)} + {format_float(eps)})", [m2])
+        d = self._emit("full", f"{x} - {mu}", [x, mu])
+        y = self._emit("full", f"{d} * {rstd}", [d, rstd])
+        if w is not None:
+            wv, _ = self.operand(w, "full", strides=w_strides)
+            y = self._emit("full", f"{y} * {wv}", [y, wv])
+        if b is not None:
+            bv, _ = self.operand(b, "full", strides=b_strides)
+            y = self._emit("full", f"{y} + {bv}", [y, bv])
+        return [(y, "full"), (mu, "row"), (rstd, "row")]
 
     def _lower_pointwise(self, n: OpNode):
         t = n.target
         k = OPERANDS.get(t, len(n.args))
         ctx = self._ctx(n)
         args, deps, levels = [], [], []
+        shape = tuple(n.meta.shape) if ctx == "full" and n.meta is not None else None
         for a in n.args[:k]:
-            var, level = self.operand(a, ctx)
+            var, level = self.operand(a, ctx, shape)
             args.append(var)
             levels.append(level)
             if isinstance(a, Ref):
@@ -412,6 +494,9 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
 
     def reduce_tile(s: Stmt) -> list[str]:
         src = s.deps[0]
+        if s.op == "welford":
+            return [f"{s.code} = tl.sum(tl.where(mask, {src}, 0.0), axis=1)[:, None] / {R}",
+                    f"{s.var} = tl.sum(tl.where(mask, ({src} - {s.code}) * ({src} - {s.code}), 0.0), axis=1)[:, None]"]
         if s.op == "online_softmax":
             return [f"{s.code} = tl.max(tl.where(mask, {src}, float('-inf')), axis=1)[:, None]",
                     f"{s.var} = tl.sum(tl.where(mask, tl.exp({src} - {s.code}), 0.0), axis=1)[:, None]"]
@@ -440,7 +525,18 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
             if s.kind == "reduce":
                 src = s.deps[0]
                 lines = [ln for st in closure([src]) for ln in render(st, "loop")]
-                if s.op == "online_softmax":
+                if s.op == "welford":
+                    # per-lane running count, mean and M2; lanes merged with Chan's formula after the loop
+                    init = ["acc_n = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
+                            "acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
+                            "acc_m2 = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)"]
+                    lines += [f"acc_n = acc_n + tl.where(mask, 1.0, 0.0)",
+                              f"delta = tl.where(mask, {src} - acc, 0.0)",
+                              "acc = acc + delta / tl.maximum(acc_n, 1.0)",
+                              f"acc_m2 = acc_m2 + delta * tl.where(mask, {src} - acc, 0.0)"]
+                    post = [f"{s.code} = tl.sum(acc * acc_n, axis=1)[:, None] / {R}",
+                            f"{s.var} = tl.sum(acc_m2 + acc_n * (acc - {s.code}) * (acc - {s.code}), axis=1)[:, None]"]
+                elif s.op == "online_softmax":
                     init = ["acc = tl.full([BLOCK_M, BLOCK_R], float('-inf'), tl.float32)",
                             "acc_s = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)"]
                     lines += [f"cand = tl.where(mask, {src}, float('-inf'))",

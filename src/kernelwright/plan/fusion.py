@@ -21,7 +21,9 @@ REDUCTIONS = {
     "aten.amax.default", "aten.amin.default", "aten.argmax.default", "aten.argmin.default",
     "aten.max.dim", "aten.min.dim", "aten.var.correction", "aten.linalg_vector_norm.default",
 }
-COMPOSITES = {"aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default"}
+COMPOSITES = {"aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default",
+              "aten.native_group_norm.default", "aten._native_batch_norm_legit.no_stats"}
+NORMS = {"aten.native_layer_norm.default", "aten.native_group_norm.default", "aten._native_batch_norm_legit.no_stats"}
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 FREE_VIEWS = {"aten.expand.default", "aten.squeeze.dims", "aten.squeeze.dim", "aten.unsqueeze.default",
               "aten.view.default", "aten._unsafe_view.default"}
@@ -48,7 +50,7 @@ class Group:
 
     def _first_reduce(self) -> int:
         for i, n in enumerate(self.nodes):
-            if self.levels.get(n) == "row":
+            if self.levels.get(n) in ("row", "tuple"):
                 return i
         return len(self.nodes)
 
@@ -124,7 +126,23 @@ def reduction_spec(node: OpNode, graph: Graph) -> tuple[tuple[int, ...], tuple[i
     if t == "aten.native_layer_norm.default":
         k = len(a[1])
         return meta.shape, tuple(range(ndim - k, ndim)), True
+    if t == "aten.native_group_norm.default":
+        n, c, hw, groups = (int(v) for v in a[3:7])
+        if c % groups or n * c * hw != meta.numel:
+            return None
+        return (n, groups, c // groups, hw), (2, 3), True  # the input seen as [N, G, C/G, H*W]
+    if t == "aten._native_batch_norm_legit.no_stats":
+        if ndim < 2 or not a[3]:
+            return None
+        return meta.shape, tuple(d for d in range(ndim) if d != 1), True
     return None
+
+
+def _views_domain(shape, domain) -> bool:
+    """Whether a contiguous tensor of `shape` can be read as the domain by a view (split/merge)."""
+    from kernelwright.codegen.triton_group import _contig, refine_strides
+
+    return len(shape) > 0 and refine_strides(tuple(shape), _contig(shape), tuple(domain)) is not None
 
 
 def row_shapes(domain, rdims) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -157,7 +175,7 @@ class _Builder:
             if self.owner.get(src) is not g:
                 return None
             t = self.g.node(src).target
-            if t == "aten.native_layer_norm.default":
+            if t in NORMS:
                 return "full" if n.args[1] == 0 else "row"
             return "row"  # max.dim / min.dim values and indices
         if n.target in FREE_VIEWS:
@@ -170,12 +188,14 @@ class _Builder:
                 return None
             if self.owner.get(x) is g and g.levels[x] != "full":
                 return None
-            return "tuple" if n.target in ("aten.max.dim", "aten.min.dim", "aten.native_layer_norm.default") else (
+            return "tuple" if n.target in {"aten.max.dim", "aten.min.dim"} | NORMS else (
                 "full" if n.target in COMPOSITES else "row")
         if not _is_pointwise(n, self.g):
             return None
         shape = n.meta.shape
         in_group = [i for i in n.inputs if self.owner.get(i) is g]
+        if shape != g.domain and _views_domain(shape, g.domain) and all(g.levels[i] == "full" for i in in_group):
+            return "full"  # e.g. an activation on group norm's [N, C, H, W] output, domain [N, G, C/G, H*W]
         if shape == g.domain:
             for i in in_group:
                 if g.levels[i] == "row" and len(self.g.meta(i).shape) != len(g.domain):

@@ -1,0 +1,142 @@
+"""Group codegen beyond the basics: views of the domain (group norm), instance norm, Welford
+passes, split reductions, and the GEMM + epilogue fusion — all run in the Triton interpreter."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernelwright.build.pyload import load_module_from_source  # noqa: E402
+from kernelwright.capture import capture  # noqa: E402
+from kernelwright.capture.execute import run_graph  # noqa: E402
+from kernelwright.codegen import gemm_epilogue  # noqa: E402
+from kernelwright.codegen.triton_group import Unsupported, broadcast_strides, refine_strides, render_group  # noqa: E402
+from kernelwright.emit.module import import_model_new, render_model_new, write_module  # noqa: E402
+from kernelwright.plan import plan_graph  # noqa: E402
+from kernelwright.problem import from_module, load_problem  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_refine_strides_splits_and_merges_like_view():
+    assert refine_strides((4, 8, 3, 5), (120, 15, 5, 1), (4, 2, 4, 15)) == (120, 60, 15, 1)
+    assert refine_strides((4, 8, 15), (120, 15, 1), (4, 2, 4, 15)) == (120, 60, 15, 1)
+    assert refine_strides((2, 3), (1, 2), (6,)) is None  # transposed: a view cannot merge it
+    assert refine_strides((6,), (1,), (4,)) is None  # element counts differ
+    assert broadcast_strides((3, 1), (1, 1), (2, 3, 5)) == (0, 1, 0)
+    assert broadcast_strides((4,), (1,), (2, 3)) is None
+
+
+def _groups_match(model, x, configs):
+    """Render every group of `model` with each config and compare with the library values."""
+    g = capture(from_module(model, [x]))
+    plan = plan_graph(g)
+    env = run_graph(g, model, [x], keep=True)
+    checked = 0
+    for grp in plan.groups:
+        for cfg in configs:
+            k = render_group(g, grp, cfg)
+            mod = load_module_from_source(k.source, grp.id, os.path.join(ROOT, ".pytest_kw_cache"))
+            for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
+                torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)
+                checked += 1
+    return plan, checked
+
+
+ONE = {"BLOCK_M": 2, "BLOCK_R": 256, "one_pass": True, "num_warps": 4}
+MULTI = {"BLOCK_M": 2, "BLOCK_R": 16, "one_pass": False, "num_warps": 4}
+
+
+def test_group_norm_with_activation_is_one_kernel_over_a_refined_domain():
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gn = nn.GroupNorm(4, 8)
+            nn.init.normal_(self.gn.weight)
+            nn.init.normal_(self.gn.bias)
+
+        def forward(self, x):
+            return torch.tanh(self.gn(x))
+
+    plan, checked = _groups_match(M(), torch.randn(3, 8, 5, 3), [ONE, MULTI])
+    (grp,) = plan.groups
+    assert tuple(grp.domain) == (3, 4, 2, 15) and grp.rdims == (2, 3)
+    assert checked == 2
+
+
+def test_instance_norm_and_var_use_welford_passes():
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def forward(self, x):
+            return F.instance_norm(x) + x.var(dim=(2, 3), keepdim=True)
+
+    _, checked = _groups_match(M(), torch.randn(2, 3, 6, 7) * 3 + 5, [ONE, MULTI])
+    assert checked >= 2
+
+
+def test_split_reduction_matches_and_refuses_domain_outputs():
+    torch.manual_seed(0)
+    p = load_problem(os.path.join(ROOT, "problems/level1/mse_loss.py"), small=True)
+    g = capture(p)
+    model, x = p.make_model(), p.make_inputs(0)
+    env = run_graph(g, model, x, keep=True)
+    (grp,) = plan_graph(g).groups
+    k = render_group(g, grp, {"BLOCK_M": 1, "BLOCK_R": 16, "SPLIT": 4, "one_pass": False, "num_warps": 4})
+    assert "_partial" in k.source and "_finish" in k.source
+    mod = load_module_from_source(k.source, grp.id, os.path.join(ROOT, ".pytest_kw_cache"))
+    (out,) = mod.launch(*[env[v] for v in k.inputs])
+    torch.testing.assert_close(out, env[k.outputs[0]], rtol=1e-5, atol=1e-6)
+
+    class Softmax(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1)
+
+    g2 = capture(from_module(Softmax(), [torch.randn(2, 40)]))
+    with pytest.raises(Unsupported):
+        render_group(g2, plan_graph(g2).groups[0], {"BLOCK_M": 1, "BLOCK_R": 16, "SPLIT": 2, "one_pass": False})
+
+
+def test_gemm_epilogue_fusion_emits_a_working_module(tmp_path):
+    """Strategy 2: addmm + gelu*scale as one Triton GEMM, emitted into ModelNew in place of both units."""
+    torch.manual_seed(0)
+    p = load_problem(os.path.join(ROOT, "problems/level2/gemm_gelu_scale.py"), small=True)
+    g = capture(p)
+    plan = plan_graph(g)
+    gemm = next(g.node(u.node) for u in plan.units if u.node and g.node(u.node).target in gemm_epilogue.GEMMS)
+    group = next(grp for grp in plan.groups if gemm.name in grp.inputs)
+    assert gemm_epilogue.fusable(g, gemm, group) is None
+    fused = gemm_epilogue.build(g, gemm, group)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "num_warps": 4, "num_stages": 1}
+    text, ins = gemm_epilogue.render(fused, cfg, "fp32")
+    kernels = {group.id: ("g_gemm", ins, list(group.outputs), False), gemm.name: None}
+    path = write_module(tmp_path, render_model_new(p, plan, kernels, {"g_gemm": text}, "fp32", [], None), {"g_gemm": text})
+    body = path.read_text()
+    assert "_k_g_gemm.launch(" in body and "aten.addmm" not in body
+    mod = import_model_new(path)
+    ref = p.make_model()
+    new = mod.ModelNew(*p.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    x = p.make_inputs(7)
+    torch.testing.assert_close(new(*x), ref(*x), rtol=1e-4, atol=1e-5)
+
+
+def test_gemm_epilogue_refuses_groups_with_reductions():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(8, 6)
+
+        def forward(self, x):
+            return torch.softmax(self.l(x), -1)
+
+    g = capture(from_module(M(), [torch.randn(4, 8)]))
+    plan = plan_graph(g)
+    gemm = next(g.node(u.node) for u in plan.units if u.node and g.node(u.node).target in gemm_epilogue.GEMMS)
+    assert "reductions" in gemm_epilogue.fusable(g, gemm, plan.groups[0])
