@@ -165,3 +165,9 @@ def test_optimize_then_report(tmp_path):
     assert r.stdout.strip()
     assert "relu" in r.stdout
     assert r.stdout.strip() == (out / "report.md").read_text().strip()
+
+
+def test_backend_cuda_is_refused_until_optimize_searches_it(tmp_path):
+    p = kw("optimize", os.path.join(ROOT, "problems", "level1", "relu.py"), "--backend", "cuda", "--out", str(tmp_path / "o"))
+    assert p.returncode == 2
+    assert "does not search them yet" in p.stderr and "Traceback" not in p.stderr

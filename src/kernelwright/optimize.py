@@ -38,7 +38,7 @@ class GroupResult:
     id: str
     kind: str
     ops: list[str]
-    strategy: str = "library"  # "triton" | "library"
+    strategy: str = "library"  # "triton" (generated kernel) | "torch" (library layout variant) | "library"
     config: dict | None = None
     time_ms: float | None = None  # chosen implementation
     library_ms: float | None = None
@@ -100,6 +100,7 @@ class KernelTuner:
     outputs are NaN-poisoned first, so elements a kernel never writes fail."""
 
     name = "unit"
+    backend = "triton"  # what a chosen candidate is: a generated "triton" kernel or a "torch" layout variant
 
     def __init__(self, graph, nodes: list[str], inputs: list[str], outputs: list[tuple[str, int | None]],
                  env, policy: Policy, device: torch.device, cache_dir: Path, timed: bool):
@@ -233,6 +234,7 @@ class NodeTuner(KernelTuner):
         multi = len(node.outs) > 1
         outs = [(node.name, i) for i in sorted(self.used)] if multi else [(node.name, None)]
         super().__init__(graph, [node.name], node.inputs, outs, env, policy, device, cache_dir, timed)
+        self.backend = template.name.split(".")[0]
         self.space = template.space(graph, node)
         self.default = template.default(graph, node)
         self.seeds = [self.default]
@@ -437,7 +439,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
             node = graph.node(unit.node)
             template, _ = template_for(graph, node)
             gr = GroupResult(node.name, "node", [node.op])
-            values = node.inputs + [node.name]
+            values = node.inputs  # plus the outputs actually read, below
             make = lambda: NodeTuner(graph, node, template, env, policy, device, cache_dir, timed)  # noqa: E731
         result["groups"].append(gr)
         try:
@@ -448,6 +450,8 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
             continue
         gr.eager_excess = tuner.eager_excess
         gr.bytes = sum(_nbytes(graph, v) for v in values)
+        if unit.group is None:  # count only the node outputs that are read (max-pool indices often are not)
+            gr.bytes += sum(m.nbytes for i, m in enumerate(graph.node(unit.node).outs) if m is not None and i in tuner.used)
         common = dict(db=db, task_key=f"{problem.name}/{gr.id}/{tuner.task}", task_features=tuner.features,
                       precision=policy.name)
         cfg = None
@@ -460,10 +464,12 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
             best = min(ok, key=lambda r: r.time_ms) if ok else None
             if best is not None and (tuner.library_ms is None or best.time_ms < tuner.library_ms):
                 cfg = best.config
-                gr.strategy, gr.config, gr.time_ms, gr.excess = "triton", cfg.as_dict(), best.time_ms, best.excess
+                gr.strategy, gr.config, gr.time_ms, gr.excess = tuner.backend, cfg.as_dict(), best.time_ms, best.excess
             else:
                 gr.time_ms = tuner.library_ms
                 gr.note = "library faster" if best is not None else "no candidate passed"
+        elif tuner.backend == "torch":
+            gr.note = "a library layout variant is only chosen by measurement (no GPU here)"
         else:
             cfg = _untimed_choice(tuner, db, policy)
             res = tuner.run([cfg])
@@ -474,7 +480,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
             else:
                 gr.failed = 1
                 gr.note = f"candidate failed: {res[0].error if res else '?'}"
-        if gr.strategy == "triton":
+        if gr.strategy != "library":
             text, ins = tuner.render(cfg)
             sources[gr.id] = text
             if unit.group is not None:
@@ -585,7 +591,9 @@ def _analysis(graph, plan, result) -> dict:
 
 
 def plan_groups_nodes(plan, gid):
-    for g in plan.groups:
-        if g.id == gid:
-            return g.nodes
-    return []
+    """Graph nodes a unit id covers: a group id, a node name, or "group+gemm" for a fused GEMM."""
+    names = []
+    for part in gid.split("+"):
+        group = next((g for g in plan.groups if g.id == part), None)
+        names += group.nodes if group is not None else [part]
+    return names

@@ -65,6 +65,9 @@ def templates() -> list[NodeTemplate]:
         found.append(scan)
     except ImportError:
         pass
+    from kernelwright.codegen.conv_layout import TEMPLATE as conv_layout
+
+    found.append(conv_layout)
     return found
 
 

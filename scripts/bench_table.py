@@ -1,0 +1,35 @@
+#!/usr/bin/env python3
+"""Turn `kernelwright bench --json` output into the markdown tables of docs/benchmarks.md.
+
+usage: python3 scripts/bench_table.py BENCH.json [BENCH.json ...]
+"""
+import json
+import sys
+
+
+def fmt(v, nd=3):
+    return f"{v:.{nd}f}" if isinstance(v, (int, float)) else "-"
+
+
+def table(path: str) -> str:
+    data = json.load(open(path))
+    opts = data["options"]
+    out = [f"### {opts['precision']} — {data['gpu']}, torch {data['torch']}, budget {opts['trials']} trials/problem", ""]
+    out += ["| level | n | correct | kw / compile (geomean) | kw / eager | compile / eager | fast_1 vs compile | fast_2 vs compile |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for lvl, s in data["summary"].items():
+        out.append(f"| {lvl} | {s['n']} | {fmt(s.get('correct'), 2)} | {fmt(s.get('kw_over_compile'))} | {fmt(s.get('kw_over_eager'))} | "
+                   f"{fmt(s.get('compile_over_eager'))} | {fmt(s.get('fast_1_compile'), 2)} | {fmt(s.get('fast_2_compile'), 2)} |")
+    out += ["", "| problem | eager ms | compile ms | kernelwright ms | correct | vs compile | units with generated kernels |",
+            "|---|---:|---:|---:|---|---:|---|"]
+    for r in sorted(data["rows"], key=lambda r: (r.get("level") or 0, r["problem"])):
+        t = r.get("times", {})
+        kw, comp = t.get("kernelwright"), t.get("compile")
+        gen = [g[0] for g in r.get("groups", []) if g[2] == "triton"]
+        out.append(f"| L{r.get('level')} {r['problem']} | {fmt(t.get('eager'))} | {fmt(comp)} | {fmt(kw)} | "
+                   f"{'yes' if r.get('correct') else 'NO'} | {fmt(comp / kw if kw and comp else None, 2)} | {', '.join(gen) or '-'} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print("\n\n".join(table(p) for p in sys.argv[1:]))

@@ -1,0 +1,61 @@
+"""A node template for 2-D convolutions: cuDNN in the channels-last (NHWC) layout.
+
+Not a new kernel but an exact layout rewrite, searched and verified like every other candidate:
+the library call in NCHW stays the baseline, and this variant only wins when measured faster.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+import jinja2
+
+from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.codegen.node_kernels import NodeKernel
+from kernelwright.space.config import Config
+
+NAME = "torch.conv_channels_last"
+
+
+@lru_cache(maxsize=None)
+def _env() -> jinja2.Environment:
+    root = resources.files("kernelwright.codegen") / "templates" / "triton"
+    return jinja2.Environment(loader=jinja2.FunctionLoader(lambda n: (root / n).read_text()),
+                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+
+
+class ConvLayoutTemplate:
+    name = NAME
+
+    def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
+        if node.target != "aten.convolution.default":
+            return "not a convolution"
+        x, w = node.args[0], node.args[1]
+        if not (isinstance(x, Ref) and isinstance(w, Ref)):
+            return "operands are not tensor values"
+        xm, wm = graph.meta(x.name), graph.meta(w.name)
+        if xm is None or len(xm.shape) != 4 or xm.dtype != "float32":
+            return "only 4-D float32 (2-D convolution) inputs"
+        if not xm.contiguous or not wm.contiguous:
+            return "the input is not in the default layout"
+        return None
+
+    def space(self, graph: Graph, node: OpNode) -> list[Config]:
+        return [self.default(graph, node)]
+
+    def default(self, graph: Graph, node: OpNode) -> Config:
+        return Config.make(NAME, layout="channels_last")
+
+    def render(self, graph: Graph, node: OpNode, config: dict, used: set[int]) -> NodeKernel:
+        x, w, b, stride, padding, dilation, transposed, output_padding, groups = node.args
+        args = ["x", "w"] + (["b"] if isinstance(b, Ref) else [])
+        inputs = [x.name, w.name] + ([b.name] if isinstance(b, Ref) else [])
+        text = _env().get_template("conv_layout.py.j2").render(
+            node=node.name, target=node.target, args=args, bias="b" if isinstance(b, Ref) else "None",
+            stride=list(stride), padding=list(padding), dilation=list(dilation), transposed=bool(transposed),
+            output_padding=list(output_padding), groups=int(groups),
+            input_shape=list(graph.meta(x.name).shape), weight_shape=list(graph.meta(w.name).shape))
+        return NodeKernel(text, inputs, 1)
+
+
+TEMPLATE = ConvLayoutTemplate()
