@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from rich.console import Console
 
 from kernelwright.analyze import (POINTWISE_OPS, analyze, device_spec, load_ceilings, node_cost,

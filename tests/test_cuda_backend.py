@@ -3,7 +3,6 @@ errors as data, resource usage; GPU tests launch every kernel and compare with t
 
 import ast
 import itertools
-import time
 
 import pytest
 import torch

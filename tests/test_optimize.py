@@ -29,7 +29,8 @@ PROBLEMS = [
     "hardtanh", "leaky_relu", "softmax", "log_softmax", "layer_norm", "rms_norm", "l2_normalize",
     "frobenius_norm", "sum_dim", "mean_dim", "max_dim", "argmax_dim", "argmin_dim", "mse_loss", "huber_loss",
     "cross_entropy", "kl_div", "hinge_loss", "triplet_margin_loss", "batch_norm_train", "group_norm",
-    "instance_norm",
+    "instance_norm", "max_pool1d", "max_pool2d", "avg_pool2d", "avg_pool3d", "cumsum", "cumprod",
+    "reverse_cumsum", "exclusive_cumsum",
 ]
 # the subprocess round trip costs a fresh torch import each: a representative handful only
 SUBPROCESS = ["relu", "mish", "softmax", "layer_norm", "sum_dim", "argmax_dim", "cross_entropy", "batch_norm_train"]

@@ -1,7 +1,6 @@
 """Fusion planning: groups, levels, sibling merging and unit order."""
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn

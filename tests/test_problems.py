@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernelwright.analyze import CLASSES, analyze, device_spec
 from kernelwright.capture import CaptureError, capture
 from kernelwright.errors import ProblemError
 from kernelwright.problem import discover, load_problem
@@ -64,6 +65,11 @@ def test_small_problem_runs_and_captures(path):
     if reason is None:
         graph = capture(problem)
         assert graph.nodes and graph.outputs
+        # every node is classified and costed; a problem does some work
+        analysis = analyze(graph, device_spec("NVIDIA H200"))
+        assert len(analysis.nodes) == len(graph.nodes)
+        assert all(r.cls in CLASSES for r in analysis.nodes)
+        assert analysis.totals["bytes"] > 0 and analysis.totals["roofline_us"] > 0
     else:
         with pytest.raises(CaptureError, match=reason):
             capture(problem)

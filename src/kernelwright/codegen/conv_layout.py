@@ -5,23 +5,12 @@ the library call in NCHW stays the baseline, and this variant only wins when mea
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from importlib import resources
-
-import jinja2
-
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.node_kernels import NodeKernel
+from kernelwright.codegen.templating import triton_env
 from kernelwright.space.config import Config
 
 NAME = "torch.conv_channels_last"
-
-
-@lru_cache(maxsize=None)
-def _env() -> jinja2.Environment:
-    root = resources.files("kernelwright.codegen") / "templates" / "triton"
-    return jinja2.Environment(loader=jinja2.FunctionLoader(lambda n: (root / n).read_text()),
-                              trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
 
 
 class ConvLayoutTemplate:
@@ -50,7 +39,7 @@ class ConvLayoutTemplate:
         x, w, b, stride, padding, dilation, transposed, output_padding, groups = node.args
         args = ["x", "w"] + (["b"] if isinstance(b, Ref) else [])
         inputs = [x.name, w.name] + ([b.name] if isinstance(b, Ref) else [])
-        text = _env().get_template("conv_layout.py.j2").render(
+        text = triton_env().get_template("conv_layout.py.j2").render(
             node=node.name, target=node.target, args=args, bias="b" if isinstance(b, Ref) else "None",
             stride=list(stride), padding=list(padding), dilation=list(dilation), transposed=bool(transposed),
             output_padding=list(output_padding), groups=int(groups),

@@ -5,10 +5,9 @@ epilogue is that group's expressions (same op table, same statements as the grou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
-
-from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
+from kernelwright.codegen.templating import template_text
 from kernelwright.codegen.triton_gemm import precision_kwargs, render_gemm
 from kernelwright.codegen.triton_group import Lowering, Unsupported, lower
 from kernelwright.plan.fusion import Group
@@ -109,7 +108,7 @@ def build(graph: Graph, gemm: OpNode, group: Group) -> GemmEpilogue:
 def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list[str]]:
     """Module text whose `launch(*inputs)` runs the fused GEMM with `config`; and its inputs."""
     text = render_gemm(fused.epilogue, batched=False, name=f"{fused.group.id}_gemm")
-    helpers = (resources.files("kernelwright.codegen") / "templates" / "triton" / "helpers.py.j2").read_text()
+    helpers = template_text("triton", "helpers.py.j2")
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")

@@ -11,13 +11,10 @@ the elementwise values it needs from global memory.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
-
-import jinja2
+from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.codegen.templating import template_text, triton_env
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
 from kernelwright.plan.fusion import FREE_VIEWS, Group, reduction_spec, row_shapes
 
@@ -110,14 +107,6 @@ def _contig(shape) -> tuple[int, ...]:
         out.append(acc)
         acc *= s
     return tuple(reversed(out))
-
-
-@lru_cache(maxsize=None)
-def _env() -> jinja2.Environment:
-    root = resources.files("kernelwright.codegen") / "templates" / "triton"
-    return jinja2.Environment(loader=jinja2.FunctionLoader(lambda n: (root / n).read_text()),
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined)
 
 
 class Lowering:
@@ -530,7 +519,7 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
                     init = ["acc_n = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
                             "acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
                             "acc_m2 = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)"]
-                    lines += [f"acc_n = acc_n + tl.where(mask, 1.0, 0.0)",
+                    lines += ["acc_n = acc_n + tl.where(mask, 1.0, 0.0)",
                               f"delta = tl.where(mask, {src} - acc, 0.0)",
                               "acc = acc + delta / tl.maximum(acc_n, 1.0)",
                               f"acc_m2 = acc_m2 + delta * tl.where(mask, {src} - acc, 0.0)"]
@@ -671,9 +660,9 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
     if "parts" in extra:
         extra["call_a"] = ", ".join([arg_of[op.value] for op in extra["full_loads"]] + extra["parts"])
         extra["call_b"] = ", ".join(extra["parts"] + [arg_of[op.value] for op in extra["row_loads"]] + out_vars)
-    helpers = (resources.files("kernelwright.codegen") / "templates" / "triton" / "helpers.py.j2").read_text()
+    helpers = template_text("triton", "helpers.py.j2")
     ops_used = ", ".join(graph.node(n).op for n in group.nodes)
-    text = _env().get_template(template).render(
+    text = triton_env().get_template(template).render(
         kind=group.kind, gid=group.id, ops=ops_used, domain=list(low.D), rdims=list(low.rd), M=M, R=R,
         helpers=helpers.strip(), kernel=f"{group.id}_kernel", params=params, param_doc=param_doc,
         launch_args=", ".join(arg_of[v] for v in uniq_inputs), input_doc=", ".join(uniq_inputs),

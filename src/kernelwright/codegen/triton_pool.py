@@ -18,13 +18,9 @@ or the number of in-bounds elements; a window with no in-bounds element gives 0.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from importlib import resources
-
-import jinja2
-
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.node_kernels import NodeKernel
+from kernelwright.codegen.templating import triton_env
 from kernelwright.space.axes import Axis, Space, pow2_range
 from kernelwright.space.config import Config
 
@@ -48,14 +44,6 @@ _INT32_LIMIT = 2**31 - 1
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
-
-
-@lru_cache(maxsize=None)
-def _env() -> jinja2.Environment:
-    root = resources.files("kernelwright.codegen") / "templates" / "triton"
-    return jinja2.Environment(loader=jinja2.FunctionLoader(lambda n: (root / n).read_text()),
-                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined)
 
 
 def _expand(value, nd: int, what: str) -> list[int]:
@@ -200,7 +188,7 @@ class PoolTemplate:
         block = int(cfg.get("BLOCK", 256))
         int64 = max(x.numel, y.numel) + block > _INT32_LIMIT
         writes = ", ".join((["values"] if store_values else []) + (["indices"] if store_indices else []))
-        text = _env().get_template("pool.py.j2").render(
+        text = triton_env().get_template("pool.py.j2").render(
             kind=kind, node=node.name, target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
             in_shape=tuple(x.shape), in_stride=tuple(x.stride), out_shape=tuple(y.shape),
             dhw=(D, H, W), flat_in=[g["NC"], D, H, W], flat_out=[g["NC"], OD, OH, OW],

@@ -16,13 +16,9 @@ module is specialised for the captured shape and strides and `launch` refuses an
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from importlib import resources
-
-import jinja2
-
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.node_kernels import NodeKernel
+from kernelwright.codegen.templating import triton_env
 from kernelwright.space.axes import Axis, Space, pow2_range, union
 from kernelwright.space.config import Config
 
@@ -33,14 +29,6 @@ MAX_TILE = 16384  # elements of one register tile (one-pass rows are at most thi
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
-
-
-@lru_cache(maxsize=None)
-def _env() -> jinja2.Environment:
-    root = resources.files("kernelwright.codegen") / "templates" / "triton"
-    return jinja2.Environment(loader=jinja2.FunctionLoader(lambda n: (root / n).read_text()),
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined)
 
 
 # -- geometry ----------------------------------------------------------------------------
@@ -287,7 +275,7 @@ class ScanTemplate:
             i_lines, x_inner = _offset("i", g.inner_dims, "ic")
             ctx.update(BLOCK_INNER=BLOCK_INNER, NIB=nib, x_outer=x_outer, outer_lines=o_lines,
                        x_inner=x_inner, inner_lines=i_lines, grid=str(g.OUTER * nib), scan_cols=_scan(op, 0))
-        text = _env().get_template("scan.py.j2").render(**ctx)
+        text = triton_env().get_template("scan.py.j2").render(**ctx)
         return NodeKernel(text, [g.input], 1)
 
 

@@ -4,26 +4,13 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import sys
-from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
-import jinja2
-
 from kernelwright import __version__
+from kernelwright.codegen.templating import template_env
 from kernelwright.emit.program import forward_lines
 from kernelwright.plan.fusion import Plan
 from kernelwright.problem import Problem
-
-
-@lru_cache(maxsize=None)
-def _env() -> jinja2.Environment:
-    root = resources.files("kernelwright.emit") / "templates"
-    env = jinja2.Environment(loader=jinja2.FunctionLoader(lambda n: (root / n).read_text()),
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined)
-    env.filters["pyrepr"] = repr
-    return env
 
 
 def single_output(plan: Plan) -> bool:
@@ -45,7 +32,7 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
         args = ", ".join(i.name for i in plan.graph.user_inputs)
         mods = {key: (None if k is None else (f"_k_{k[0]}", k[1], k[2], k[3])) for key, k in kernels.items()}
         body = forward_lines(plan, mods, single_output(plan))
-    return _env().get_template("model_new.py.j2").render(
+    return template_env("kernelwright.emit", "templates").get_template("model_new.py.j2").render(
         version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
         summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
         kernel_sources=sorted(kernel_sources.items()), args=args, body=body)

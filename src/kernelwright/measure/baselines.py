@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from kernelwright.measure.timer import Timing, require_gpu, time_interleaved
+from kernelwright.measure.timer import require_gpu, time_interleaved
 
 __all__ = ["Baselines", "Timings", "make_baselines", "time_problem", "compile_key"]
 

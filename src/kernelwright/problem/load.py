@@ -7,7 +7,6 @@ applies it, so `get_inputs()`/`get_init_inputs()` produce CPU-test-sized shapes.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import sys
 import types

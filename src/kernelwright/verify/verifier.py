@@ -19,7 +19,7 @@ import copy
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 

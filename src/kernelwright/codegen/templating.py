@@ -1,0 +1,30 @@
+"""One way to load template files: jinja2 environments over package resources (no paths)."""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+import jinja2
+
+
+@lru_cache(maxsize=None)
+def template_env(package: str, *folder: str) -> jinja2.Environment:
+    """A jinja2 environment reading templates from `package`'s resource folder `folder`.
+
+    Blocks are trimmed (templates read like the code they produce), undefined variables are
+    errors, and the `pyrepr` filter renders Python literals."""
+    root = resources.files(package).joinpath(*folder)
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined, autoescape=False)
+    env.filters["pyrepr"] = repr
+    return env
+
+
+def triton_env() -> jinja2.Environment:
+    return template_env("kernelwright.codegen", "templates", "triton")
+
+
+def template_text(*path: str) -> str:
+    """The raw text of a template file under kernelwright/codegen/templates."""
+    return resources.files("kernelwright.codegen").joinpath("templates", *path).read_text()
