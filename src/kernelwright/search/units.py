@@ -1,0 +1,271 @@
+"""Tuners: build, verify and time the candidates of one unit of a plan (a `run` for `tune`).
+
+A unit is a fusion group (GroupTuner), a library node with a node template (NodeTuner), or a
+library GEMM with its epilogue group (GemmTuner). Failures are results, never exceptions.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture.execute import input_device, run_node
+from kernelwright.codegen import gemm_epilogue
+from kernelwright.codegen.node_kernels import used_outputs
+from kernelwright.codegen.triton_gemm import gemm_space
+from kernelwright.codegen.triton_group import _collapse, lower, render_group
+from kernelwright.policy import Policy
+from kernelwright.search.result import RunResult
+from kernelwright.space.config import Config
+from kernelwright.space.group_space import default_config, group_space, seed_configs
+from kernelwright.verify.compare import excess_reason, poisoned_like
+
+
+def _floating(v):
+    return isinstance(v, torch.Tensor) and v.is_floating_point()
+
+
+def _time_fns(fns: dict[str, Callable], device) -> dict[str, float]:
+    from kernelwright.measure.timer import time_interleaved
+
+    t = time_interleaved(fns, warmup_s=0.05, min_runs=20, max_runs=60, flush=True, device=device)
+    return {k: v.median_ms for k, v in t.items()}
+
+
+def kernel_resources(mod) -> dict:
+    """Registers, spills and shared memory of the compiled Triton kernel, when the GPU compiled one."""
+    for obj in vars(mod).values():
+        cache = getattr(obj, "device_caches", None) or getattr(obj, "cache", None)
+        if not cache:
+            continue
+        try:
+            for dev_cache in (cache.values() if isinstance(cache, dict) else []):
+                kernels = dev_cache[0] if isinstance(dev_cache, tuple) else dev_cache
+                for k in kernels.values():
+                    return {"registers": getattr(k, "n_regs", None), "spills": getattr(k, "n_spills", None),
+                            "shared_bytes": getattr(getattr(k, "metadata", None), "shared", None)}
+        except Exception:  # noqa: BLE001 - best effort, Triton internals vary
+            return {}
+    return {}
+
+
+class KernelTuner:
+    """Builds, verifies and times the candidates of one unit (a `run` function for search.tune).
+
+    Subclasses say how a config becomes module text (`render`). Verification compares every
+    output the unit produces with a float64 run of the unit's ATen ops on the same inputs;
+    outputs are NaN-poisoned first, so elements a kernel never writes fail."""
+
+    name = "unit"
+    backend = "triton"  # what a chosen candidate is: a generated "triton" kernel or a "torch" layout variant
+
+    def __init__(self, graph, nodes: list[str], inputs: list[str], outputs: list[tuple[str, int | None]],
+                 env, policy: Policy, device: torch.device, cache_dir: Path, timed: bool):
+        self.graph, self.nodes, self.unit_inputs, self.outputs = graph, nodes, inputs, outputs
+        self.env, self.policy, self.device, self.cache_dir, self.timed = env, policy, device, cache_dir, timed
+        ref = self._run_library(torch.float64)
+        self.ref64 = [_pick(ref, o) for o in outputs]
+        self.eager = [_pick(env, o) for o in outputs]
+        self.eager_excess = max((excess_reason(e, r, policy.tol, e.dtype)[0] for e, r in zip(self.eager, self.ref64)),
+                                default=-math.inf)
+        self.threshold = max(policy.tol, 4 * self.eager_excess)
+        self.modules: dict[str, object] = {}
+        self.library_ms: float | None = None
+
+    def _run_library(self, dtype=None) -> dict:
+        local = {k: (self.env[k].to(dtype) if dtype is not None and _floating(self.env[k]) else self.env[k])
+                 for k in self.unit_inputs}
+        dev = input_device(local) or self.device
+        for name in self.nodes:
+            local[name] = run_node(self.graph.node(name), local, dev)
+        return local
+
+    def library_fn(self):
+        return self._run_library
+
+    def render(self, cfg: Config) -> tuple[str, list[str]]:
+        """(module text, graph values passed to launch) for `cfg`."""
+        raise NotImplementedError
+
+    def pick(self, outs) -> list:
+        """The launch() results in the order of self.outputs."""
+        return list(outs)
+
+    def build(self, cfg: Config):
+        text, ins = self.render(cfg)
+        mod = load_module_from_source(text, self.name, self.cache_dir)
+        self.modules[cfg.key()] = mod
+        return text, ins, mod
+
+    def check(self, ins, mod) -> float:
+        """Run once with NaN-poisoned outputs; returns the excess, raising ValueError on failure."""
+        args = [self.env[v] for v in ins]
+        real_alloc = mod._alloc
+        mod._alloc = lambda shape, dtype, device: poisoned_like(torch.empty(shape, dtype=dtype, device=device))
+        try:
+            with self.policy.active():
+                outs = self.pick(mod.launch(*args))
+        finally:
+            mod._alloc = real_alloc
+        worst = -math.inf
+        for (name, _), out, ref, eager in zip(self.outputs, outs, self.ref64, self.eager):
+            ex, why = excess_reason(out, ref, self.policy.tol, eager.dtype)
+            if why or ex > self.threshold:
+                raise ValueError(f"wrong: {name} excess {ex:.3g} > {self.threshold:.3g}" + (f" ({why})" if why else ""))
+            worst = max(worst, ex)
+        return worst
+
+    def run(self, configs: list[Config]) -> list[RunResult]:
+        results, fns, built = [], {}, {}
+        for cfg in configs:
+            try:
+                _, ins, mod = self.build(cfg)
+            except Exception as e:  # noqa: BLE001 - failures are data (Unsupported included)
+                results.append(RunResult.failure(cfg, "compile", f"{type(e).__name__}: {str(e)[:200]}"))
+                continue
+            try:
+                ex = self.check(ins, mod)
+            except ValueError as e:
+                results.append(RunResult.failure(cfg, "wrong", str(e)))
+                continue
+            except Exception as e:  # noqa: BLE001
+                results.append(RunResult.failure(cfg, "crash", f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"))
+                continue
+            args = [self.env[v] for v in ins]
+            built[cfg.key()] = (cfg, ex)
+            fns[cfg.key()] = (lambda m=mod, a=args: m.launch(*a))
+        if not self.timed:
+            return results + [RunResult(cfg, None, "untimed: no GPU", excess=ex) for cfg, ex in built.values()]
+        if fns:
+            with self.policy.active():
+                times = _time_fns({**fns, "__library__": self.library_fn()}, self.device)
+            lib_ms = times.pop("__library__")
+            self.library_ms = lib_ms if self.library_ms is None else min(self.library_ms, lib_ms)
+            for key, (cfg, ex) in built.items():
+                results.append(RunResult(cfg, times[key], None, excess=ex))
+        return results
+
+
+def _pick(env: dict, out: tuple[str, int | None]):
+    name, idx = out
+    return env[name] if idx is None else env[name][idx]
+
+
+class GroupTuner(KernelTuner):
+    """A fusion group rendered by codegen/triton_group.py."""
+
+    def __init__(self, graph, group, env, policy, device, cache_dir, timed):
+        self.group = group
+        self.low = lower(graph, group)
+        self.name = group.id
+        super().__init__(graph, group.nodes, group.inputs, [(o, None) for o in group.outputs], env, policy,
+                         device, cache_dir, timed)
+        ops = self.low.inputs + self.low.outputs
+        kept, red = _collapse(self.low.D, self.low.rd, [o.strides for o in ops])
+        self.M = math.prod(s for s, _ in kept) if kept else 1
+        self.R = math.prod(s for s, _ in red) if red else 1
+        main = self.low.inputs[0] if self.low.inputs else None
+        self.r_contig = not red or main is None or red[-1][1][ops.index(main)] == 1
+        pw = group.rdims is None
+        self.space = group_space(self.M, self.R, pw)
+        self.seeds = seed_configs(self.M, self.R, pw, self.r_contig)
+        self.default = default_config(self.M, self.R, pw, self.r_contig)
+        self.features = {"log2_M": math.log2(max(self.M, 1)), "log2_R": math.log2(max(self.R, 1)),
+                         "log2_bytes": math.log2(max(1, sum(graph.meta(v).nbytes for v in group.inputs))),
+                         "n_nodes": len(group.nodes), "n_reduce": sum(1 for s in self.low.stmts if s.kind == "reduce"),
+                         "kind": group.kind}
+        self.task = f"{'x'.join(map(str, group.domain))}/{group.kind}/{'+'.join(graph.node(n).op for n in group.nodes)}"
+
+    def render(self, cfg):
+        k = render_group(self.graph, self.group, cfg.as_dict(), self.low)
+        return k.source, k.inputs
+
+
+class NodeTuner(KernelTuner):
+    """A single library node with a node template (pooling, scans)."""
+
+    def __init__(self, graph, node, template, env, policy, device, cache_dir, timed):
+        self.node, self.template = node, template
+        self.used = used_outputs(graph, node)
+        self.name = node.name
+        multi = len(node.outs) > 1
+        outs = [(node.name, i) for i in sorted(self.used)] if multi else [(node.name, None)]
+        super().__init__(graph, [node.name], node.inputs, outs, env, policy, device, cache_dir, timed)
+        self.backend = template.name.split(".")[0]
+        self.space = template.space(graph, node)
+        self.default = template.default(graph, node)
+        self.seeds = [self.default]
+        meta = graph.meta(node.inputs[0]) if node.inputs else None
+        self.features = {"log2_bytes": math.log2(max(1, meta.nbytes if meta else 1)), "kind": template.name}
+        self.task = f"{node.target}/{'x'.join(map(str, meta.shape)) if meta else ''}"
+
+    def render(self, cfg):
+        k = self.template.render(self.graph, self.node, cfg.as_dict(), self.used)
+        return k.source, k.inputs
+
+    def pick(self, outs):
+        return [outs[i if i is not None else 0] for _, i in self.outputs]
+
+
+class GemmTuner(KernelTuner):
+    """A library GEMM node and its pointwise epilogue group as one Triton GEMM (codegen/gemm_epilogue.py).
+
+    The reference to beat is what the program would otherwise run: the library GEMM followed by
+    the group's chosen implementation (`group_impl`)."""
+
+    def __init__(self, graph, gemm, group, group_impl, env, policy, device, cache_dir, timed):
+        self.fused = gemm_epilogue.build(graph, gemm, group)
+        self.name = f"{group.id}_gemm"
+        self.group_impl = group_impl
+        ins = self.fused.inputs
+        super().__init__(graph, [gemm.name] + group.nodes, [v for v in dict.fromkeys(gemm.inputs + group.inputs)
+                                                           if v != gemm.name], [(group.outputs[0], None)],
+                         env, policy, device, cache_dir, timed)
+        del ins
+        f = self.fused
+        self.space = [Config.make("triton.gemm", **c) for c in
+                      gemm_space(policy.name, M=f.M, N=f.N, K=f.K, elem_bytes=4, max_configs=40)]
+        self.seeds = self.space[:4]
+        self.default = self.space[0]
+        self.features = {"log2_M": math.log2(f.M), "log2_N": math.log2(f.N), "log2_K": math.log2(f.K),
+                         "n_operands": len(f.operands), "kind": "gemm_epilogue"}
+        self.task = f"gemm/{f.M}x{f.N}x{f.K}/{group.id}"
+
+    def library_fn(self):
+        gemm, env, dev = self.fused.gemm, self.env, self.device
+        impl = self.group_impl
+
+        def run():
+            local = {k: env[k] for k in gemm.inputs}
+            local[gemm.name] = run_node(gemm, local, dev)
+            return impl(local)
+
+        return run
+
+    def render(self, cfg):
+        return gemm_epilogue.render(self.fused, cfg.as_dict(), self.policy.name)
+
+
+def group_impl(graph, group, kernel, cache_dir, source, device):
+    """The group's chosen implementation as env -> env (kernel if one was chosen, else ATen)."""
+    if kernel is not None and source is not None:
+        mod = load_module_from_source(source, group.id, cache_dir)
+        _, ins, outs, _ = kernel
+
+        def run_kernel(local):
+            res = mod.launch(*[local[v] for v in ins])
+            local.update(zip(outs, res))
+            return local
+
+        return run_kernel
+    nodes = [graph.node(n) for n in group.nodes]
+
+    def run_aten(local):
+        for n in nodes:
+            local[n.name] = run_node(n, local, device)
+        return local
+
+    return run_aten
