@@ -24,7 +24,7 @@ from kernelwright.emit.module import import_model_new, render_model_new, write_m
 from kernelwright.plan import Plan, plan_graph
 from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
-from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, tune
+from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, packaged_priors, tune
 from kernelwright.search.units import GemmTuner, GroupTuner, KernelTuner, NodeTuner, group_impl, kernel_resources
 from kernelwright.space.config import Config
 
@@ -172,7 +172,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     n = max(1, len(units))
     per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)
     per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
-    db = TrialDB(default_db_path(opts.db_path))
+    db = TrialDB(default_db_path(opts.db_path), priors=packaged_priors())
     kernels, sources, summary = {}, {}, []
     tuned = {id(u) for u in units}
     for unit in plan.units:
@@ -275,7 +275,8 @@ def _untimed_choice(tuner: KernelTuner, db, policy) -> Config:
     """Without a GPU: the cost model's best predicted config if it has data, else the heuristic."""
     try:
         model = CostModel()
-        model.fit([r for r in db.records(precision=policy.name) if r.get("template") == tuner.default.template])
+        model.fit([r for r in db.records(precision=policy.name, include_priors=True)
+                   if r.get("template") == tuner.default.template])
         if model.fitted:
             return model.rank(tuner.space, tuner.features)[0]
     except Exception:  # noqa: BLE001 - a broken db must not stop the job

@@ -7,18 +7,27 @@ is skipped when reading, and the next ``add`` starts on a fresh line.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from .. import __version__
 from ..space.config import Config
 from .result import RunResult
 
 ENV_VAR = "KERNELWRIGHT_DB"
+
+
+def packaged_priors() -> list[Path]:
+    """Trial files shipped with kernelwright (measured on the devices their records name)."""
+    from importlib import resources
+
+    folder = resources.files("kernelwright.search") / "data"
+    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(".jsonl")) if folder.is_dir() else []
 
 
 def default_db_path(explicit: "str | os.PathLike | None" = None) -> Path:
@@ -97,8 +106,9 @@ def _is_ok(rec: Mapping[str, Any]) -> bool:
 class TrialDB:
     """Append-only JSON-lines store of trials. Safe when the file does not exist yet."""
 
-    def __init__(self, path: "str | os.PathLike | None" = None):
+    def __init__(self, path: "str | os.PathLike | None" = None, priors: "Sequence[str | os.PathLike]" = ()):
         self.path = default_db_path(path)
+        self.priors = [Path(p) for p in priors]  # read-only trial files (e.g. the packaged H200 trials)
         self.skipped_lines = 0  # corrupt lines seen by the last read
 
     # writing ------------------------------------------------------------------------
@@ -174,10 +184,12 @@ class TrialDB:
 
     def records(self, template: Optional[str] = None, device: Optional[str] = None,
                 task_key: Optional[str] = None, precision: Optional[str] = None,
-                ok_only: bool = False) -> list[dict]:
-        """Records, optionally filtered (a filter left as None matches everything)."""
+                ok_only: bool = False, include_priors: bool = False) -> list[dict]:
+        """Records, optionally filtered (a filter left as None matches everything). Prior files
+        are read only with `include_priors` (for fitting cost models, never for results)."""
         out = []
-        for rec in self:
+        sources = [TrialDB(p) for p in self.priors] if include_priors else []
+        for rec in itertools.chain(*sources, self):
             if template is not None and rec.get("template") != template:
                 continue
             if device is not None and rec.get("device") != device:

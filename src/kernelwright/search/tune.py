@@ -128,7 +128,7 @@ def tune(candidates: Sequence[Config], run: Runner, budget_trials: Optional[int]
     unique = list(dict.fromkeys(candidates))
     def db_records() -> list[dict]:
         templates = {c.template for c in unique}
-        return [r for r in db.records(device=device, precision=precision)
+        return [r for r in db.records(device=device, precision=precision, include_priors=True)
                 if r.get("template") in templates]
 
     if strategy is None:

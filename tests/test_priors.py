@@ -1,0 +1,27 @@
+"""The trial database shipped with kernelwright (measured on an H200) as the cost model's prior."""
+from kernelwright.search import CostModel, TrialDB, packaged_priors
+from kernelwright.space.group_space import group_space
+
+
+def test_packaged_priors_are_read_only_experience(tmp_path):
+    priors = packaged_priors()
+    assert priors and all(p.name.endswith(".jsonl") for p in priors)
+    db = TrialDB(tmp_path / "mine.jsonl", priors=priors)
+    shipped = db.records(include_priors=True)
+    assert len(shipped) > 500 and {r["device"] for r in shipped} == {"NVIDIA H200"}
+    assert db.records() == [] and db.best("anything") is None  # results never come from priors
+    db.add({"task_key": "t", "template": "triton.row", "config": {"template": "triton.row", "params": {}},
+            "time_ms": 1.0, "error": None})
+    assert len(db.records()) == 1 and len(db.records(include_priors=True)) == len(shipped) + 1
+
+
+def test_cost_model_from_priors_prefers_single_pass_rows_that_fit():
+    """On the H200, rows of 8192 floats that fit one tile were fastest read once (rms_norm ran at
+    99% of copy bandwidth that way); the model fitted on those trials must rank such configs first."""
+    recs = [r for r in TrialDB("/nonexistent/none.jsonl", priors=packaged_priors()).records(include_priors=True)
+            if r.get("template") == "triton.row" and r.get("precision") == "fp32"]
+    model = CostModel().fit(recs)
+    assert model.fitted
+    feats = {"log2_M": 16.0, "log2_R": 13.0, "log2_bytes": 31.0, "n_nodes": 6, "n_reduce": 1, "kind": "normalization"}
+    top = model.rank(group_space(65536, 8192, False), feats)[:3]
+    assert all(c["one_pass"] and c["BLOCK_R"] == 8192 for c in top)
