@@ -371,33 +371,26 @@ def _collapse(D, rd, vectors):
 
 
 def _index_lines(prefix, var, dims, operands, used):
-    """Lines computing each operand's offset part from index `var` over mixed-radix `dims`."""
-    lines, offs = [], {}
+    """Lines computing each used operand's offset along index `var` (mixed radix over `dims`).
+
+    Returns (lines, {param: offset expression, or None for an operand that does not move})."""
     sizes = [s for s, _ in dims]
-    divs = [1] * len(sizes)
-    for i in range(len(sizes) - 2, -1, -1):
-        divs[i] = divs[i + 1] * sizes[i + 1]
-    coords_needed = set()
-    plans = {}
+    divs = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+    coords: set[int] = set()
+    offs: dict[str, str | None] = {}
     for k, op in enumerate(operands):
         if op.param not in used:
             continue
         sts = [st[k] for _, st in dims]
-        if all(s == 0 for s in sts):
-            plans[op.param] = None
-            continue
-        ratio = [s / d for s, d in zip(sts, divs) if s != 0]
-        if all(s == 0 or s == divs[i] * sts[-1] for i, s in enumerate(sts)) and sts[-1] != 0 and all(s != 0 for s in sts):
-            plans[op.param] = f"{var} * {sts[-1]}" if sts[-1] != 1 else var
-            continue
-        del ratio
-        terms = []
-        for i, s in enumerate(sts):
-            if s:
-                coords_needed.add(i)
-                terms.append(f"{prefix}c{i} * {s}" if s != 1 else f"{prefix}c{i}")
-        plans[op.param] = " + ".join(terms)
-    for i in sorted(coords_needed):
+        if not any(sts):
+            offs[op.param] = None
+        elif all(s == d * sts[-1] for s, d in zip(sts, divs)):  # walks the dims contiguously: one multiply
+            offs[op.param] = var if sts[-1] == 1 else f"{var} * {sts[-1]}"
+        else:
+            coords.update(i for i, s in enumerate(sts) if s)
+            offs[op.param] = " + ".join(f"{prefix}c{i}" + ("" if s == 1 else f" * {s}") for i, s in enumerate(sts) if s)
+    lines = []
+    for i in sorted(coords):
         if len(sizes) == 1:
             expr = var
         elif i == 0:
@@ -407,11 +400,7 @@ def _index_lines(prefix, var, dims, operands, used):
         else:
             expr = f"({var} // {divs[i]}) % {sizes[i]}"
         lines.append(f"{prefix}c{i} = {expr}")
-    for param, expr in plans.items():
-        offs[param] = expr
-    for param, expr in offs.items():
-        if expr is not None:
-            lines.append(f"o{prefix}_{param} = {expr}")
+    lines += [f"o{prefix}_{p} = {e}" for p, e in offs.items() if e is not None]
     return lines, offs
 
 
@@ -436,12 +425,8 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
     low = low or lower(graph, group)
     ops = low.inputs + low.outputs
     kept, red = _collapse(low.D, low.rd, [o.strides for o in ops])
-    M = 1
-    for s, _ in kept:
-        M *= s
-    R = 1
-    for s, _ in red:
-        R *= s
+    M = math.prod(s for s, _ in kept)
+    R = math.prod(s for s, _ in red)
     pointwise = group.rdims is None
     one_pass = bool(config.get("one_pass", True)) and not pointwise
     BLOCK_M, BLOCK_R = int(config["BLOCK_M"]), int(config.get("BLOCK_R", 1))
@@ -463,8 +448,8 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         parts = [p for p in parts if p]
         return op.param + (" + " + " + ".join(parts) if parts else "")
 
-    def render(s: Stmt, where: str) -> list[str]:
-        """Lines for one statement; where is "tile" (one-pass / pointwise) or "loop" / "top"."""
+    def render(s: Stmt) -> list[str]:
+        """Lines for one load, expression or store (the same text in a tile, a loop or at top level)."""
         if s.kind == "load":
             op = s.operand
             cast = "" if op.dtype == "bool" else ".to(tl.float32)"
@@ -504,7 +489,7 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         return _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines, render, by_var)
     if pointwise or one_pass:
         for s in low.stmts:
-            body += reduce_tile(s) if s.kind == "reduce" else render(s, "tile")
+            body += reduce_tile(s) if s.kind == "reduce" else render(s)
     else:
         def closure(roots) -> list[Stmt]:
             return _closure(low, by_var, roots)
@@ -513,7 +498,7 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         for s in low.stmts:
             if s.kind == "reduce":
                 src = s.deps[0]
-                lines = [ln for st in closure([src]) for ln in render(st, "loop")]
+                lines = [ln for st in closure([src]) for ln in render(st)]
                 if s.op == "welford":
                     # per-lane running count, mean and M2; lanes merged with Chan's formula after the loop
                     init = ["acc_n = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
@@ -556,16 +541,16 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
                 phases.append({"pre": pre + init, "body": lines, "post": post})
                 pre = []
             elif s.level in ("row", "scalar") and s.kind in ("load", "expr"):
-                pre += render(s, "top")
+                pre += render(s)
         full_stores = [s for s in low.stmts if s.kind == "store" and s.operand.level == "full"]
         row_stores = [s for s in low.stmts if s.kind == "store" and s.operand.level != "full"]
         if full_stores:
-            lines = [ln for st in closure([s.deps[0] for s in full_stores]) for ln in render(st, "loop")]
+            lines = [ln for st in closure([s.deps[0] for s in full_stores]) for ln in render(st)]
             for s in full_stores:
-                lines += render(s, "loop")
+                lines += render(s)
             phases.append({"pre": pre, "body": lines, "post": []})
             pre = []
-        post = [ln for s in row_stores for ln in render(s, "top")]
+        post = [ln for s in row_stores for ln in render(s)]
         phases.append({"pre": pre, "body": [], "post": post})
 
     return _finish_render("group.py.j2", graph, group, low, config, M, R, dict(
@@ -607,7 +592,7 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
     BLOCK_M, BLOCK_R = int(config["BLOCK_M"]), int(config["BLOCK_R"])
     chunk = -(-(-(-R // split)) // BLOCK_R) * BLOCK_R
     needed = list(dict.fromkeys(st.var for s in reduces for st in closures[s.var]))
-    body = [ln for v in needed for ln in render(by_var[v], "loop")]
+    body = [ln for v in needed for ln in render(by_var[v])]
     init, post_a, finish = [], [], []
     for k, s in enumerate(reduces):
         comb, fn = _COMBINE[s.op]
@@ -617,10 +602,10 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
         finish.append(f"{s.var} = {fn}(tl.load(part{k} + m * {split} + s, mask=smask, other={NEUTRAL[s.op]}), axis=1)[:, None]")
     for st in low.stmts:
         if st.kind in ("load", "expr") and st.level != "full":
-            finish += render(st, "top")
+            finish += render(st)
     for st in low.stmts:
         if st.kind == "store":
-            finish += render(st, "top")
+            finish += render(st)
     full_loads = [op for op in low.inputs if op.level == "full"]
     row_loads = [op for op in low.inputs if op.level != "full"]
     parts = [f"part{k}" for k in range(len(reduces))]
