@@ -140,3 +140,30 @@ def test_gemm_epilogue_refuses_groups_with_reductions():
     plan = plan_graph(g)
     gemm = next(g.node(u.node) for u in plan.units if u.node and g.node(u.node).target in gemm_epilogue.GEMMS)
     assert "reductions" in gemm_epilogue.fusable(g, gemm, plan.groups[0])
+
+
+@pytest.mark.parametrize("cfg", [
+    {"BLOCK_M": 2, "BLOCK_R": 16, "SPLIT": 4, "one_pass": False, "num_warps": 4},  # partial / finish / apply
+    {"BLOCK_M": 2, "BLOCK_R": 16, "one_pass": False, "num_warps": 4},
+    {"BLOCK_M": 4, "BLOCK_R": 256, "one_pass": True, "num_warps": 4},
+], ids=["split", "multi", "one"])
+def test_training_batch_norm_updates_running_stats_in_the_kernel(cfg):
+    """Training-mode batch norm + relu as one group: normalised output and the new running mean and
+    (unbiased) variance, also when each channel's statistics are split over several programs."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.BatchNorm2d(3), nn.ReLU())
+    nn.init.normal_(m[0].weight)
+    nn.init.normal_(m[0].bias)
+    m[0].running_mean.normal_()
+    m[0].running_var.uniform_(0.5, 2)
+    x = torch.randn(4, 3, 5, 7) * 2 + 1
+    g = capture(from_module(m, [x]))
+    (grp,) = plan_graph(g).groups
+    assert {n for n, fqn in g.mutations.items() if "running" in fqn} <= set(grp.outputs)
+    env = run_graph(g, m, [x], keep=True)
+    k = render_group(g, grp, cfg)
+    if "SPLIT" in cfg:
+        assert "_apply" in k.source
+    mod = load_module_from_source(k.source, grp.id, os.path.join(ROOT, ".pytest_kw_cache"))
+    for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
+        torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)

@@ -301,9 +301,19 @@ class Lowering:
             self.tuples[n.name] = self._normalize(x, w, b, eps, ws, bs)
         elif t == "aten._native_batch_norm_legit.no_stats":
             w, b, eps = n.args[1], n.args[2], float(n.args[5])
-            per_channel = lambda ref: None if ref is None else tuple(  # noqa: E731
-                self.g.meta(ref.name).stride[0] if j == 1 else 0 for j in range(len(self.D)))
-            self.tuples[n.name] = self._normalize(x, w, b, eps, per_channel(w), per_channel(b))
+            self.tuples[n.name] = self._normalize(x, w, b, eps, self._per_channel(w), self._per_channel(b))
+        elif t == "aten._native_batch_norm_legit_functional.default":
+            w, b, rm, rv, _, momentum, eps = n.args[1:8]
+            outs = self._normalize(x, w, b, float(eps), self._per_channel(w), self._per_channel(b))
+            mu, m2 = outs[1][0], self._last_m2
+            mom = format_float(momentum)
+            keep = format_float(1.0 - float(momentum))
+            rmv, _ = self.operand(rm, "full", strides=self._per_channel(rm))
+            rvv, _ = self.operand(rv, "full", strides=self._per_channel(rv))
+            new_rm = self._emit("row", f"{keep} * {rmv} + {mom} * {mu}", [rmv, mu])
+            unbiased = format_float(self.R - 1 if self.R > 1 else 1)
+            new_rv = self._emit("row", f"{keep} * {rvv} + {mom} * ({m2} / {unbiased})", [rvv, m2])
+            self.tuples[n.name] = outs + [(new_rm, "row"), (new_rv, "row")]
         else:
             raise Unsupported(f"{t} is not supported by the group template")
 
@@ -313,9 +323,17 @@ class Lowering:
         self.stmts.append(Stmt(m2, "row", "reduce", code=mean, deps=(x,), op="welford"))
         return mean, m2
 
+    def _per_channel(self, ref) -> tuple | None:
+        """Domain strides of a per-channel parameter ([C], channels = domain dim 1)."""
+        if ref is None:
+            return None
+        return tuple(self.g.meta(ref.name).stride[0] if j == 1 else 0 for j in range(len(self.D)))
+
     def _normalize(self, x, w, b, eps, w_strides=None, b_strides=None) -> list[tuple[str, str]]:
-        """(x - mean) * rstd [* w] [+ b] over the reduced dims: [(y, full), (mean, row), (rstd, row)]."""
+        """(x - mean) * rstd [* w] [+ b] over the reduced dims: [(y, full), (mean, row), (rstd, row)]
+        (the sum of squared deviations is left in self._last_m2)."""
         mu, m2 = self._welford(x)
+        self._last_m2 = m2
         rstd = self._emit("row", f"tl.rsqrt({m2} / {format_float(self.R)} + {format_float(eps)})", [m2])
         d = self._emit("full", f"{x} - {mu}", [x, mu])
         y = self._emit("full", f"{d} * {rstd}", [d, rstd])
@@ -577,12 +595,12 @@ _COMBINE = {"sum": ("acc{k} + tl.where(mask, {x}, 0.0)", "tl.sum"),
 
 
 def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines, render, by_var):
-    """Two kernels: per-(row block, split) partial reductions, then a combine + row epilogue."""
+    """Split reductions for few, long rows: (1) per-(row block, split) partial statistics,
+    (2) combine them and compute every per-row value, (3) if the group writes domain-shaped
+    outputs, an elementwise pass that reads the per-row values back from small buffers."""
     reduces = [s for s in low.stmts if s.kind == "reduce"]
-    if not reduces or any(s.op not in _COMBINE for s in reduces):
-        raise Unsupported("split reduction needs sum/max/min reductions only")
-    if any(s.kind == "store" and s.operand.level == "full" for s in low.stmts):
-        raise Unsupported("split reduction cannot write domain-shaped outputs")
+    if not reduces or any(s.op not in _COMBINE and s.op != "welford" for s in reduces):
+        raise Unsupported("split reduction needs sum/max/min/Welford reductions only")
     closures = {s.var: _closure(low, by_var, [s.deps[0]]) for s in reduces}
     for s in reduces:
         for st in closures[s.var]:
@@ -591,36 +609,85 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
                 raise Unsupported("a reduction depends on another row value; cannot split it")
     BLOCK_M, BLOCK_R = int(config["BLOCK_M"]), int(config["BLOCK_R"])
     chunk = -(-(-(-R // split)) // BLOCK_R) * BLOCK_R
+    plane = M * split  # elements of one partial statistic
     needed = list(dict.fromkeys(st.var for s in reduces for st in closures[s.var]))
     body = [ln for v in needed for ln in render(by_var[v])]
-    init, post_a, finish = [], [], []
+    init, post_a, finish, parts, part_docs, allocs = [], [], [], [], [], []
     for k, s in enumerate(reduces):
-        comb, fn = _COMBINE[s.op]
-        init.append(f"acc{k} = tl.full([BLOCK_M, BLOCK_R], {NEUTRAL[s.op]}, tl.float32)")
-        body.append(f"acc{k} = " + comb.format(k=k, x=s.deps[0]))
-        post_a.append(f"tl.store(part{k} + m * {split} + split, {fn}(acc{k}, axis=1)[:, None], mask=mmask)")
-        finish.append(f"{s.var} = {fn}(tl.load(part{k} + m * {split} + s, mask=smask, other={NEUTRAL[s.op]}), axis=1)[:, None]")
+        src, part = s.deps[0], f"part{k}"
+        parts.append(part)
+        at = f"{part} + m * {split} + split"
+        if s.op == "welford":
+            part_docs.append(f"partial count, mean and M2 per (row, split): [3, {M}, {split}]")
+            allocs.append(f"{part} = torch.empty((3, {M}, {split}), dtype=torch.float32, device=out0.device)")
+            init += [f"n{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)", f"mu{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
+                     f"q{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)"]
+            body += [f"n{k} = n{k} + tl.where(mask, 1.0, 0.0)", f"d{k} = tl.where(mask, {src} - mu{k}, 0.0)",
+                     f"mu{k} = mu{k} + d{k} / tl.maximum(n{k}, 1.0)", f"q{k} = q{k} + d{k} * tl.where(mask, {src} - mu{k}, 0.0)"]
+            post_a += [f"rn{k} = tl.sum(n{k}, axis=1)[:, None]",
+                       f"rmu{k} = tl.sum(mu{k} * n{k}, axis=1)[:, None] / tl.maximum(rn{k}, 1.0)",
+                       f"rq{k} = tl.sum(q{k} + n{k} * (mu{k} - rmu{k}) * (mu{k} - rmu{k}), axis=1)[:, None]",
+                       f"tl.store({at}, rn{k}, mask=mmask)", f"tl.store({at} + {plane}, rmu{k}, mask=mmask)",
+                       f"tl.store({at} + {2 * plane}, rq{k}, mask=mmask)"]
+            src_at = f"{part} + m * {split} + s"
+            finish += [f"pn{k} = tl.load({src_at}, mask=smask, other=0.0)",
+                       f"pm{k} = tl.load({src_at} + {plane}, mask=smask, other=0.0)",
+                       f"pq{k} = tl.load({src_at} + {2 * plane}, mask=smask, other=0.0)",
+                       f"{s.code} = tl.sum(pn{k} * pm{k}, axis=1)[:, None] / {format_float(R)}",
+                       f"{s.var} = tl.sum(pq{k} + pn{k} * (pm{k} - {s.code}) * (pm{k} - {s.code}), axis=1)[:, None]"]
+        else:
+            comb, fn = _COMBINE[s.op]
+            part_docs.append(f"partial {s.op} per (row, split): [{M}, {split}]")
+            allocs.append(f"{part} = torch.empty(({M}, {split}), dtype=torch.float32, device=out0.device)")
+            init.append(f"acc{k} = tl.full([BLOCK_M, BLOCK_R], {NEUTRAL[s.op]}, tl.float32)")
+            body.append(f"acc{k} = " + comb.format(k=k, x=src))
+            post_a.append(f"tl.store({at}, {fn}(acc{k}, axis=1)[:, None], mask=mmask)")
+            finish.append(f"{s.var} = {fn}(tl.load({part} + m * {split} + s, mask=smask, other={NEUTRAL[s.op]}), axis=1)[:, None]")
     for st in low.stmts:
         if st.kind in ("load", "expr") and st.level != "full":
             finish += render(st)
-    for st in low.stmts:
-        if st.kind == "store":
-            finish += render(st)
+    row_stores = [st for st in low.stmts if st.kind == "store" and st.operand.level != "full"]
+    full_stores = [st for st in low.stmts if st.kind == "store" and st.operand.level == "full"]
+    for st in row_stores:
+        finish += render(st)
     full_loads = [op for op in low.inputs if op.level == "full"]
     row_loads = [op for op in low.inputs if op.level != "full"]
-    parts = [f"part{k}" for k in range(len(reduces))]
+    apply, bufs, buf_docs = [], [], []
+    if full_stores:
+        need = _closure(low, by_var, [st.deps[0] for st in full_stores])
+        # per-row values: row-level statements, plus the second result (mean / max) of Welford and
+        # online-softmax reductions, which is named in the statement's `code`
+        row_defs = {st.var for st in low.stmts if st.level != "full"}
+        row_defs |= {st.code for st in reduces if st.op in ("welford", "online_softmax")}
+        row_vals = list(dict.fromkeys(d for st in need for d in st.deps if d in row_defs))
+        for j, v in enumerate(row_vals):
+            if v in by_var and by_var[v].kind == "load":  # parameters are cheap to load again
+                apply += render(by_var[v])
+                continue
+            bufs.append(f"rb{j}")
+            buf_docs.append(f"per-row value {v}: [{M}]")
+            allocs.append(f"rb{j} = torch.empty(({M},), dtype=torch.float32, device=out0.device)")
+            finish.append(f"tl.store(rb{j} + m, {v}, mask=mmask)")
+            apply.append(f"{v} = tl.load(rb{j} + m, mask=mmask, other=0.0)")
+        for st in need:
+            apply += render(st)
+        for st in full_stores:
+            apply += render(st)
+    # row values that also feed other row values but come from reductions are available in
+    # `finish`; a per-row value needed by the apply pass is re-read from its buffer.
     extra = dict(
         SPLIT=split, CHUNK=chunk, SPLIT_P2=1 << (split - 1).bit_length(), index_m=kept_lines, index_r=red_lines,
-        init=init, body=body, post_a=post_a, finish=finish, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R,
+        init=init, body=body, post_a=post_a, finish=finish, apply=apply, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R,
         params_a=[op.param for op in full_loads] + parts,
         doc_a=[f"input {op.value}: {op.dtype}{list(op.shape)}, domain strides {list(op.strides)}" for op in full_loads]
-        + [f"partial {s.op} per (row, split)" for s in reduces],
-        params_b=parts + [op.param for op in row_loads] + [op.param for op in low.outputs],
-        doc_b=[f"partial {s.op} per (row, split)" for s in reduces]
-        + [f"input {op.value}: {op.dtype}{list(op.shape)} ({op.level})" for op in row_loads]
+        + part_docs,
+        params_b=parts + [op.param for op in row_loads] + [op.param for op in low.outputs] + bufs,
+        doc_b=part_docs + [f"input {op.value}: {op.dtype}{list(op.shape)} ({op.level})" for op in row_loads]
+        + [f"output {op.value}: {op.dtype}{list(op.shape)}" for op in low.outputs] + buf_docs,
+        params_c=[op.param for op in low.inputs] + bufs + [op.param for op in low.outputs],
+        doc_c=[f"input {op.value}: {op.dtype}{list(op.shape)} ({op.level})" for op in low.inputs] + buf_docs
         + [f"output {op.value}: {op.dtype}{list(op.shape)}" for op in low.outputs],
-        partial_allocs=[f"part{k} = torch.empty(({M}, {split}), dtype=torch.float32, device=out0.device)" for k in range(len(reduces))],
-        full_loads=full_loads, row_loads=row_loads, parts=parts)
+        partial_allocs=allocs, full_loads=full_loads, row_loads=row_loads, parts=parts, bufs=bufs)
     return _finish_render("group_split.py.j2", graph, group, low, config, M, R, extra)
 
 
@@ -644,7 +711,9 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
     call_args = ", ".join([arg_of[op.value] for op in low.inputs] + out_vars)
     if "parts" in extra:
         extra["call_a"] = ", ".join([arg_of[op.value] for op in extra["full_loads"]] + extra["parts"])
-        extra["call_b"] = ", ".join(extra["parts"] + [arg_of[op.value] for op in extra["row_loads"]] + out_vars)
+        extra["call_b"] = ", ".join(extra["parts"] + [arg_of[op.value] for op in extra["row_loads"]] + out_vars
+                                    + extra["bufs"])
+        extra["call_c"] = ", ".join([arg_of[op.value] for op in low.inputs] + extra["bufs"] + out_vars)
     helpers = template_text("triton", "helpers.py.j2")
     ops_used = ", ".join(graph.node(n).op for n in group.nodes)
     text = triton_env().get_template(template).render(

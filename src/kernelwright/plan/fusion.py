@@ -21,9 +21,9 @@ REDUCTIONS = {
     "aten.amax.default", "aten.amin.default", "aten.argmax.default", "aten.argmin.default",
     "aten.max.dim", "aten.min.dim", "aten.var.correction", "aten.linalg_vector_norm.default",
 }
-COMPOSITES = {"aten._softmax.default", "aten._log_softmax.default", "aten.native_layer_norm.default",
-              "aten.native_group_norm.default", "aten._native_batch_norm_legit.no_stats"}
-NORMS = {"aten.native_layer_norm.default", "aten.native_group_norm.default", "aten._native_batch_norm_legit.no_stats"}
+NORMS = {"aten.native_layer_norm.default", "aten.native_group_norm.default", "aten._native_batch_norm_legit.no_stats",
+         "aten._native_batch_norm_legit_functional.default"}
+COMPOSITES = {"aten._softmax.default", "aten._log_softmax.default"} | NORMS
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 FREE_VIEWS = {"aten.expand.default", "aten.squeeze.dims", "aten.squeeze.dim", "aten.unsqueeze.default",
               "aten.view.default", "aten._unsafe_view.default"}
@@ -133,6 +133,10 @@ def reduction_spec(node: OpNode, graph: Graph) -> tuple[tuple[int, ...], tuple[i
         return (n, groups, c // groups, hw), (2, 3), True  # the input seen as [N, G, C/G, H*W]
     if t == "aten._native_batch_norm_legit.no_stats":
         if ndim < 2 or not a[3]:
+            return None
+        return meta.shape, tuple(d for d in range(ndim) if d != 1), True
+    if t == "aten._native_batch_norm_legit_functional.default":
+        if ndim < 2 or not a[5]:  # training mode: statistics over every dim but the channels
             return None
         return meta.shape, tuple(d for d in range(ndim) if d != 1), True
     return None
