@@ -57,6 +57,8 @@ def render_report(result: dict) -> str:
         lines[-1] += f"{r.get('registers', '-')} | {r.get('spills', '-')} | {r.get('shared_bytes', '-')} | {g.get('excess')} | {g.get('eager_excess')} |"
         if g.get("note"):
             lines.append(f"|  | | {g['note']} | | | | | | | | | | | |")
+    if result.get("rewrites"):
+        lines += ["", "## Exact rewrites", ""] + [f"- {r}" for r in result["rewrites"]]
     cov = (result.get("analysis") or {}).get("coverage")
     if cov:
         lines += ["", "## Coverage", "",

@@ -2,9 +2,13 @@
 
 A group is a set of ops that one kernel computes: elementwise ops over a domain shape `D`,
 plus reductions over one set of dims `Rd` of that domain (sum, mean, max, min, argmax, argmin,
-var, vector norms) and row composites (softmax, log-softmax, layer norm). Values in a group are
-either *full* (domain-shaped) or *row* (one value per kept index). Everything else — GEMMs,
-convolutions, pooling, scans, views — stays a single-node unit run by the library.
+var, vector norms) and row composites (softmax, log-softmax, layer / group / instance / training
+batch norm). A value's level says how a kernel holds it: "full" (domain-shaped; also ops on a
+view of the domain, e.g. group norm's [N, C, H, W] output over the domain [N, G, C/G, H*W]),
+"row" (one value per kept index), "row_b" (a row value expanded over the domain) or "tuple"
+(a multi-output node, read through getitem). Sibling groups that feed one op merge when no path
+between them leaves both. Everything else — GEMMs, convolutions, pooling, scans, other views —
+stays a single-node unit (run by the library or by a node template).
 
 Units are ordered topologically over their dependencies, so a group runs after all its inputs
 exist and before any of its outputs are read.
@@ -35,24 +39,18 @@ class Group:
     nodes: list[str]
     domain: tuple[int, ...]
     rdims: tuple[int, ...] | None  # reduced dims of the domain; None for a pure pointwise group
-    levels: dict[str, str] = field(default_factory=dict)  # value name -> "full" | "row"
+    levels: dict[str, str] = field(default_factory=dict)  # value name -> "full" | "row" | "row_b" | "tuple"
     inputs: list[str] = field(default_factory=list)  # external values read, first-use order
     outputs: list[str] = field(default_factory=list)  # values read outside the group
+    normalizes: bool = False  # domain-shaped values are computed from per-row statistics
 
     @property
     def kind(self) -> str:
+        """pointwise; reduction (values per kept index); normalization (domain-shaped values
+        computed after a reduction, e.g. softmax or a norm)."""
         if self.rdims is None:
             return "pointwise"
-        return "normalization" if any(l == "full" for n, l in self.levels.items() if self._after_reduce(n)) else "reduction"
-
-    def _after_reduce(self, name: str) -> bool:
-        return self.levels.get(name) == "full" and self.nodes.index(name) > self._first_reduce()
-
-    def _first_reduce(self) -> int:
-        for i, n in enumerate(self.nodes):
-            if self.levels.get(n) in ("row", "tuple"):
-                return i
-        return len(self.nodes)
+        return "normalization" if self.normalizes else "reduction"
 
     def to_json(self) -> dict:
         return {"id": self.id, "kind": self.kind, "nodes": self.nodes, "domain": list(self.domain),
@@ -232,6 +230,7 @@ class _Builder:
         pos = {n.name: k for k, n in enumerate(self.g.nodes)}
         a.nodes = sorted(a.nodes + b.nodes, key=pos.get)
         a.levels.update(b.levels)
+        a.normalizes = a.normalizes or b.normalizes
         if a.rdims is None:
             a.rdims = b.rdims
         for name in b.nodes:
@@ -291,6 +290,8 @@ class _Builder:
         g, level = target
         if spec := (reduction_spec(n, self.g) if n.target in REDUCTIONS | COMPOSITES else None):
             g.rdims = spec[1]
+        if n.target in COMPOSITES or (level == "full" and any(v in ("row", "tuple") for v in g.levels.values())):
+            g.normalizes = True
         g.nodes.append(n.name)
         g.levels[n.name] = level
         self.owner[n.name] = g
