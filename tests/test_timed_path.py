@@ -29,7 +29,7 @@ def _run(monkeypatch, tmp_path, name, library_ms, kernel_ms):
     plan = plan_graph(capture(problem))
     result = {"groups": []}
     opts = Options(device="cpu", budget_trials=6, db_path=str(tmp_path / "db.jsonl"), log=lambda s: None)
-    summary, kernels, sources = _tune_groups(problem, plan, get_policy("fp32"), torch.device("cpu"), True,
+    summary, kernels, sources, _ = _tune_groups(problem, plan, get_policy("fp32"), torch.device("cpu"), True,
                                              tmp_path / ".build", opts, result)
     return problem, plan, result, kernels, sources
 
@@ -67,3 +67,13 @@ def test_node_templates_and_groups_share_the_budget(monkeypatch, tmp_path):
     assert strategies.get("convolution") == "torch"  # the channels-last variant "won" on the fake clock
     assert strategies.get("max_pool2d_with_indices") == "triton"
     assert sum(g["trials"] for g in result["groups"]) <= 6 + len(result["groups"])
+
+
+def test_cuda_candidates_join_the_search_and_fail_as_data_without_a_gpu(monkeypatch, tmp_path):
+    """On the fake clock the CUDA C++ candidates are built and launched; with no GPU every launch
+    fails, which is recorded as a failed trial, and the Triton kernel wins the group."""
+    _, _, result, kernels, sources = _run(monkeypatch, tmp_path, "level1/softmax.py", 5.0, 1.0)
+    (g,) = result["groups"]
+    assert g["strategy"] == "triton" and g["failed"] >= 1
+    errors = [r for r in TrialDB(str(tmp_path / "db.jsonl")).records() if r.get("template", "").startswith("cuda.")]
+    assert errors and all(r["error"] for r in errors)

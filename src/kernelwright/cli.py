@@ -128,9 +128,6 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     get_policy(precision)
     if backend not in ("triton", "cuda", "all"):
         raise UserError(f"--backend {backend!r}: choose triton, cuda or all")
-    if backend == "cuda":
-        raise UserError("--backend cuda: the CUDA C++ templates are built and tested (kernelwright.build.nvrtc, "
-                        "kernelwright.codegen.cuda_kernels) but optimize does not search them yet; use triton or all")
     _use_interpreter_if_cpu(device)
     dev = _device(device)
     _matched_precision_available(precision, timed=dev == "cuda")

@@ -17,7 +17,8 @@ import torch
 
 from kernelwright.capture import CaptureError, capture
 from kernelwright.capture.execute import run_graph
-from kernelwright.codegen import gemm_epilogue
+from kernelwright.codegen import cuda_unit, gemm_epilogue
+from kernelwright.codegen.cuda_kernels import runtime_source
 from kernelwright.codegen.node_kernels import template_for
 from kernelwright.codegen.triton_group import Unsupported
 from kernelwright.emit.module import import_model_new, render_model_new, write_module
@@ -26,7 +27,8 @@ from kernelwright.plan.rewrites import simplify
 from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
 from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, packaged_priors, tune
-from kernelwright.search.units import GemmTuner, GroupTuner, KernelTuner, NodeTuner, group_impl, kernel_resources
+from kernelwright.search.units import (CudaTuner, GemmTuner, GroupTuner, KernelTuner, NodeTuner, group_impl,
+                                      kernel_resources)
 from kernelwright.space.config import Config
 
 
@@ -85,10 +87,11 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     kernels: dict[str, tuple[str, list[str], list[str]]] = {}
     sources: dict[str, str] = {}
     summary: list[str] = []
+    support: dict[str, str] = {}
     if plan is not None:
-        summary, kernels, sources = _tune_groups(problem, plan, policy, device, timed, cache_dir, opts, result)
-    text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides)
-    path = write_module(out_dir, text, sources)
+        summary, kernels, sources, support = _tune_groups(problem, plan, policy, device, timed, cache_dir, opts, result)
+    text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides, support)
+    path = write_module(out_dir, text, sources, support)
     log(f"wrote {path}")
     result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log)
     t = result["timing"] or {}
@@ -174,25 +177,38 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)
     per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
     db = TrialDB(default_db_path(opts.db_path), priors=packaged_priors())
-    kernels, sources, summary = {}, {}, []
+    kernels, sources, summary, support = {}, {}, [], {}
     tuned = {id(u) for u in units}
     for unit in plan.units:
         if id(unit) not in tuned:
             summary.append(f"{unit.node}: library ({graph.node(unit.node).target})")
             continue
+        extra_tuners, why_none = [], ""
         if unit.group is not None:
             group = unit.group
             gr = GroupResult(group.id, group.kind, [graph.node(x).op for x in group.nodes])
             values = group.inputs + group.outputs
             make = lambda: GroupTuner(graph, group, env, policy, device, cache_dir, timed)  # noqa: E731
+            row = cuda_unit.match(graph, group) if timed and opts.backend in ("cuda", "all") else None
+            if row is not None:
+                extra_tuners.append(lambda: CudaTuner(graph, group, row, env, policy, device, cache_dir, timed))
+            if opts.backend == "cuda":  # CUDA C++ candidates only (and the library)
+                make, extra_tuners = (extra_tuners[0], []) if extra_tuners else (None, [])
+                why_none = ("CUDA C++ candidates run only on a GPU" if not timed else
+                            "no CUDA C++ template matches this group (softmax, layer norm, row reductions)")
         else:
             node = graph.node(unit.node)
             template, _ = template_for(graph, node)
+            if opts.backend == "cuda" and template.name.startswith("triton."):
+                template, why_none = None, f"{template.name} is a Triton template (--backend cuda)"
             gr = GroupResult(node.name, "node", [node.op])
             values = node.inputs  # plus the outputs actually read, below
-            make = lambda: NodeTuner(graph, node, template, env, policy, device, cache_dir, timed)  # noqa: E731
+            make = None if template is None else (
+                lambda: NodeTuner(graph, node, template, env, policy, device, cache_dir, timed))
         result["groups"].append(gr)
         try:
+            if make is None:
+                raise Unsupported(why_none)
             tuner = make()
         except Unsupported as e:
             gr.note = f"no template: {e}"
@@ -207,16 +223,28 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
         cfg = None
         if timed:
             common["device"] = torch.cuda.get_device_name(device)
-            results = _search(tuner, per_trials, per_s, common)
-            gr.trials, gr.failed = len(results), sum(1 for r in results if not r.ok)
-            gr.library_ms = tuner.library_ms
-            ok = [r for r in results if r.ok]
-            best = min(ok, key=lambda r: r.time_ms) if ok else None
-            if best is not None and (tuner.library_ms is None or best.time_ms < tuner.library_ms):
-                cfg = best.config
+            tuners = [tuner]
+            for make_extra in extra_tuners:  # other backends for the same unit, searched alike
+                try:
+                    tuners.append(make_extra())
+                except Unsupported as e:
+                    gr.note = f"{gr.note}; {e}".strip("; ")
+            found = []  # (result, tuner)
+            extra_trials = None if per_trials is None else max(2, per_trials // 2)
+            for t in tuners:
+                results = _search(t, per_trials if t is tuner else extra_trials, per_s,
+                                  {**common, "task_key": f"{common['task_key']}/{t.backend}", "task_features": t.features})
+                gr.trials += len(results)
+                gr.failed += sum(1 for r in results if not r.ok)
+                found += [(r, t) for r in results if r.ok]
+            libs = [t.library_ms for t in tuners if t.library_ms is not None]
+            gr.library_ms = min(libs) if libs else None
+            best, winner = min(found, key=lambda rt: rt[0].time_ms) if found else (None, None)
+            if best is not None and (gr.library_ms is None or best.time_ms < gr.library_ms):
+                cfg, tuner = best.config, winner
                 gr.strategy, gr.config, gr.time_ms, gr.excess = tuner.backend, cfg.as_dict(), best.time_ms, best.excess
             else:
-                gr.time_ms = tuner.library_ms
+                gr.time_ms = gr.library_ms
                 gr.note = "library faster" if best is not None else "no candidate passed"
         elif tuner.backend == "torch":
             gr.note = "a library layout variant is only chosen by measurement (no GPU here)"
@@ -230,6 +258,8 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
             else:
                 gr.failed = 1
                 gr.note = f"candidate failed: {res[0].error if res else '?'}"
+        if gr.strategy == "cuda":
+            support["kw_cuda_runtime"] = runtime_source()
         if gr.strategy != "library":
             text, ins = tuner.render(cfg)
             sources[gr.id] = text
@@ -249,7 +279,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
         _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, kernels, sources, result,
                              per_trials, per_s, db, problem, log)
     result["groups"] = [asdict(g) for g in result["groups"]]
-    return summary, kernels, sources
+    return summary, kernels, sources, support
 
 
 def _nbytes(graph, name) -> int:

@@ -24,8 +24,10 @@ def single_output(plan: Plan) -> bool:
 
 
 def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tuple],
-                     kernel_sources: dict[str, str], policy: str, summary: list[str], overrides: dict | None) -> str:
-    """The text of model_new.py. With no plan (capture failed) ModelNew is the original Model."""
+                     kernel_sources: dict[str, str], policy: str, summary: list[str], overrides: dict | None,
+                     support: dict[str, str] | None = None) -> str:
+    """The text of model_new.py. With no plan (capture failed) ModelNew is the original Model.
+    `support` files (e.g. the CUDA runtime) sit beside the kernels and are embedded too."""
     if plan is None:
         args, body = "*args", ["return super().forward(*args)"]
     else:
@@ -35,17 +37,17 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
     return template_env("kernelwright.emit", "templates").get_template("model_new.py.j2").render(
         version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
         summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
-        kernel_sources=sorted(kernel_sources.items()), args=args, body=body)
+        kernel_sources=sorted(kernel_sources.items()), support=sorted((support or {}).items()), args=args, body=body)
 
 
-def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str]) -> Path:
-    """Write model_new.py and kernels/*.py; returns the model_new.py path."""
+def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str], support: dict[str, str] | None = None) -> Path:
+    """Write model_new.py, kernels/*.py and support files beside them; returns the model_new.py path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     kdir = out_dir / "kernels"
     kdir.mkdir(exist_ok=True)
     for old in kdir.glob("*.py"):
         old.unlink()
-    for name, src in kernel_sources.items():
+    for name, src in {**(support or {}), **kernel_sources}.items():
         (kdir / f"{name}.py").write_text(src)
     path = out_dir / "model_new.py"
     path.write_text(text)

@@ -269,3 +269,29 @@ def group_impl(graph, group, kernel, cache_dir, source, device):
         return local
 
     return run_aten
+
+
+class CudaTuner(KernelTuner):
+    """A group that is one row operation, as a CUDA C++ kernel (codegen/cuda_unit.py).
+
+    Needs a GPU (the kernels are compiled by NVRTC and launched through cuda.core)."""
+
+    backend = "cuda"
+
+    def __init__(self, graph, group, row, env, policy, device, cache_dir, timed):
+        from kernelwright.codegen import cuda_unit
+        from kernelwright.codegen.cuda_kernels import write_runtime
+
+        self.group, self.row, self._unit = group, row, cuda_unit
+        self.name = f"{group.id}_cuda"
+        super().__init__(graph, group.nodes, group.inputs, [(o, None) for o in group.outputs], env, policy,
+                         device, cache_dir, timed)
+        write_runtime(cache_dir)  # the generated modules load kw_cuda_runtime.py from their folder
+        self.space = cuda_unit.space(row)
+        self.default = cuda_unit.default(row)
+        self.seeds = [self.default] + [c for c in self.space if c != self.default][:3]
+        self.features = {"log2_M": math.log2(max(row.M, 1)), "log2_N": math.log2(max(row.N, 1)), "kind": row.kind}
+        self.task = f"{row.kind}/{row.op}/{row.M}x{row.N}"
+
+    def render(self, cfg):
+        return self._unit.render(self.graph, self.group, self.row, cfg.as_dict())
