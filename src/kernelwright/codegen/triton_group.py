@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.templating import template_text, triton_env
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
-from kernelwright.plan.fusion import FREE_VIEWS, Group, reduction_spec, row_shapes
+from kernelwright.plan.fusion import EVAL_BN, FREE_VIEWS, Group, reduction_spec, row_shapes
 
 NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
 TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "int64": "tl.int64",
@@ -243,6 +243,21 @@ class Lowering:
             return
         if t in POINTWISE:
             self._lower_pointwise(n)
+            return
+        if t == EVAL_BN:  # (x - running_mean) * rsqrt(running_var + eps) [* w] [+ b], per channel
+            x, _ = self.operand(n.args[0], "full")
+            w, b, rm, rv, eps = n.args[1], n.args[2], n.args[3], n.args[4], float(n.args[6])
+            mean, _ = self.operand(rm, "full", strides=self._per_channel(rm))
+            var, _ = self.operand(rv, "full", strides=self._per_channel(rv))
+            level = "full"
+            y = self._emit(level, f"({x} - {mean}) * tl.rsqrt({var} + {format_float(eps)})", [x, mean, var])
+            if w is not None:
+                wv, _ = self.operand(w, "full", strides=self._per_channel(w))
+                y = self._emit(level, f"{y} * {wv}", [y, wv])
+            if b is not None:
+                bv, _ = self.operand(b, "full", strides=self._per_channel(b))
+                y = self._emit(level, f"{y} + {bv}", [y, bv])
+            self.tuples[n.name] = [(y, level)]
             return
         spec = reduction_spec(n, self.g)
         if spec is None:

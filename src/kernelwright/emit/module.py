@@ -28,8 +28,10 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
                      support: dict[str, str] | None = None) -> str:
     """The text of model_new.py. With no plan (capture failed) ModelNew is the original Model.
     `support` files (e.g. the CUDA runtime) sit beside the kernels and are embedded too."""
+    has_model = bool(problem.source)
     if plan is None:
-        args, body = "*args", ["return super().forward(*args)"]
+        args = "*args"
+        body = ["return super().forward(*args)"] if has_model else ["return type(self).forward(self, *args)"]
     else:
         args = ", ".join(i.name for i in plan.graph.user_inputs)
         mods = {key: (None if k is None else (f"_k_{k[0]}", k[1], k[2], k[3])) for key, k in kernels.items()}
@@ -37,7 +39,8 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
     return template_env("kernelwright.emit", "templates").get_template("model_new.py.j2").render(
         version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
         summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
-        kernel_sources=sorted(kernel_sources.items()), support=sorted((support or {}).items()), args=args, body=body)
+        kernel_sources=sorted(kernel_sources.items()), support=sorted((support or {}).items()), args=args, body=body,
+        has_model=has_model)
 
 
 def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str], support: dict[str, str] | None = None) -> Path:

@@ -28,6 +28,7 @@ REDUCTIONS = {
 NORMS = {"aten.native_layer_norm.default", "aten.native_group_norm.default", "aten._native_batch_norm_legit.no_stats",
          "aten._native_batch_norm_legit_functional.default"}
 COMPOSITES = {"aten._softmax.default", "aten._log_softmax.default"} | NORMS
+EVAL_BN = "aten._native_batch_norm_legit_no_training.default"  # elementwise with per-channel statistics
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
 FREE_VIEWS = {"aten.expand.default", "aten.squeeze.dims", "aten.squeeze.dim", "aten.unsqueeze.default",
               "aten.view.default", "aten._unsafe_view.default"}
@@ -177,11 +178,23 @@ class _Builder:
             if self.owner.get(src) is not g:
                 return None
             t = self.g.node(src).target
+            if t == EVAL_BN:
+                return "full" if n.args[1] == 0 else None
             if t in NORMS:
                 return "full" if n.args[1] == 0 else "row"
             return "row"  # max.dim / min.dim values and indices
         if n.target in FREE_VIEWS:
             return self._view_level(n, g)
+        if n.target == EVAL_BN:
+            x = n.args[0]
+            meta = self.g.meta(x.name) if hasattr(x, "name") else None
+            if meta is None or meta.dtype not in FLOAT_DTYPES or tuple(meta.shape) != tuple(g.domain):
+                return None
+            if self.owner.get(x.name) is g and g.levels[x.name] != "full":
+                return None
+            if any(u.target != "getitem" or u.args[1] != 0 for u in self.g.users(n.name)):
+                return None  # its (empty) statistics outputs are read: leave it to the library
+            return "tuple"
         spec = reduction_spec(n, self.g) if n.target in REDUCTIONS | COMPOSITES else None
         if spec is not None:
             dom, rd, _ = spec
@@ -264,7 +277,7 @@ class _Builder:
         return None
 
     def add(self, n: OpNode):
-        fusible = n.target in FREE_VIEWS or n.target == "getitem" or n.target in COMPOSITES or (
+        fusible = n.target in FREE_VIEWS or n.target == "getitem" or n.target == EVAL_BN or n.target in COMPOSITES or (
             n.target in REDUCTIONS and reduction_spec(n, self.g) is not None) or _is_pointwise(n, self.g)
         target = None
         if fusible:

@@ -1,0 +1,31 @@
+"""The Python API: a live module + example inputs in, the same module with generated kernels out."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import kernelwright  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+
+
+def test_optimize_a_live_module(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Softmax(-1)).eval()
+    model[1].running_mean.normal_()
+    model[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 8, 8)
+    expected = model(x)
+    fast = kernelwright.optimize(model, [x], tmp_path / "out", budget_trials=2, db_path=str(tmp_path / "db.jsonl"))
+    assert fast is model  # same parameters, new forward
+    text = (tmp_path / "out" / "model_new.py").read_text()
+    assert "def attach(model)" in text and "class ModelNew" not in text
+    assert list((tmp_path / "out" / "kernels").glob("*.py"))
+    y = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(fast(x), expected, rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        reference = nn.Sequential(*model)  # the original layers, original forward
+        torch.testing.assert_close(fast(y), reference(y), rtol=1e-4, atol=1e-6)
