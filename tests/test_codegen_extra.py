@@ -167,3 +167,22 @@ def test_training_batch_norm_updates_running_stats_in_the_kernel(cfg):
     mod = load_module_from_source(k.source, grp.id, os.path.join(ROOT, ".pytest_kw_cache"))
     for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
         torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)
+
+
+def test_launch_helpers_copy_other_layouts_but_never_fake_a_broadcast():
+    from kernelwright.codegen.templating import launch_helpers
+
+    ns = {"torch": torch}
+    exec(launch_helpers(), ns)
+    expect = ns["_expect"]
+    x = torch.arange(12.0).reshape(3, 4)
+    xt = x.t().contiguous().t()
+    y = expect(xt, (3, 4), (4, 1), "x")
+    assert y.stride() == (4, 1) and torch.equal(y, x)
+    assert expect(x, (3, 4), (4, 1), "x") is x  # the right layout is passed through untouched
+    with pytest.raises(ValueError, match="shape"):
+        expect(x, (4, 3), (3, 1), "x")
+    with pytest.raises(ValueError, match="broadcast"):
+        expect(x, (3, 4), (0, 1), "x")  # the kernel would read row 0 only
+    with pytest.raises(ValueError):
+        expect(x.double(), (3, 4), (4, 1), "x", torch.float32)

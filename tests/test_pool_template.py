@@ -170,14 +170,15 @@ def test_unsupported_reasons():
         TEMPLATE.render(g_cl, node, TEMPLATE.default(graph, node), {0})
 
 
-def test_launch_checks_shape_and_strides(tmp_path):
+def test_launch_checks_shape_and_copies_other_strides(tmp_path):
     graph, node, env = _setup(nn.AvgPool2d(2), torch.randn(1, 2, 4, 4))
     k = TEMPLATE.render(graph, node, TEMPLATE.default(graph, node), {0})
     mod = load_module_from_source(k.source, "chk", tmp_path)
     with pytest.raises(ValueError):
         mod.launch(torch.randn(1, 2, 4, 6))
-    with pytest.raises(ValueError):
-        mod.launch(torch.randn(1, 2, 4, 4).transpose(2, 3))
+    x = torch.randn(1, 2, 4, 4)
+    xt = x.transpose(2, 3).contiguous().transpose(2, 3)  # same values and shape, other strides: copied
+    torch.testing.assert_close(mod.launch(xt)[0], mod.launch(x)[0], rtol=0, atol=0)
     with pytest.raises(ValueError):
         mod.launch(torch.randn(1, 2, 4, 4, dtype=torch.float64))
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from kernelwright.capture.graph import Graph, Ref
 from kernelwright.codegen.cuda_kernels import (render_layernorm, render_row_reduce, render_row_softmax,
                                                render_runtime_loader, render_standalone_launcher)
-from kernelwright.codegen.templating import template_env
+from kernelwright.codegen.templating import launch_helpers, template_env
 from kernelwright.plan.fusion import Group
 from kernelwright.space.axes import Axis, Space
 from kernelwright.space.config import Config
@@ -123,7 +123,7 @@ def render(graph: Graph, group: Group, row: RowOp, config: dict) -> tuple[str, l
     spec = _spec(row, config)
     ins = [row.x] + [v for v in (row.weight, row.bias) if v is not None]
     args = [f"a{i}" for i in range(len(ins))]
-    checks = [f"_expect({a}, {tuple(graph.meta(v).shape)!r}, {tuple(graph.meta(v).stride)!r}, {v!r})"
+    checks = [f"{a} = _expect({a}, {tuple(graph.meta(v).shape)!r}, {tuple(graph.meta(v).stride)!r}, {v!r})"
               for a, v in zip(args, ins)]
     out_name = group.outputs[0]
     call = f"{args[0]}.view({row.M}, {row.N})"
@@ -134,7 +134,7 @@ def render(graph: Graph, group: Group, row: RowOp, config: dict) -> tuple[str, l
     text = template_env("kernelwright.codegen", "templates", "cuda").get_template("unit.py.j2").render(
         gid=group.id, what=f"{row.op} over the last dim of [{row.M}, {row.N}]", template=f"{spec.kind}.cu"
         if spec.kind != "layernorm" else "row_reduce.cu", knobs=dict(spec.defines), loader=render_runtime_loader(),
-        standalone=render_standalone_launcher(spec, "KERNEL"), args=args, input_doc=", ".join(ins), output=out_name,
+        standalone=render_standalone_launcher(spec, "KERNEL"), helpers=launch_helpers(), args=args, input_doc=", ".join(ins), output=out_name,
         checks=checks, out_2d=(row.M,) if row.kind == "row_reduce" else (row.M, row.N), var="KERNEL", call=call,
         out_shape=tuple(graph.meta(out_name).shape))
     return text, ins

@@ -26,5 +26,10 @@ def triton_env() -> jinja2.Environment:
 
 
 def template_text(*path: str) -> str:
-    """The raw text of a template file under kernelwright/codegen/templates."""
+    """The raw text of a file under kernelwright/codegen/templates."""
     return resources.files("kernelwright.codegen").joinpath("templates", *path).read_text()
+
+
+def launch_helpers() -> str:
+    """`_alloc` and `_expect`, appended to every generated launcher module (templates/launch_helpers.py)."""
+    return template_text("launch_helpers.py")

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
-from kernelwright.codegen.templating import template_text, triton_env
+from kernelwright.codegen.templating import launch_helpers, template_text, triton_env
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
 from kernelwright.plan.fusion import EVAL_BN, FREE_VIEWS, Group, reduction_spec, row_shapes
 
@@ -717,7 +717,7 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
     checks = []
     for v in uniq_inputs:
         meta = graph.meta(v)
-        checks.append(f"_expect({arg_of[v]}, {tuple(meta.shape)!r}, {tuple(meta.stride)!r}, {v!r})")
+        checks.append(f"{arg_of[v]} = _expect({arg_of[v]}, {tuple(meta.shape)!r}, {tuple(meta.stride)!r}, {v!r})")
     allocs, out_vars = [], []
     dev = arg_of[uniq_inputs[0]] + ".device" if uniq_inputs else "'cuda'"
     for i, op in enumerate(low.outputs):
@@ -739,19 +739,6 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1)), call_args=call_args,
         returns="(" + ", ".join(out_vars) + ",)", **extra,
     )
-    text += _EXPECT
+    text += launch_helpers()
     nbytes = sum(graph.meta(v).nbytes for v in uniq_inputs) + sum(graph.meta(o.value).nbytes for o in low.outputs)
     return GroupKernel(text, dict(config), uniq_inputs, [o.value for o in low.outputs], M, R, nbytes)
-
-
-_EXPECT = '''
-
-def _alloc(shape, dtype, device):
-    """Output allocation; verification replaces this with a NaN-poisoning allocator."""
-    return torch.empty(shape, dtype=dtype, device=device)
-
-def _expect(t, shape, stride, name):
-    """The kernel was specialised for this shape and these strides; refuse anything else."""
-    if tuple(t.shape) != shape or any(n != 1 and s != e for n, s, e in zip(shape, t.stride(), stride)):
-        raise ValueError(f"{name}: expected shape {shape} strides {stride}, got {tuple(t.shape)} {t.stride()}")
-'''

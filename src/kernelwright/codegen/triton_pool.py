@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.node_kernels import NodeKernel
-from kernelwright.codegen.templating import triton_env
+from kernelwright.codegen.templating import launch_helpers, triton_env
 from kernelwright.space.axes import Axis, Space, pow2_range
 from kernelwright.space.config import Config
 
@@ -188,7 +188,7 @@ class PoolTemplate:
         block = int(cfg.get("BLOCK", 256))
         int64 = max(x.numel, y.numel) + block > _INT32_LIMIT
         writes = ", ".join((["values"] if store_values else []) + (["indices"] if store_indices else []))
-        text = triton_env().get_template("pool.py.j2").render(
+        text = triton_env().get_template("pool.py.j2").render(helpers=launch_helpers(), 
             kind=kind, node=node.name, target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
             in_shape=tuple(x.shape), in_stride=tuple(x.stride), out_shape=tuple(y.shape),
             dhw=(D, H, W), flat_in=[g["NC"], D, H, W], flat_out=[g["NC"], OD, OH, OW],

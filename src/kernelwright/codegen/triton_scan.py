@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.node_kernels import NodeKernel
-from kernelwright.codegen.templating import triton_env
+from kernelwright.codegen.templating import launch_helpers, triton_env
 from kernelwright.space.axes import Axis, Space, pow2_range, union
 from kernelwright.space.config import Config
 
@@ -275,7 +275,7 @@ class ScanTemplate:
             i_lines, x_inner = _offset("i", g.inner_dims, "ic")
             ctx.update(BLOCK_INNER=BLOCK_INNER, NIB=nib, x_outer=x_outer, outer_lines=o_lines,
                        x_inner=x_inner, inner_lines=i_lines, grid=str(g.OUTER * nib), scan_cols=_scan(op, 0))
-        text = triton_env().get_template("scan.py.j2").render(**ctx)
+        text = triton_env().get_template("scan.py.j2").render(helpers=launch_helpers(), **ctx)
         return NodeKernel(text, [g.input], 1)
 
 
