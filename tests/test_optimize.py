@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernelwright.emit.module import import_model_new  # noqa: E402
-from kernelwright.optimize import Options, optimize_problem  # noqa: E402
+from kernelwright.pipeline import Options, optimize_problem  # noqa: E402
 from kernelwright.problem import load_problem  # noqa: E402
 
 pytestmark = pytest.mark.interpreter

@@ -29,3 +29,10 @@ def test_optimize_a_live_module(tmp_path):
     with torch.no_grad():
         reference = nn.Sequential(*model)  # the original layers, original forward
         torch.testing.assert_close(fast(y), reference(y), rtol=1e-4, atol=1e-6)
+
+
+def test_the_api_function_is_not_shadowed_by_a_submodule():
+    import importlib
+
+    importlib.import_module("kernelwright.pipeline")
+    assert callable(kernelwright.optimize)

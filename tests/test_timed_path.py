@@ -10,7 +10,7 @@ import torch  # noqa: E402
 
 from kernelwright.capture import capture  # noqa: E402
 from kernelwright.emit.module import import_model_new, render_model_new, write_module  # noqa: E402
-from kernelwright.optimize import Options, _tune_groups  # noqa: E402
+from kernelwright.pipeline import Options, _tune_groups  # noqa: E402
 from kernelwright.plan import plan_graph  # noqa: E402
 from kernelwright.policy import get_policy  # noqa: E402
 from kernelwright.problem import load_problem  # noqa: E402

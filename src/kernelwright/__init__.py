@@ -7,7 +7,7 @@ def optimize(model, example_inputs, out_dir, **options):
     """Optimise a live module; returns it running kernelwright's forward (parameters shared).
 
     Writes model_new.py (with `attach(model)`), the kernels, result.json and report.md into
-    `out_dir`. `options` are those of kernelwright.optimize.Options (budget_trials, budget_s,
+    `out_dir`. `options` are those of kernelwright.pipeline.Options (budget_trials, budget_s,
     precision, device, backend, db_path). Without a GPU the kernels run in the Triton interpreter.
     """
     import os
@@ -15,7 +15,7 @@ def optimize(model, example_inputs, out_dir, **options):
     import torch
 
     from kernelwright.emit.module import import_model_new
-    from kernelwright.optimize import Options, optimize_problem
+    from kernelwright.pipeline import Options, optimize_problem
     from kernelwright.problem import from_module
 
     options.setdefault("device", "cuda" if torch.cuda.is_available() else "cpu")

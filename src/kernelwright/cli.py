@@ -131,7 +131,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     _use_interpreter_if_cpu(device)
     dev = _device(device)
     _matched_precision_available(precision, timed=dev == "cuda")
-    from kernelwright.optimize import Options, optimize_problem
+    from kernelwright.pipeline import Options, optimize_problem
     from kernelwright.problem import load_problem
 
     p = load_problem(problem, small=small)

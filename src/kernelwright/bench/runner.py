@@ -33,7 +33,7 @@ def _one(path: str, opts: dict) -> dict:
             row["errors"] = dict(t.errors)
             row["correct"] = None
         else:
-            from kernelwright.optimize import Options, optimize_problem
+            from kernelwright.pipeline import Options, optimize_problem
 
             out = Path(opts["out_dir"]) / f"level{p.level}" / p.name
             res = optimize_problem(p, out, Options(budget_trials=opts["trials"], budget_s=opts["seconds"],
