@@ -31,5 +31,6 @@ def template_text(*path: str) -> str:
 
 
 def launch_helpers() -> str:
-    """`_alloc` and `_expect`, appended to every generated launcher module (templates/launch_helpers.py)."""
-    return template_text("launch_helpers.py")
+    """`_alloc` and `_expect`, appended to every generated launcher module (templates/launch_helpers.py,
+    without its own header: the module it joins already imports torch)."""
+    return "\n\n" + template_text("launch_helpers.py").split("\n\n", 1)[1].lstrip("\n")

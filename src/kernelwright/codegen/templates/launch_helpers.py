@@ -1,3 +1,5 @@
+# Launcher helpers appended to every generated kernel module (see codegen/templating.launch_helpers).
+import torch
 
 
 def _alloc(shape, dtype, device):
