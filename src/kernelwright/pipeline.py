@@ -84,7 +84,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         log(f"capture failed: {e}; emitting the original model unchanged")
         result["capture"] = str(e)
         graph, plan = None, None
-    kernels: dict[str, tuple[str, list[str], list[str]]] = {}
+    kernels: dict[str, tuple | None] = {}
     sources: dict[str, str] = {}
     summary: list[str] = []
     support: dict[str, str] = {}
@@ -230,9 +230,9 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
                 except Unsupported as e:
                     gr.note = f"{gr.note}; {e}".strip("; ")
             found = []  # (result, tuner)
-            extra_trials = None if per_trials is None else max(2, per_trials // 2)
+            share = None if per_trials is None else max(2, per_trials // len(tuners))  # the unit's budget, split
             for t in tuners:
-                results = _search(t, per_trials if t is tuner else extra_trials, per_s,
+                results = _search(t, share, None if per_s is None else per_s / len(tuners),
                                   {**common, "task_key": f"{common['task_key']}/{t.backend}", "task_features": t.features})
                 gr.trials += len(results)
                 gr.failed += sum(1 for r in results if not r.ok)
