@@ -18,8 +18,9 @@ test: $(BIN)/kernelwright
 
 demo: $(BIN)/kernelwright
 	$(BIN)/kernelwright doctor
-	$(BIN)/kernelwright inspect problems/level2/gemm_bias_relu.py
-	$(BIN)/kernelwright optimize problems/level1/softmax.py --out demo_out --budget 12 --small
+	$(BIN)/kernelwright inspect problems/level2/gemm_group_norm_swish.py
+	$(BIN)/kernelwright optimize problems/level2/gemm_group_norm_swish.py --out demo_out --budget 12 --small
+	$(BIN)/kernelwright report demo_out
 
 clean:
 	rm -rf $(VENV) demo_out
