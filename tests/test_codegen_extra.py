@@ -186,3 +186,32 @@ def test_launch_helpers_copy_other_layouts_but_never_fake_a_broadcast():
         expect(x, (3, 4), (0, 1), "x")  # the kernel would read row 0 only
     with pytest.raises(ValueError):
         expect(x.double(), (3, 4), (4, 1), "x", torch.float32)
+
+
+@pytest.mark.parametrize("dim", [1, 0])
+def test_flip_scan_flip_is_one_reverse_scan(dim, tmp_path):
+    """flip -> cumsum -> flip becomes one kernel reading x backwards (rows and column layouts, one
+    pass and chunked with a carry)."""
+    from kernelwright.codegen.triton_scan import TEMPLATE as scan
+
+    class Rev(nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x.flip(dim), dim=dim).flip(dim)
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 40)
+    g = capture(from_module(Rev(), [x]))
+    node = next(n for n in g.nodes if n.target == "aten.cumsum.default")
+    nodes, src, last = scan.absorbed(g, node)
+    assert src == "x" and [g.node(n).target for n in nodes] == ["aten.flip.default", "aten.cumsum.default",
+                                                                "aten.flip.default"]
+    configs = scan.space(g, node)
+    assert configs and all(c["reverse"] for c in configs)
+    env = run_graph(g, Rev(), [x], keep=True)
+    picks = [c for c in configs if c["one_pass"]][:1] + [c for c in configs if not c["one_pass"]][:2]
+    assert len(picks) == 3
+    for cfg in picks:
+        k = scan.render(g, node, cfg, {0})
+        mod = load_module_from_source(k.source, f"rev{dim}", tmp_path)
+        (out,) = mod.launch(env["x"])
+        torch.testing.assert_close(out, env[last], rtol=1e-5, atol=1e-5)

@@ -187,7 +187,6 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
         if unit.group is not None:
             group = unit.group
             gr = GroupResult(group.id, group.kind, [graph.node(x).op for x in group.nodes])
-            values = group.inputs + group.outputs
             make = lambda: GroupTuner(graph, group, env, policy, device, cache_dir, timed)  # noqa: E731
             row = cuda_unit.match(graph, group) if timed and opts.backend in ("cuda", "all") else None
             if row is not None:
@@ -202,7 +201,6 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
             if opts.backend == "cuda" and template.name.startswith("triton."):
                 template, why_none = None, f"{template.name} is a Triton template (--backend cuda)"
             gr = GroupResult(node.name, "node", [node.op])
-            values = node.inputs  # plus the outputs actually read, below
             make = None if template is None else (
                 lambda: NodeTuner(graph, node, template, env, policy, device, cache_dir, timed))
         result["groups"].append(gr)
@@ -215,9 +213,10 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
             summary.append(f"{gr.id} [{gr.kind}]: library ({gr.note})")
             continue
         gr.eager_excess = tuner.eager_excess
-        gr.bytes = sum(_nbytes(graph, v) for v in values)
-        if unit.group is None:  # count only the node outputs that are read (max-pool indices often are not)
-            gr.bytes += sum(m.nbytes for i, m in enumerate(graph.node(unit.node).outs) if m is not None and i in tuner.used)
+        gr.ops = [graph.node(n).op for n in tuner.nodes]
+        # minimum bytes: the unit's inputs and the outputs it produces (max-pool indices often are not)
+        gr.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs) + sum(
+            graph.node(name).outs[idx or 0].nbytes for name, idx in tuner.outputs)
         common = dict(db=db, task_key=f"{problem.name}/{gr.id}/{tuner.task}", task_features=tuner.features,
                       precision=policy.name)
         cfg = None
@@ -266,7 +265,9 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
             if unit.group is not None:
                 kernels[gr.id] = (gr.id, ins, list(unit.group.outputs), False)
             else:
-                kernels[gr.id] = (gr.id, ins, [unit.node], len(graph.node(unit.node).outs) > 1)
+                kernels[gr.id] = (gr.id, ins, [tuner.result], not tuner.absorbs and len(graph.node(unit.node).outs) > 1)
+                for name in tuner.absorbs:
+                    kernels[name] = None  # computed inside this unit's kernel
             mod = tuner.modules.get(cfg.key())
             gr.resources = kernel_resources(mod) if (mod is not None and timed) else {}
             if gr.time_ms:

@@ -201,13 +201,19 @@ class ScanTemplate:
                                      lambda c: _warps_fit(c["BLOCK_INNER"] * c["BLOCK_N"], c["num_warps"])],
                                     fixed={"one_pass": False, "num_stages": 1}))
             configs = union(*spaces)
-        base = self.default(graph, node)
+        base = self._default(graph, node)
         if base not in configs:
             configs.insert(0, base)
+        if self.absorbed(graph, node) is not None:
+            configs = [c.replace(reverse=True) for c in configs]
         return configs
 
     # default -----------------------------------------------------------------------------
     def default(self, graph: Graph, node: OpNode) -> Config:
+        base = self._default(graph, node)
+        return base.replace(reverse=True) if self.absorbed(graph, node) is not None else base
+
+    def _default(self, graph: Graph, node: OpNode) -> Config:
         """The heuristic used when nothing can be timed.
 
         rows (scan along the output's last dim): rows up to 4096 elements are scanned in one
@@ -240,12 +246,41 @@ class ScanTemplate:
             nw //= 2
         return Config.make(NAME, BLOCK_INNER=bi, BLOCK_N=bn, one_pass=bn >= g.N, num_warps=nw, num_stages=1)
 
+    # flip -> scan -> flip ---------------------------------------------------------------
+    def absorbed(self, graph: Graph, node: OpNode) -> tuple[list[str], str, str] | None:
+        """For flip(x, [d]) -> cumsum(d) -> flip([d]) (a reverse scan, each value read only by the
+        next): (the three nodes, x, the last flip); the kernel then scans x backwards, no copies."""
+        src = node.args[0] if node.args else None
+        if not isinstance(src, Ref) or graph.is_input(src.name):
+            return None
+        first = graph.node(src.name)
+        users = graph.users(node.name)
+        if first.target != "aten.flip.default" or len(users) != 1 or users[0].target != "aten.flip.default":
+            return None
+        last = users[0]
+        ndim = len(node.meta.shape)
+        dim = int(node.args[1]) % ndim
+        if any([int(d) % ndim for d in n.args[1]] != [dim] for n in (first, last)):
+            return None
+        if len(graph.users(first.name)) != 1 or {first.name, node.name} & (set(graph.outputs) | set(graph.mutations)):
+            return None
+        x = first.args[0]
+        if not isinstance(x, Ref) or graph.meta(x.name) is None or graph.meta(x.name).dtype != "float32":
+            return None
+        return [first.name, node.name, last.name], x.name, last.name
+
     # render ------------------------------------------------------------------------------
     def render(self, graph: Graph, node: OpNode, config: dict, used: set[int]) -> NodeKernel:
         why = self.supports(graph, node, used)
         if why is not None:
             raise ValueError(f"{NAME} cannot render {node.name}: {why}")
         cfg = dict(config.as_dict() if isinstance(config, Config) else config)
+        reverse = bool(cfg.get("reverse", False))
+        if reverse:
+            pattern = self.absorbed(graph, node)
+            if pattern is None:
+                raise ValueError(f"{NAME}: reverse=True needs flip -> {node.name} -> flip")
+            node = OpNode(node.name, node.target, (Ref(pattern[1]),) + tuple(node.args[1:]), node.kwargs, node.outs)
         g = _Geom(graph, node)
         op = OPS[node.target]
         BLOCK_N = int(cfg["BLOCK_N"])
@@ -262,6 +297,11 @@ class ScanTemplate:
             OUTER=g.OUTER, N=g.N, INNER=g.INNER, SN=g.SN, layout=g.layout, one_pass=one_pass,
             neutral="0.0" if op == "sum" else "1.0", combine="+" if op == "sum" else "*",
             num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 1)), BLOCK_N=BLOCK_N,
+            reverse=reverse,
+            # logical scan position -> element index along the scanned dim (mirrored for a reverse scan)
+            pos_one=f"({g.N - 1} - {'cols' if g.layout == 'rows' else 'rows'})" if reverse else
+            ("cols" if g.layout == "rows" else "rows"),
+            pos_chunk=f"({g.N - 1} - n)" if reverse else "n",
         )
         if g.layout == "rows":
             BLOCK_M = int(cfg.get("BLOCK_M", 1))

@@ -191,9 +191,17 @@ class NodeTuner(KernelTuner):
         self.node, self.template = node, template
         self.used = used_outputs(graph, node)
         self.name = node.name
-        multi = len(node.outs) > 1
-        outs = [(node.name, i) for i in sorted(self.used)] if multi else [(node.name, None)]
-        super().__init__(graph, [node.name], node.inputs, outs, env, policy, device, cache_dir, timed)
+        absorbed = getattr(template, "absorbed", None)
+        pattern = absorbed(graph, node) if absorbed is not None else None
+        if pattern is not None:  # e.g. flip -> cumsum -> flip: one kernel from x to the last value
+            nodes, x, last = pattern
+            self.absorbs, self.result = [n for n in nodes if n != node.name], last
+            super().__init__(graph, nodes, [x], [(last, None)], env, policy, device, cache_dir, timed)
+        else:
+            self.absorbs, self.result = [], node.name
+            multi = len(node.outs) > 1
+            outs = [(node.name, i) for i in sorted(self.used)] if multi else [(node.name, None)]
+            super().__init__(graph, [node.name], node.inputs, outs, env, policy, device, cache_dir, timed)
         self.backend = template.name.split(".")[0]
         self.space = template.space(graph, node)
         self.default = template.default(graph, node)
