@@ -204,14 +204,16 @@ class ScanTemplate:
         base = self._default(graph, node)
         if base not in configs:
             configs.insert(0, base)
-        if self.absorbed(graph, node) is not None:
-            configs = [c.replace(reverse=True) for c in configs]
+        kind = self.pattern_kind(graph, node)
+        if kind:
+            configs = [c.replace(**{kind: True}) for c in configs]
         return configs
 
     # default -----------------------------------------------------------------------------
     def default(self, graph: Graph, node: OpNode) -> Config:
         base = self._default(graph, node)
-        return base.replace(reverse=True) if self.absorbed(graph, node) is not None else base
+        kind = self.pattern_kind(graph, node)
+        return base.replace(**{kind: True}) if kind else base
 
     def _default(self, graph: Graph, node: OpNode) -> Config:
         """The heuristic used when nothing can be timed.
@@ -246,10 +248,54 @@ class ScanTemplate:
             nw //= 2
         return Config.make(NAME, BLOCK_INNER=bi, BLOCK_N=bn, one_pass=bn >= g.N, num_warps=nw, num_stages=1)
 
-    # flip -> scan -> flip ---------------------------------------------------------------
+    # flip -> scan -> flip, and cat([neutral, x[:-1]]) -> scan -----------------------------
     def absorbed(self, graph: Graph, node: OpNode) -> tuple[list[str], str, str] | None:
-        """For flip(x, [d]) -> cumsum(d) -> flip([d]) (a reverse scan, each value read only by the
-        next): (the three nodes, x, the last flip); the kernel then scans x backwards, no copies."""
+        """Neighbouring nodes one kernel can compute with the scan, each value read only by the next:
+        flip(x, [d]) -> cumsum(d) -> flip([d]) (a reverse scan: x is read backwards), or
+        cat([full_like(.., neutral), slice(x, d, 0, N-1)], d) -> scan (an exclusive scan: x is read
+        shifted by one). Returns (the nodes, x, the value the kernel produces) or None."""
+        return self._reverse_pattern(graph, node) or self._exclusive_pattern(graph, node)
+
+    def pattern_kind(self, graph: Graph, node: OpNode) -> str:
+        if self._reverse_pattern(graph, node):
+            return "reverse"
+        return "exclusive" if self._exclusive_pattern(graph, node) else ""
+
+    def _exclusive_pattern(self, graph: Graph, node: OpNode):
+        src = node.args[0] if node.args else None
+        if not isinstance(src, Ref) or graph.is_input(src.name) or len(graph.users(src.name)) != 1:
+            return None
+        cat = graph.node(src.name)
+        ndim = len(node.meta.shape)
+        dim = int(node.args[1]) % ndim
+        if cat.target != "aten.cat.default" or len(cat.args[0]) != 2 or int(cat.args[1] if len(cat.args) > 1 else 0) % ndim != dim:
+            return None
+        fill, body = cat.args[0]
+        if not (isinstance(fill, Ref) and isinstance(body, Ref)) or graph.is_input(fill.name) or graph.is_input(body.name):
+            return None
+        fill_n, body_n = graph.node(fill.name), graph.node(body.name)
+        neutral = 0.0 if node.target == "aten.cumsum.default" else 1.0
+        if fill_n.target != "aten.full_like.default" or float(fill_n.args[1]) != neutral or fill_n.meta.shape[dim] != 1:
+            return None
+        if body_n.target != "aten.slice.Tensor" or len(graph.users(body_n.name)) != 1 or len(graph.users(fill_n.name)) != 1:
+            return None
+        x = body_n.args[0]
+        step = body_n.args[4] if len(body_n.args) > 4 else 1
+        if not isinstance(x, Ref) or int(body_n.args[1]) % ndim != dim or body_n.args[2] not in (0, None) or step != 1:
+            return None
+        xm = graph.meta(x.name)
+        if xm is None or xm.dtype != "float32" or tuple(xm.shape) != tuple(node.meta.shape):
+            return None
+        nodes = [fill_n.name, body_n.name, cat.name, node.name]
+        like = fill_n.args[0]  # the slice full_like copies its shape from, if only read there
+        if isinstance(like, Ref) and not graph.is_input(like.name) and len(graph.users(like.name)) == 1 \
+                and graph.node(like.name).target == "aten.slice.Tensor":
+            nodes.insert(0, like.name)
+        if set(nodes[:-1]) & (set(graph.outputs) | set(graph.mutations)):
+            return None
+        return nodes, x.name, node.name
+
+    def _reverse_pattern(self, graph: Graph, node: OpNode):
         src = node.args[0] if node.args else None
         if not isinstance(src, Ref) or graph.is_input(src.name):
             return None
@@ -275,11 +321,11 @@ class ScanTemplate:
         if why is not None:
             raise ValueError(f"{NAME} cannot render {node.name}: {why}")
         cfg = dict(config.as_dict() if isinstance(config, Config) else config)
-        reverse = bool(cfg.get("reverse", False))
-        if reverse:
-            pattern = self.absorbed(graph, node)
+        reverse, exclusive = bool(cfg.get("reverse", False)), bool(cfg.get("exclusive", False))
+        if reverse or exclusive:
+            pattern = self._reverse_pattern(graph, node) if reverse else self._exclusive_pattern(graph, node)
             if pattern is None:
-                raise ValueError(f"{NAME}: reverse=True needs flip -> {node.name} -> flip")
+                raise ValueError(f"{NAME}: {'reverse' if reverse else 'exclusive'}=True needs its pattern around {node.name}")
             node = OpNode(node.name, node.target, (Ref(pattern[1]),) + tuple(node.args[1:]), node.kwargs, node.outs)
         g = _Geom(graph, node)
         op = OPS[node.target]
@@ -297,12 +343,16 @@ class ScanTemplate:
             OUTER=g.OUTER, N=g.N, INNER=g.INNER, SN=g.SN, layout=g.layout, one_pass=one_pass,
             neutral="0.0" if op == "sum" else "1.0", combine="+" if op == "sum" else "*",
             num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 1)), BLOCK_N=BLOCK_N,
-            reverse=reverse,
+            reverse=reverse, exclusive=exclusive,
             # logical scan position -> element index along the scanned dim (mirrored for a reverse scan)
             pos_one=f"({g.N - 1} - {'cols' if g.layout == 'rows' else 'rows'})" if reverse else
             ("cols" if g.layout == "rows" else "rows"),
             pos_chunk=f"({g.N - 1} - n)" if reverse else "n",
         )
+        # the element loaded at each position: the same one, or (exclusive) the one before it
+        one = "cols" if g.layout == "rows" else "rows"
+        ctx.update(load_one=f"({one} - 1)" if exclusive else ctx["pos_one"], lmask_one=f" & ({one} >= 1)" if exclusive else "",
+                   load_chunk="(n - 1)" if exclusive else ctx["pos_chunk"], lmask_chunk=" & (n >= 1)" if exclusive else "")
         if g.layout == "rows":
             BLOCK_M = int(cfg.get("BLOCK_M", 1))
             o_lines, x_outer = _offset("m", g.outer_dims, "mc")
