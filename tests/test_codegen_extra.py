@@ -13,7 +13,8 @@ from kernelwright.build.pyload import load_module_from_source  # noqa: E402
 from kernelwright.capture import capture  # noqa: E402
 from kernelwright.capture.execute import run_graph  # noqa: E402
 from kernelwright.codegen import gemm_epilogue  # noqa: E402
-from kernelwright.codegen.triton_group import Unsupported, broadcast_strides, refine_strides, render_group  # noqa: E402
+from kernelwright.capture.shapes import broadcast_strides, refine_strides  # noqa: E402
+from kernelwright.codegen.triton_group import Unsupported, render_group  # noqa: E402
 from kernelwright.emit.module import import_model_new, render_model_new, write_module  # noqa: E402
 from kernelwright.plan import plan_graph  # noqa: E402
 from kernelwright.problem import from_module, load_problem  # noqa: E402

@@ -366,7 +366,7 @@ def _analysis(graph, plan, result) -> dict:
         rows = {r["name"]: r for r in a.to_json()["nodes"]}
     except Exception as e:  # noqa: BLE001
         return {"error": str(e)}
-    generated = {n for g in result["groups"] if g["strategy"] == "triton" for n in plan_groups_nodes(plan, g["id"])}
+    generated = {n for g in result["groups"] if g["strategy"] in ("triton", "cuda") for n in plan_groups_nodes(plan, g["id"])}
     tot_f = sum(r["flops"] for r in rows.values()) or 1
     tot_b = sum(r["bytes"] for r in rows.values()) or 1
     gen_f = sum(r["flops"] for n, r in rows.items() if n in generated)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelwright.capture.shapes import contiguous_strides
+
 
 @dataclass(frozen=True)
 class Ref:
@@ -43,11 +45,7 @@ class TensorMeta:
 
     @property
     def contiguous(self) -> bool:
-        expected, acc = [], 1
-        for s in reversed(self.shape):
-            expected.append(acc)
-            acc *= s
-        return all(sh == 1 or st == e for sh, st, e in zip(self.shape, self.stride, reversed(expected)))
+        return all(sh == 1 or st == e for sh, st, e in zip(self.shape, self.stride, contiguous_strides(self.shape)))
 
     def to_json(self) -> dict:
         return {"shape": list(self.shape), "stride": list(self.stride), "dtype": self.dtype}

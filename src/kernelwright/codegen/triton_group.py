@@ -14,13 +14,12 @@ import math
 from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.shapes import broadcast_strides, contiguous_strides, refine_strides
 from kernelwright.codegen.templating import launch_helpers, template_text, triton_env
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
 from kernelwright.plan.fusion import EVAL_BN, FREE_VIEWS, Group, reduction_spec, row_shapes
 
 NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
-TL_DTYPE = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "int64": "tl.int64",
-            "int32": "tl.int32", "bool": "tl.int1"}
 
 
 class Unsupported(Exception):
@@ -46,67 +45,6 @@ class Stmt:
     deps: tuple[str, ...] = ()
     operand: Operand | None = None
     op: str = ""  # reduction kind
-
-
-def broadcast_strides(shape, strides, target) -> tuple[int, ...] | None:
-    """Strides of a (shape, strides) tensor broadcast right-aligned to `target`; None if it does not broadcast."""
-    off = len(target) - len(shape)
-    if off < 0:
-        return None
-    out = []
-    for j, size in enumerate(target):
-        k = j - off
-        if k < 0 or shape[k] == 1:
-            out.append(0)
-        elif shape[k] == size:
-            out.append(strides[k])
-        else:
-            return None
-    return tuple(out)
-
-
-def refine_strides(shape, strides, target) -> tuple[int, ...] | None:
-    """Strides for viewing a (shape, strides) tensor with shape `target` (same element count),
-    splitting and merging dims as `Tensor.view` would; None where the view needs a copy."""
-    if math.prod(shape) != math.prod(target):
-        return None
-    pieces = [(s, st) for s, st in zip(shape, strides) if s != 1]
-    out: list[int] = []
-    for t in reversed(target):
-        if t == 1:
-            out.append(0)
-            continue
-        need, first, prev = t, None, None
-        while need > 1:
-            if not pieces:
-                return None
-            size, st = pieces[-1]
-            if prev is not None and st != prev[1] * prev[0]:
-                return None  # merging two dims that are not adjacent in memory
-            if first is None:
-                first = st
-            if size <= need:
-                if need % size:
-                    return None
-                need //= size
-                prev = pieces.pop()
-            else:
-                if size % need:
-                    return None
-                pieces[-1] = (size // need, st * need)
-                need = 1
-        out.append(first)
-    if pieces:
-        return None
-    return tuple(reversed(out))
-
-
-def _contig(shape) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return tuple(reversed(out))
 
 
 class Lowering:
@@ -214,13 +152,13 @@ class Lowering:
             if tuple(meta.shape) == self.D and (level != "row" or self.grp.rdims is None or self.rd):
                 level = "full" if level == "row" and tuple(meta.shape) != row_shapes(self.D, self.rd)[0] else level
             if level == "full":
-                strides = refine_strides(tuple(meta.shape), _contig(meta.shape), self.D)
+                strides = refine_strides(tuple(meta.shape), contiguous_strides(meta.shape), self.D)
                 if strides is None:
                     raise Unsupported(f"output {name} shape {meta.shape} is not a view of the domain")
             else:
                 from kernelwright.capture.graph import TensorMeta
 
-                cm = TensorMeta(meta.shape, _contig(meta.shape), meta.dtype)
+                cm = TensorMeta(meta.shape, contiguous_strides(meta.shape), meta.dtype)
                 strides = self._domain_strides(cm, "full" if len(meta.shape) == len(self.D) else "row")
             op = Operand(f"out{len(self.outputs)}", name, strides, level, meta.dtype, meta.shape)
             self.outputs.append(op)

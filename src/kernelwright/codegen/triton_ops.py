@@ -152,7 +152,5 @@ OPERANDS = {
     "aten.gelu.default": 1,
 }
 
-# Reductions the row template implements: op -> (combine kind, neutral element)
-REDUCE_KINDS = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
 
 format_float = _f

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kernelwright.capture.graph import Graph, OpNode
+from kernelwright.capture.shapes import contiguous_strides, refine_strides
 from kernelwright.codegen.triton_ops import POINTWISE
 
 REDUCTIONS = {
@@ -143,9 +144,7 @@ def reduction_spec(node: OpNode, graph: Graph) -> tuple[tuple[int, ...], tuple[i
 
 def _views_domain(shape, domain) -> bool:
     """Whether a contiguous tensor of `shape` can be read as the domain by a view (split/merge)."""
-    from kernelwright.codegen.triton_group import _contig, refine_strides
-
-    return len(shape) > 0 and refine_strides(tuple(shape), _contig(shape), tuple(domain)) is not None
+    return len(shape) > 0 and refine_strides(tuple(shape), contiguous_strides(shape), tuple(domain)) is not None
 
 
 def row_shapes(domain, rdims) -> tuple[tuple[int, ...], tuple[int, ...]]:
