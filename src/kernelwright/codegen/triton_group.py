@@ -392,6 +392,17 @@ def lower(graph: Graph, group: Group) -> Lowering:
     return Lowering(graph, group).lower()
 
 
+def extent(low: Lowering) -> tuple[int, int, bool]:
+    """(M kept indices, R reduced elements per row, whether the main input is contiguous along
+    the reduction) of a lowered group, after collapsing mergeable dims."""
+    ops = low.inputs + low.outputs
+    kept, red = _collapse(low.D, low.rd, [o.strides for o in ops])
+    M = math.prod(s for s, _ in kept) if kept else 1
+    R = math.prod(s for s, _ in red) if red else 1
+    main = low.inputs[0] if low.inputs else None
+    return M, R, not red or main is None or red[-1][1][ops.index(main)] == 1
+
+
 def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None = None) -> GroupKernel:
     low = low or lower(graph, group)
     ops = low.inputs + low.outputs
@@ -565,6 +576,11 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
     plane = M * split  # elements of one partial statistic
     needed = list(dict.fromkeys(st.var for s in reduces for st in closures[s.var]))
     body = [ln for v in needed for ln in render(by_var[v])]
+    # row and scalar operands the reduced values read (a scalar constant, a per-row weight) are
+    # loaded once before the loop of the partial kernel
+    side_vars = {d for v in needed for d in by_var[v].deps}
+    side_loads = [st for st in low.stmts if st.kind == "load" and st.level != "full" and st.var in side_vars]
+    pre_a = [ln for st in side_loads for ln in render(st)]
     init, post_a, finish, parts, part_docs, allocs = [], [], [], [], [], []
     for k, s in enumerate(reduces):
         src, part = s.deps[0], f"part{k}"
@@ -603,7 +619,8 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
     full_stores = [st for st in low.stmts if st.kind == "store" and st.operand.level == "full"]
     for st in row_stores:
         finish += render(st)
-    full_loads = [op for op in low.inputs if op.level == "full"]
+    side_params = {st.operand.param for st in side_loads}
+    full_loads = [op for op in low.inputs if op.level == "full" or op.param in side_params]
     row_loads = [op for op in low.inputs if op.level != "full"]
     apply, bufs, buf_docs = [], [], []
     if full_stores:
@@ -630,9 +647,10 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
     # `finish`; a per-row value needed by the apply pass is re-read from its buffer.
     extra = dict(
         SPLIT=split, CHUNK=chunk, SPLIT_P2=1 << (split - 1).bit_length(), index_m=kept_lines, index_r=red_lines,
-        init=init, body=body, post_a=post_a, finish=finish, apply=apply, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R,
+        init=pre_a + init, body=body, post_a=post_a, finish=finish, apply=apply, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R,
         params_a=[op.param for op in full_loads] + parts,
-        doc_a=[f"input {op.value}: {op.dtype}{list(op.shape)}, domain strides {list(op.strides)}" for op in full_loads]
+        doc_a=[f"input {op.value}: {op.dtype}{list(op.shape)}, domain strides {list(op.strides)} ({op.level})"
+               for op in full_loads]
         + part_docs,
         params_b=parts + [op.param for op in row_loads] + [op.param for op in low.outputs] + bufs,
         doc_b=part_docs + [f"input {op.value}: {op.dtype}{list(op.shape)} ({op.level})" for op in row_loads]

@@ -16,7 +16,7 @@ from kernelwright.capture.execute import input_device, run_node
 from kernelwright.codegen import gemm_epilogue
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_gemm import gemm_space
-from kernelwright.codegen.triton_group import _collapse, lower, render_group
+from kernelwright.codegen.triton_group import extent, lower, render_group
 from kernelwright.policy import Policy
 from kernelwright.search.result import RunResult
 from kernelwright.space.config import Config
@@ -163,12 +163,7 @@ class GroupTuner(KernelTuner):
         self.name = group.id
         super().__init__(graph, group.nodes, group.inputs, [(o, None) for o in group.outputs], env, policy,
                          device, cache_dir, timed)
-        ops = self.low.inputs + self.low.outputs
-        kept, red = _collapse(self.low.D, self.low.rd, [o.strides for o in ops])
-        self.M = math.prod(s for s, _ in kept) if kept else 1
-        self.R = math.prod(s for s, _ in red) if red else 1
-        main = self.low.inputs[0] if self.low.inputs else None
-        self.r_contig = not red or main is None or red[-1][1][ops.index(main)] == 1
+        self.M, self.R, self.r_contig = extent(self.low)
         pw = group.rdims is None
         self.space = group_space(self.M, self.R, pw)
         self.seeds = seed_configs(self.M, self.R, pw, self.r_contig)

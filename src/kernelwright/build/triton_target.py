@@ -1,0 +1,144 @@
+"""Compile generated Triton kernels for a GPU target on a machine without a GPU.
+
+The Triton interpreter runs kernels on the CPU but never lowers them, so an error that only the
+compiler sees (a name used before it is defined in one branch of a template, a type the lowering
+refuses, too much shared memory) would surface first on the GPU. `compile_module_for_target`
+runs a generated module's `launch()` on meta tensors, records every kernel launch instead of
+running it, and compiles each recorded launch with `triton.compile` down to a cubin for the
+target architecture (default sm_90): no device and no driver needed.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+           torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+           torch.bool: "i1"}
+
+
+@dataclass
+class Launch:
+    """One kernel launch recorded from a launcher: the JIT function, its arguments and options."""
+
+    fn: object
+    args: tuple
+    kwargs: dict
+
+
+@dataclass
+class TargetBuild:
+    """What compiling one launch produced: the kernel name, and an error or the cubin's resources."""
+
+    kernel: str
+    error: str | None
+    shared_bytes: int | None = None
+
+
+class _Recorder:
+    def __init__(self, fn, log: list):
+        self.fn, self.log = fn, log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(Launch(self.fn, args, kwargs))
+        return launch
+
+
+def record_launches(module, args: list) -> list[Launch]:
+    """Call `module.launch(*args)` with every Triton kernel of the module replaced by a recorder."""
+    from triton.runtime.jit import JITFunction
+
+    log: list[Launch] = []
+    saved = {k: v for k, v in vars(module).items() if isinstance(v, JITFunction)}
+    try:
+        for k, v in saved.items():
+            setattr(module, k, _Recorder(v, log))
+        module.launch(*args)
+    finally:
+        for k, v in saved.items():
+            setattr(module, k, v)
+    return log
+
+
+def _arg_type(v) -> str:
+    if isinstance(v, torch.Tensor):
+        return "*" + _DTYPES[v.dtype]
+    if isinstance(v, bool):
+        return "i1"
+    if isinstance(v, int):
+        return "i32" if -2**31 <= v < 2**31 else "i64"
+    if isinstance(v, float):
+        return "fp32"
+    if v is None:
+        return "constexpr"
+    raise TypeError(f"cannot type kernel argument {type(v).__name__}")
+
+
+def compile_launch(launch: Launch, arch: int = 90) -> TargetBuild:
+    """Compile one recorded launch for sm_`arch` (front end, TTGIR, LLVM, PTX and ptxas)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    fn = launch.fn
+    name = getattr(fn, "__name__", str(fn))
+    options = {k: launch.kwargs[k] for k in ("num_warps", "num_stages") if k in launch.kwargs}
+    values = dict(zip(fn.arg_names, launch.args))
+    values.update({k: v for k, v in launch.kwargs.items() if k in fn.arg_names})
+    signature, constexprs = {}, {}
+    for i, p in enumerate(fn.params):
+        if p.name not in values:
+            if p.default is inspect.Parameter.empty:
+                return TargetBuild(name, f"no value for kernel parameter {p.name}")
+            values[p.name] = p.default
+        v = values[p.name]
+        if p.is_constexpr or v is None:
+            signature[p.name] = "constexpr"
+            constexprs[(i,)] = v
+        else:
+            signature[p.name] = _arg_type(v)
+    try:
+        src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    except Exception as e:  # noqa: BLE001 - a compile error is the result
+        msg = " ".join(str(e).split())
+        return TargetBuild(name, f"{type(e).__name__}: {msg[:300]}")
+    return TargetBuild(name, None, getattr(k.metadata, "shared", None))
+
+
+def meta_tensor(shape, stride, dtype) -> torch.Tensor:
+    return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
+
+
+def compile_module_for_target(module, args: list, arch: int = 90) -> list[TargetBuild]:
+    """Every kernel `module.launch(*args)` would launch, compiled for sm_`arch`. `args` are
+    usually meta tensors (`meta_tensor`) shaped like the real inputs."""
+    return [compile_launch(launch, arch) for launch in record_launches(module, args)]
+
+
+@contextlib.contextmanager
+def _compiled_mode():
+    """Import with @triton.jit making compilable JIT functions, even under TRITON_INTERPRET=1."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def compile_source_for_target(text: str, name: str, args: list, cache_dir, arch: int = 90) -> list[TargetBuild]:
+    """Import generated module text (a separate import from any interpreted one) and compile
+    every kernel its launcher would launch on `args` for sm_`arch`."""
+    from kernelwright.build.pyload import load_module_from_source
+
+    with _compiled_mode():
+        module = load_module_from_source(text, f"{name}_sm{arch}", cache_dir)
+        return compile_module_for_target(module, args, arch)
