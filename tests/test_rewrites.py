@@ -36,3 +36,73 @@ def test_a_graph_without_noops_is_returned_as_is():
     g = capture(from_module(nn.ReLU(), [torch.randn(3)]))
     s, removed = simplify(g)
     assert s is g and removed == []
+
+
+# --- row rewrites -----------------------------------------------------------------------------
+
+import torch.nn.functional as F  # noqa: E402
+
+from kernelwright.plan import plan_graph  # noqa: E402
+from kernelwright.plan.rewrites import rewrite  # noqa: E402
+
+
+class KL(nn.Module):
+    def forward(self, a, b):
+        return F.kl_div(F.log_softmax(a, -1), F.softmax(b, -1), reduction="batchmean")
+
+
+class CE(nn.Module):
+    def forward(self, logits, target):
+        return F.cross_entropy(logits, target)
+
+
+def _close(g, s, model, inputs):
+    for a, b in zip(run_graph(g, model, inputs), run_graph(s, model, inputs)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_full_sum_after_a_row_op_is_taken_per_row_inside_the_row_group():
+    x, y = torch.randn(5, 33), torch.randn(5, 33)
+    g = capture(from_module(KL(), [x, y]))
+    s, notes = rewrite(g)
+    assert any("per row first" in n for n in notes)
+    _close(g, s, KL(), [x, y])
+    plan = plan_graph(s)
+    row = [grp for grp in plan.groups if grp.rdims == (1,)]
+    assert len(row) == 1 and any(s.node(n).target == "aten.sum.dim_IntList" for n in row[0].nodes)
+    assert all(len(s.meta(o).shape) < 2 for o in row[0].outputs)  # nothing domain-sized is written
+    assert not any(n.target == "aten.scalar_tensor.default" for n in s.nodes)  # constants folded
+
+
+def test_a_plain_full_sum_is_left_alone():
+    class MSE(nn.Module):
+        def forward(self, a, b):
+            return ((a - b) ** 2).mean()
+    g = capture(from_module(MSE(), [torch.randn(4, 8), torch.randn(4, 8)]))
+    s, notes = rewrite(g)
+    assert not any("per row first" in n for n in notes)
+
+
+def test_gather_from_log_softmax_becomes_input_minus_logsumexp():
+    x, t = torch.randn(6, 17), torch.randint(0, 17, (6,))
+    g = capture(from_module(CE(), [x, t]))
+    s, notes = rewrite(g)
+    assert any("logsumexp" in n for n in notes)
+    assert not any(n.target == "aten._log_softmax.default" for n in s.nodes)
+    _close(g, s, CE(), [x, t])
+    # the row statistics and the picked logit meet in one row group over the logits
+    plan = plan_graph(s)
+    grp = [p for p in plan.groups if p.domain == (6, 17)]
+    assert len(grp) == 1 and {"aten.amax.default", "aten.sum.dim_IntList"} <= {s.node(n).target for n in grp[0].nodes}
+
+
+def test_log_softmax_read_elsewhere_is_kept():
+    class Both(nn.Module):
+        def forward(self, x, t):
+            ls = F.log_softmax(x, -1)
+            return ls.gather(1, t[:, None]), ls
+    x, t = torch.randn(3, 9), torch.randint(0, 9, (3,))
+    g = capture(from_module(Both(), [x, t]))
+    s, notes = rewrite(g)
+    assert not any("logsumexp" in n for n in notes)
+    assert any(n.target == "aten._log_softmax.default" for n in s.nodes)

@@ -16,7 +16,7 @@ from kernelwright.capture import capture
 from kernelwright.codegen.node_kernels import template_for, used_outputs
 from kernelwright.codegen.triton_group import Unsupported, extent, lower, render_group
 from kernelwright.plan import plan_graph
-from kernelwright.plan.rewrites import simplify
+from kernelwright.plan.rewrites import rewrite
 from kernelwright.problem import load_problem
 from kernelwright.space.group_space import seed_configs
 
@@ -59,7 +59,7 @@ def _candidates(graph, plan):
 
 @pytest.mark.parametrize("path", PROBLEMS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_first_candidates_compile_for_sm90(path, tmp_path):
-    graph, _ = simplify(capture(load_problem(path)))
+    graph, _ = rewrite(capture(load_problem(path)))
     plan = plan_graph(graph)
     failures = []
     for label, text, inputs in _candidates(graph, plan):

@@ -23,7 +23,7 @@ from kernelwright.codegen.node_kernels import template_for
 from kernelwright.codegen.triton_group import Unsupported
 from kernelwright.emit.module import import_model_new, render_model_new, write_module
 from kernelwright.plan import Plan, plan_graph
-from kernelwright.plan.rewrites import simplify
+from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
 from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, packaged_priors, tune
@@ -78,7 +78,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
                     "capture": "ok"}
     overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
     try:
-        graph, result["rewrites"] = simplify(capture(problem))
+        graph, result["rewrites"] = rewrite(capture(problem))
         plan = plan_graph(graph)
     except CaptureError as e:
         log(f"capture failed: {e}; emitting the original model unchanged")

@@ -98,6 +98,11 @@ class Lowering:
                 if st is None:
                     raise Unsupported(f"{target} is not a view of the domain {self.D}")
             return st
+        if len(meta.shape) == nd and all(meta.shape[d] == 1 for d in self.rd):  # keepdim form
+            st = broadcast_strides(meta.shape, meta.stride, row_shapes(self.D, self.rd)[0])
+            if st is None:
+                raise Unsupported(f"row operand of shape {tuple(meta.shape)} does not match the kept dims")
+            return tuple(0 if j in self.rd else s for j, s in enumerate(st))
         kept = [j for j in range(nd) if j not in self.rd]
         off = len(kept) - len(meta.shape)
         if off < 0:
@@ -167,7 +172,7 @@ class Lowering:
 
     def _ctx(self, node: OpNode) -> str:
         shape = node.meta.shape if node.meta else ()
-        if self.grp.rdims is not None and tuple(shape) == row_shapes(self.D, self.rd)[1] and tuple(shape) != self.D:
+        if self.grp.rdims is not None and tuple(shape) in row_shapes(self.D, self.rd) and tuple(shape) != self.D:
             return "row"
         return "full"
 

@@ -115,6 +115,10 @@ POINTWISE: dict[str, Expr] = {
         f"kw_expm1({a[0]} * {_f(kw.get('input_scale', 1.0))}) * {_f(kw.get('alpha', 1.0) * kw.get('scale', 1.0))})"
     ),
     "aten.where.self": lambda a, kw: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    "aten.where.ScalarSelf": lambda a, kw: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    "aten.where.ScalarOther": lambda a, kw: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    "aten.isnan.default": lambda a, kw: f"({a[0]} != {a[0]})",
+    "aten.isinf.default": lambda a, kw: f"(tl.abs({a[0]}) == float('inf'))",
     "aten.gt.Scalar": lambda a, kw: f"({a[0]} > {a[1]})",
     "aten.gt.Tensor": lambda a, kw: f"({a[0]} > {a[1]})",
     "aten.lt.Scalar": lambda a, kw: f"({a[0]} < {a[1]})",

@@ -1,13 +1,17 @@
 """Exact graph rewrites applied before fusion planning.
 
-Only rewrites that are exact in real arithmetic: removing ops that return their input's value
+Only rewrites that are exact in real arithmetic. `simplify` removes ops that return their input's value
 (a clone of a contiguous tensor, an alias, an expand or view to the same shape, a cast to the same
-dtype, multiplying or dividing by 1, adding or subtracting 0). A rewrite never touches a value the
-model returns or a buffer it updates, so outputs never alias inputs.
+dtype, multiplying or dividing by 1, adding or subtracting 0). `row_rewrites` lets a row group
+absorb its consumers: a full sum after a row op becomes a per-row sum plus a sum of rows, and a
+gather from a log-softmax reads the input and subtracts the row's logsumexp (both re-associate
+sums: exact in real arithmetic, rounding bounded by verification). A rewrite never touches a
+value the model returns or a buffer it updates, so outputs never alias inputs.
 """
 from __future__ import annotations
 
-from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
+from kernelwright.capture.shapes import contiguous_strides
 
 
 def _is_one(v) -> bool:
@@ -74,3 +78,177 @@ def simplify(graph: Graph) -> tuple[Graph, list[str]]:
     if not removed:
         return graph, []
     return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), removed
+
+
+# --- rewrites that let a row group absorb its consumers ----------------------------------------
+#
+# Exact in real arithmetic (they re-associate sums), so results differ from eager only by
+# rounding, which verification bounds like any other kernel's.
+
+_FULL_REDUCE = {"aten.sum.default": "aten.sum.dim_IntList", "aten.mean.default": "aten.mean.dim"}
+
+
+def _unique(taken: set[str], base: str) -> str:
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def _row_dims_upstream(graph: Graph, name: str) -> tuple[int, ...] | None:
+    """Trailing reduced dims of a row reduction or row composite that `name` is computed from
+    through same-shaped ops, or None."""
+    from kernelwright.plan.fusion import COMPOSITES, REDUCTIONS, reduction_spec
+
+    shape = graph.meta(name).shape if graph.meta(name) else None
+    stack, seen = [name], set()
+    while stack:
+        v = stack.pop()
+        if v in seen or graph.is_input(v):
+            continue
+        seen.add(v)
+        n = graph.node(v)
+        if n.target in COMPOSITES | REDUCTIONS:
+            spec = reduction_spec(n, graph)
+            if spec and tuple(spec[0]) == tuple(shape):
+                rd = spec[1]
+                nd = len(shape)
+                if 0 < len(rd) < nd and rd == tuple(range(nd - len(rd), nd)):
+                    return rd
+            continue
+        if n.meta is not None and n.meta.shape == shape:
+            stack.extend(i for i in n.inputs if graph.meta(i) is not None)
+    return None
+
+
+def _full_reduction(n: OpNode, graph: Graph) -> bool:
+    """sum/mean of a tensor over all its dims to a 0-d result."""
+    if n.target not in _FULL_REDUCE and n.target not in _FULL_REDUCE.values():
+        return False
+    if n.kwargs.get("dtype") or not n.args or not isinstance(n.args[0], Ref) or n.meta is None or n.meta.shape != ():
+        return False
+    return graph.meta(n.args[0].name) is not None
+
+
+def split_full_reductions(graph: Graph) -> tuple[Graph, list[str]]:
+    """sum(x) -> sum(sum(x, rows)) and mean(x) -> mean(mean(x, rows)) when x comes from a row
+    reduction over x's trailing dims (a loss after a softmax, say): the inner reduction then joins
+    that row group, so x is never written out."""
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    nodes, notes = [], []
+    for n in graph.nodes:
+        if _full_reduction(n, graph):
+            x = n.args[0].name
+            meta = graph.meta(x)
+            rd = _row_dims_upstream(graph, x) if meta is not None and len(meta.shape) >= 2 else None
+            if rd is not None:
+                rows = tuple(s for i, s in enumerate(meta.shape) if i not in rd)
+                mean = "mean" in n.target
+                inner = OpNode(_unique(names, f"{n.name}_rows"), "aten.mean.dim" if mean else "aten.sum.dim_IntList",
+                               (Ref(x), list(rd), False), {}, [TensorMeta(rows, contiguous_strides(rows), meta.dtype)])
+                outer = "aten.mean.default" if mean else "aten.sum.default"
+                nodes += [inner, OpNode(n.name, outer, (Ref(inner.name),), {}, n.outs)]
+                notes.append(f"{n.name}: {n.op} over all of {x} taken per row first ({inner.name}), so the row group "
+                             "that computes it also reduces it")
+                continue
+        nodes.append(n)
+    if not notes:
+        return graph, []
+    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+
+
+def gather_log_softmax(graph: Graph) -> tuple[Graph, list[str]]:
+    """gather(log_softmax(x, d), d, i) -> gather(x, d, i) - logsumexp(x, d) when the log-softmax
+    is read only by such gathers (cross-entropy): the rows are reduced once and never written."""
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    keep = set(graph.outputs) | set(graph.mutations)
+    nodes, notes, dropped = [], [], set()
+    for n in graph.nodes:
+        if n.target != "aten.gather.default" or n.kwargs or len(n.args) < 3 or not isinstance(n.args[0], Ref):
+            nodes.append(n)
+            continue
+        src = graph.node(n.args[0].name) if not graph.is_input(n.args[0].name) else None
+        idx = graph.meta(n.args[2].name) if isinstance(n.args[2], Ref) else None
+        if src is None or src.target != "aten._log_softmax.default" or src.name in keep or idx is None:
+            nodes.append(n)
+            continue
+        x = src.args[0]
+        xm = graph.meta(x.name)
+        nd = len(xm.shape)
+        d = n.args[1] % nd
+        ok = (src.args[1] % nd == d and not src.args[2] and len(n.args) == 3 and len(idx.shape) == nd
+              and all(graph.users(src.name) and u.target == "aten.gather.default" for u in graph.users(src.name))
+              and all(i == d or a == b for i, (a, b) in enumerate(zip(idx.shape, xm.shape))))
+        if not ok:
+            nodes.append(n)
+            continue
+        row = tuple(1 if i == d else s for i, s in enumerate(xm.shape))
+        rmeta = TensorMeta(row, contiguous_strides(row), xm.dtype)
+        full = TensorMeta(xm.shape, contiguous_strides(xm.shape), xm.dtype)
+
+        def node(base, target, args, meta):
+            out = OpNode(_unique(names, f"{n.name}_{base}"), target, args, {}, [meta])
+            nodes.append(out)
+            return Ref(out.name)
+
+        mx = node("max", "aten.amax.default", (x, [d], True), rmeta)
+        ex = node("exp", "aten.exp.default", (node("shift", "aten.sub.Tensor", (x, mx), full),), full)
+        lse = node("lse", "aten.add.Tensor", (node("log", "aten.log.default", (
+            node("sum", "aten.sum.dim_IntList", (ex, [d], True), rmeta),), rmeta), mx), rmeta)
+        picked = node("pick", "aten.gather.default", (x, n.args[1], n.args[2]), n.meta)
+        nodes.append(OpNode(n.name, "aten.sub.Tensor", (picked, lse), {}, n.outs))
+        dropped.add(src.name)
+        notes.append(f"{n.name}: gather from log_softmax {src.name} taken from its input minus the row logsumexp")
+    if not notes:
+        return graph, []
+    read = {i for u in nodes for i in u.inputs}
+    nodes = [n for n in nodes if n.name not in dropped or n.name in read]
+    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+
+
+def row_rewrites(graph: Graph) -> tuple[Graph, list[str]]:
+    """All rewrites that let row groups absorb their consumers, in order."""
+    notes: list[str] = []
+    for rewrite in (gather_log_softmax, split_full_reductions):
+        graph, more = rewrite(graph)
+        notes += more
+    return graph, notes
+
+
+def fold_scalar_tensors(graph: Graph) -> tuple[Graph, list[str]]:
+    """where(c, scalar_tensor(v), y) -> where(c, v, y) (and the same for the other branch) when the
+    constant has y's dtype; a scalar_tensor nobody reads any more is dropped. Saves a launch per
+    constant and lets the where fuse without a tensor operand."""
+    consts = {n.name: n.args[0] for n in graph.nodes if n.target == "aten.scalar_tensor.default"
+              and n.args and isinstance(n.args[0], (int, float)) and not isinstance(n.args[0], bool)}
+    keep = set(graph.outputs) | set(graph.mutations)
+    nodes, notes = [], []
+    for n in graph.nodes:
+        if n.target == "aten.where.self" and n.meta is not None:
+            a = list(n.args)
+            for k, target in ((1, "aten.where.ScalarSelf"), (2, "aten.where.ScalarOther")):
+                other = a[3 - k]
+                if (isinstance(a[k], Ref) and a[k].name in consts and isinstance(other, Ref)
+                        and graph.meta(a[k].name).dtype == n.meta.dtype == graph.meta(other.name).dtype):
+                    notes.append(f"{n.name}: constant {a[k].name} = {consts[a[k].name]} folded into the where")
+                    v = consts[a[k].name]
+                    a[k] = float(v) if n.meta.dtype.startswith(("float", "bfloat")) else int(v)
+                    n = OpNode(n.name, target, tuple(a), dict(n.kwargs), n.outs, n.fx)
+                    break
+        nodes.append(n)
+    if not notes:
+        return graph, []
+    read = {i for u in nodes for i in u.inputs}
+    nodes = [n for n in nodes if n.name not in consts or n.name in read or n.name in keep]
+    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+
+
+def rewrite(graph: Graph) -> tuple[Graph, list[str]]:
+    """Every exact rewrite optimize applies before planning: no-ops out, constants folded, then
+    row rewrites."""
+    notes: list[str] = []
+    for step in (simplify, fold_scalar_tensors, row_rewrites):
+        graph, more = step(graph)
+        notes += more
+    return graph, notes
