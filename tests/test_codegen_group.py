@@ -115,6 +115,21 @@ def test_group_matches_library(name, mode, tmp_path):
         _compare(k, outs, env)
 
 
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "softmax", "sum_dim1"])
+def test_eviction_hints_mark_reread_rows_evict_last_and_last_reads_evict_first(name, tmp_path):
+    graph, plan, env = _setup(name)
+    group = [g for g in plan.groups if g.rdims is not None][0]
+    k, _, outs = _run(graph, group, env, dict(MULTI_PASS, EVICT=True), tmp_path, f"{name}_evict")
+    _compare(k, outs, env)
+    src = k.source
+    writes_rows = any(graph.meta(o).shape == group.domain for o in k.outputs)
+    if writes_rows:  # read in a statistics pass, then again to write: kept in L2 in between
+        assert src.index("evict_last") < src.rindex("evict_first")
+    else:  # one pass over the rows: nothing to keep
+        assert "evict_first" in src and "evict_last" not in src
+    assert "eviction_policy" not in render_group(graph, group, MULTI_PASS).source
+
+
 def test_other_strides_are_copied_and_wrong_shapes_raise(tmp_path):
     graph, plan, env = _setup("softmax")
     group = plan.groups[0]

@@ -1,8 +1,8 @@
 """Every Triton kernel optimize would try first for a shipped problem compiles for sm_90.
 
 The interpreter tests never lower a kernel; this compiles them (front end to cubin, no GPU) at the
-problems' real sizes: each fusion group with its default config, its long-chunk streaming seed
-and a split-reduction variant, and each node template with its default config.
+problems' real sizes: each fusion group with its first three seeds (default, long-chunk streaming,
+default with eviction hints) and a split-reduction variant, and each node template with its default config.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _candidates(graph, plan):
             except Unsupported:  # left to the library
                 continue
             M, R, contig = extent(low)
-            configs = [c.as_dict() for c in seed_configs(M, R, grp.rdims is None, contig)[:2]]
+            configs = [c.as_dict() for c in seed_configs(M, R, grp.rdims is None, contig)[:3]]
             if grp.rdims is not None:
                 configs.append(SPLIT)
             for cfg in configs:

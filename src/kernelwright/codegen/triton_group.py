@@ -435,15 +435,24 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         parts = [p for p in parts if p]
         return op.param + (" + " + " + ".join(parts) if parts else "")
 
-    def render(s: Stmt) -> list[str]:
-        """Lines for one load, expression or store (the same text in a tile, a loop or at top level)."""
+    evict = bool(config.get("EVICT", False)) and not pointwise
+
+    def render(s: Stmt, last_read: bool = True) -> list[str]:
+        """Lines for one load, expression or store (the same text in a tile, a loop or at top level).
+        With EVICT, a domain-sized load is marked evict_first where it is the last read of the
+        data and evict_last where a later pass reads it again (a row kept in L2 between the
+        passes); operands broadcast along the rows (weights) are always evict_last."""
         if s.kind == "load":
             op = s.operand
             cast = "" if op.dtype == "bool" else ".to(tl.float32)"
             if op.level == "scalar":
                 return [f"{s.var} = tl.load({op.param}){cast}"]
             msk = "mask" if op.level == "full" else "mmask"
-            return [f"{s.var} = tl.load({addr(op)}, mask={msk}, other=0){cast}"]
+            hint = ""
+            if evict and op.level == "full":
+                reused = last_read is False or not m_off.get(op.param)
+                hint = f", eviction_policy='{'evict_last' if reused else 'evict_first'}'"
+            return [f"{s.var} = tl.load({addr(op)}, mask={msk}, other=0{hint}){cast}"]
         if s.kind == "expr":
             return [f"{s.var} = {s.code}"]
         if s.kind == "store":
@@ -482,10 +491,15 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
             return _closure(low, by_var, roots)
 
         pre: list[str] = []
+        n_reduce = sum(1 for s in low.stmts if s.kind == "reduce")
+        writes_full = any(s.kind == "store" and s.operand.level == "full" for s in low.stmts)
+        k_reduce = 0
         for s in low.stmts:
             if s.kind == "reduce":
                 src = s.deps[0]
-                lines = [ln for st in closure([src]) for ln in render(st)]
+                k_reduce += 1
+                again = writes_full or k_reduce < n_reduce  # a later pass reads the rows again
+                lines = [ln for st in closure([src]) for ln in render(st, last_read=not again)]
                 if s.op == "welford":
                     # per-lane running count, mean and M2; lanes merged with Chan's formula after the loop
                     init = ["acc_n = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",

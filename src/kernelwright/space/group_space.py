@@ -30,13 +30,14 @@ def group_space(M: int, R: int, pointwise: bool) -> list[Config]:
                      [lambda c: 132 <= M * c["SPLIT"] // c["BLOCK_M"] <= 16384 and c["BLOCK_M"] <= mp, _warps_fit],
                      fixed={"one_pass": False, "num_stages": 1}).configs()
     configs: list[Config] = []
+    evict = Axis("EVICT", [False, True])  # L2 eviction hints on the domain-sized loads
     if rp <= 16384:
-        configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("num_warps", [1, 2, 4, 8, 16])],
+        configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("num_warps", [1, 2, 4, 8, 16]), evict],
                          [lambda c: c["BLOCK_M"] <= mp and c["BLOCK_M"] * rp <= 16384, _warps_fit],
                          fixed={"BLOCK_R": rp, "one_pass": True, "num_stages": 1}).configs()
     if rp >= 32:
         configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("BLOCK_R", pow2_range(16, min(rp // 2, 4096))),
-                                        Axis("num_warps", [1, 2, 4, 8, 16])],
+                                        Axis("num_warps", [1, 2, 4, 8, 16]), evict],
                          [lambda c: c["BLOCK_M"] <= mp and 512 <= c["BLOCK_M"] * c["BLOCK_R"] <= 8192, _warps_fit],
                          fixed={"one_pass": False, "num_stages": 1}).configs()
     return configs
@@ -62,19 +63,20 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -
         return Config.make("triton.split", BLOCK_M=1, BLOCK_R=2048, SPLIT=split, one_pass=False, num_warps=8, num_stages=1)
     if not r_contiguous:
         bm, br = min(32, next_pow2(M)), min(32, rp)
-        return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=br, one_pass=br >= R, num_warps=4, num_stages=1)
+        return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=br, one_pass=br >= R, num_warps=4, num_stages=1,
+                           EVICT=False)
     if rp <= 16384:
         bm = max(1, min(next_pow2(M), 2048 // rp))
         tile = bm * rp
         nw = 4 if tile <= 2048 else 8 if tile <= 8192 else 16
-        return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=rp, one_pass=True, num_warps=nw, num_stages=1)
-    return Config.make("triton.row", BLOCK_M=1, BLOCK_R=1024, one_pass=False, num_warps=4, num_stages=1)
+        return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=rp, one_pass=True, num_warps=nw, num_stages=1, EVICT=False)
+    return Config.make("triton.row", BLOCK_M=1, BLOCK_R=1024, one_pass=False, num_warps=4, num_stages=1, EVICT=False)
 
 
 def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> list[Config]:
     """Expert starting points tried before the model-based search, most different first: the
-    heuristic default, a long-chunk streaming variant, then neighbours in warps and rows per
-    program (all inside the group's space)."""
+    heuristic default, a long-chunk streaming variant, the same two with L2 eviction hints, then
+    neighbours in warps and rows per program (all inside the group's space)."""
     base = default_config(M, R, pointwise, r_contiguous)
     space = set(group_space(M, R, pointwise))
     out = [base]
@@ -86,7 +88,9 @@ def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> 
     # long chunks streamed by 16 warps: the fastest softmax over 65536-wide rows measured on the H200
     chunk = min(4096, base["BLOCK_R"] // 2 if base["one_pass"] else 4096)
     streaming = base.replace(BLOCK_M=1, BLOCK_R=chunk, one_pass=False, num_warps=16 if chunk >= 4096 else 8)
-    for c in (streaming, base.replace(num_warps=nw * 2), base.replace(num_warps=max(1, nw // 2)),
+    # torch.compile's reductions mark a row's first read evict_last and its last read evict_first
+    for c in (streaming, base.replace(EVICT=True), streaming.replace(EVICT=True),
+              base.replace(num_warps=nw * 2), base.replace(num_warps=max(1, nw // 2)),
               base.replace(BLOCK_M=base["BLOCK_M"] * 2), base.replace(BLOCK_M=base["BLOCK_M"] * 4, num_warps=nw * 2)):
         if c in space and c not in out:
             out.append(c)
