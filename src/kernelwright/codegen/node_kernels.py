@@ -65,7 +65,10 @@ def templates() -> list[NodeTemplate]:
         found.append(scan)
     except ImportError:
         pass
+    from kernelwright.codegen.triton_depthwise import TEMPLATE as depthwise
     from kernelwright.codegen.conv_layout import TEMPLATE as conv_layout
+
+    found.append(depthwise)  # before the layout variant: a depthwise conv gets the direct kernel
 
     found.append(conv_layout)
     return found
