@@ -165,3 +165,24 @@ def test_one_pass_needs_block_r_ge_r():
     graph, plan, env = _setup("softmax")
     with pytest.raises(Unsupported):
         render_group(graph, plan.groups[0], {"BLOCK_M": 2, "BLOCK_R": 16, "one_pass": True, "num_warps": 4})
+
+
+def test_channels_last_group_walks_memory_order_and_writes_channels_last(tmp_path):
+    from kernelwright.capture.shapes import channels_last_strides
+    from kernelwright.plan.rewrites import rewrite
+
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    model = Fn(lambda s, x: torch.tanh(s.conv(x)) * 3.0 + 1.0)
+    model.conv = conv
+    x = torch.randn(2, 3, 6, 5)
+    graph, _ = rewrite(capture(from_module(model, [x])), "tf32")
+    plan = plan_graph(graph)
+    with torch.no_grad():
+        env = run_graph(graph, model, [x], keep=True)
+    group = next(g for g in plan.groups if g.rdims is None)
+    k, _, outs = _run(graph, group, env, POINTWISE, tmp_path, "cl")
+    # one flat index walks input and output contiguously (no per-dim coordinates)
+    assert "mc0" not in k.source and "om_in0 = m" in k.source
+    out = outs[0]
+    assert out.stride() == channels_last_strides(out.shape)
+    torch.testing.assert_close(out, env[k.outputs[0]], rtol=1e-5, atol=1e-5)

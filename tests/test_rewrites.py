@@ -106,3 +106,45 @@ def test_log_softmax_read_elsewhere_is_kept():
     s, notes = rewrite(g)
     assert not any("logsumexp" in n for n in notes)
     assert any(n.target == "aten._log_softmax.default" for n in s.nodes)
+
+
+# --- channels-last convolutions (tf32 / bf16 policies) -----------------------------------------
+
+from kernelwright.capture.shapes import channels_last_strides  # noqa: E402
+
+
+class ConvAct(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8).eval()
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x))) * 2.0
+        return F.max_pool2d(y, 2) + 1.0
+
+
+def test_tf32_runs_dense_convs_channels_last_and_keeps_the_layout_downstream():
+    model, x = ConvAct().eval(), torch.randn(2, 3, 8, 8)
+    g = capture(from_module(model, [x]))
+    assert rewrite(g, "fp32")[0].node("convolution").meta.stride == g.node("convolution").meta.stride
+    s, notes = rewrite(g, "tf32")
+    conv = s.node("convolution")
+    assert all(s.node(a.name).target == "aten.clone.default" for a in conv.args[:2])
+    assert conv.meta.stride == channels_last_strides(conv.meta.shape)
+    relu = next(n for n in s.nodes if n.target == "aten.relu.default")
+    assert relu.meta.stride == channels_last_strides(relu.meta.shape)
+    with torch.no_grad():
+        ref, out = run_graph(g, model, [x]), run_graph(s, model, [x])
+        env = run_graph(s, model, [x], keep=True)
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-5)
+    # what the library really produces agrees with the recorded layout
+    assert env["convolution"].stride() == conv.meta.stride
+    assert env[relu.name].stride() == relu.meta.stride
+
+
+def test_depthwise_convs_stay_in_their_layout():
+    conv = nn.Conv2d(4, 4, 3, groups=4)
+    g = capture(from_module(conv, [torch.randn(1, 4, 6, 6)]))
+    s, notes = rewrite(g, "tf32")
+    assert not any("channels-last" in n for n in notes)

@@ -57,9 +57,13 @@ def _candidates(graph, plan):
             yield f"{node.name} {template.name}", k.source, k.inputs
 
 
-@pytest.mark.parametrize("path", PROBLEMS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_first_candidates_compile_for_sm90(path, tmp_path):
-    graph, _ = rewrite(capture(load_problem(path)))
+CONV = [p for p in PROBLEMS if any(k in p.stem for k in ("conv", "cnn", "resnet"))]
+CASES = [(p, "fp32") for p in PROBLEMS] + [(p, "tf32") for p in CONV]  # tf32: channels-last convolutions
+
+
+@pytest.mark.parametrize("path,policy", CASES, ids=lambda v: f"{v.parent.name}/{v.stem}" if isinstance(v, Path) else v)
+def test_first_candidates_compile_for_sm90(path, policy, tmp_path):
+    graph, _ = rewrite(capture(load_problem(path)), policy)
     plan = plan_graph(graph)
     failures = []
     for label, text, inputs in _candidates(graph, plan):

@@ -78,7 +78,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
                     "capture": "ok"}
     overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
     try:
-        graph, result["rewrites"] = rewrite(capture(problem))
+        graph, result["rewrites"] = rewrite(capture(problem), policy.name)
         plan = plan_graph(graph)
     except CaptureError as e:
         log(f"capture failed: {e}; emitting the original model unchanged")

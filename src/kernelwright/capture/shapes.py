@@ -64,3 +64,10 @@ def contiguous_strides(shape) -> tuple[int, ...]:
         out.append(acc)
         acc *= s
     return tuple(reversed(out))
+
+
+def channels_last_strides(shape) -> tuple[int, ...]:
+    """Strides of a contiguous [N, C, *spatial] tensor stored channels-last (NHWC / NDHWC)."""
+    c, spatial = shape[1], tuple(shape[2:])
+    inner = contiguous_strides(spatial + (c,))  # strides of [*spatial, C]
+    return (c * math.prod(spatial), inner[-1]) + tuple(inner[:-1])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import broadcast_strides, contiguous_strides, refine_strides
 from kernelwright.codegen.templating import launch_helpers, template_text, triton_env
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
@@ -156,15 +156,16 @@ class Lowering:
             meta = self.g.meta(name)
             if tuple(meta.shape) == self.D and (level != "row" or self.grp.rdims is None or self.rd):
                 level = "full" if level == "row" and tuple(meta.shape) != row_shapes(self.D, self.rd)[0] else level
+            # domain-ranked outputs are written in their recorded layout (e.g. channels-last, see
+            # _finish_render's allocation); others contiguous
+            same_rank = len(meta.shape) == len(self.D)
+            lay = meta if same_rank else TensorMeta(meta.shape, contiguous_strides(meta.shape), meta.dtype)
             if level == "full":
-                strides = refine_strides(tuple(meta.shape), contiguous_strides(meta.shape), self.D)
+                strides = refine_strides(tuple(meta.shape), lay.stride, self.D)
                 if strides is None:
                     raise Unsupported(f"output {name} shape {meta.shape} is not a view of the domain")
             else:
-                from kernelwright.capture.graph import TensorMeta
-
-                cm = TensorMeta(meta.shape, contiguous_strides(meta.shape), meta.dtype)
-                strides = self._domain_strides(cm, "full" if len(meta.shape) == len(self.D) else "row")
+                strides = self._domain_strides(lay, "full" if same_rank else "row")
             op = Operand(f"out{len(self.outputs)}", name, strides, level, meta.dtype, meta.shape)
             self.outputs.append(op)
             self.stmts.append(Stmt(var + "_st", level, "store", deps=(var,), operand=op))
@@ -326,11 +327,19 @@ class Lowering:
 
 # -- rendering ---------------------------------------------------------------------------
 
-def _collapse(D, rd, vectors):
+def _collapse(D, rd, vectors, ref: int | None = None, fixed_red: bool = False):
     """Drop size-1 dims and merge neighbours that every operand walks contiguously.
 
+    With `ref` (an index into `vectors`), the kept dims, and unless `fixed_red` the reduced dims,
+    are first put in the order of that operand's memory (largest stride outermost), so a
+    channels-last operand is walked along its contiguous channels instead of across them.
     Returns (kept, reduced): lists of (size, [stride per operand])."""
     dims = [j for j in range(len(D)) if D[j] != 1]
+    if ref is not None:
+        key = lambda j: -abs(vectors[ref][j])  # noqa: E731 - stable: equal strides keep domain order
+        kept_dims = sorted((j for j in dims if j not in rd), key=key)
+        red_dims = [j for j in dims if j in rd]
+        dims = kept_dims + (red_dims if fixed_red else sorted(red_dims, key=key))
     merged: list[tuple[int, list[int], bool]] = []
     for j in dims:
         red = j in rd
@@ -397,11 +406,24 @@ def lower(graph: Graph, group: Group) -> Lowering:
     return Lowering(graph, group).lower()
 
 
+def _layout(low: Lowering):
+    """(kept, reduced) dims of a lowered group in the walk order of its memory: ordered like its
+    first domain-sized output (else its first domain-sized input); reduced dims keep the domain
+    order when an argmax/argmin must report flat indices in it."""
+    ops = low.inputs + low.outputs
+    dense = [k for k, o in enumerate(ops) if o.level != "scalar" and (low.rd == () or o.level == "full")
+             and all(o.strides[j] for j in range(len(low.D)) if low.D[j] != 1)]
+    outs = [k for k in dense if k >= len(low.inputs)]
+    ref = (outs or dense or [None])[0]  # never a broadcast operand
+    fixed = any(s.kind == "reduce" and s.op in ("argmax", "argmin") for s in low.stmts)
+    return _collapse(low.D, low.rd, [o.strides for o in ops], ref, fixed)
+
+
 def extent(low: Lowering) -> tuple[int, int, bool]:
     """(M kept indices, R reduced elements per row, whether the main input is contiguous along
     the reduction) of a lowered group, after collapsing mergeable dims."""
     ops = low.inputs + low.outputs
-    kept, red = _collapse(low.D, low.rd, [o.strides for o in ops])
+    kept, red = _layout(low)
     M = math.prod(s for s, _ in kept) if kept else 1
     R = math.prod(s for s, _ in red) if red else 1
     main = low.inputs[0] if low.inputs else None
@@ -411,7 +433,7 @@ def extent(low: Lowering) -> tuple[int, int, bool]:
 def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None = None) -> GroupKernel:
     low = low or lower(graph, group)
     ops = low.inputs + low.outputs
-    kept, red = _collapse(low.D, low.rd, [o.strides for o in ops])
+    kept, red = _layout(low)
     M = math.prod(s for s, _ in kept)
     R = math.prod(s for s, _ in red)
     pointwise = group.rdims is None
@@ -696,7 +718,10 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
     allocs, out_vars = [], []
     dev = arg_of[uniq_inputs[0]] + ".device" if uniq_inputs else "'cuda'"
     for i, op in enumerate(low.outputs):
-        allocs.append(f"out{i} = _alloc({tuple(op.shape)!r}, torch.{op.dtype}, {dev})")
+        meta = graph.meta(op.value)
+        laid_out = len(meta.shape) == len(low.D) and not meta.contiguous  # as Lowering.lower wrote it
+        stride = f", {tuple(meta.stride)!r}" if laid_out else ""  # e.g. channels-last
+        allocs.append(f"out{i} = _alloc({tuple(op.shape)!r}, torch.{op.dtype}, {dev}{stride})")
         out_vars.append(f"out{i}")
     call_args = ", ".join([arg_of[op.value] for op in low.inputs] + out_vars)
     if "parts" in extra:

@@ -11,7 +11,7 @@ value the model returns or a buffer it updates, so outputs never alias inputs.
 from __future__ import annotations
 
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
-from kernelwright.capture.shapes import contiguous_strides
+from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
 
 
 def _is_one(v) -> bool:
@@ -244,11 +244,81 @@ def fold_scalar_tensors(graph: Graph) -> tuple[Graph, list[str]]:
     return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
 
 
-def rewrite(graph: Graph) -> tuple[Graph, list[str]]:
-    """Every exact rewrite optimize applies before planning: no-ops out, constants folded, then
-    row rewrites."""
+def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
+    """Run float32 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
+    that layout through the elementwise, eval batch-norm and pooling ops that follow (as
+    torch.compile's layout optimisation does); group kernels walk such tensors in memory order.
+
+    On the H200 cuDNN's TF32 tensor-core convolutions are ~1.7x faster on NHWC operands
+    (conv_layout_probe in docs/benchmarks.md); converting the output back would cost a transposing
+    copy, so the layout propagates instead: the returned tensor may be channels-last strided
+    (same values and shape). The input and weight get one explicit channels-last copy each."""
+    import torch
+
+    from kernelwright.codegen.triton_ops import POINTWISE
+    from kernelwright.codegen.triton_pool import TARGETS as POOLS
+    from kernelwright.plan.fusion import EVAL_BN
+
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}
+    nodes, notes = [], []
+    cl: set[str] = set()
+    converted: dict[str, str] = {}
+    for n in graph.nodes:
+        if n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype == "float32" \
+                and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1:
+            args = list(n.args)
+            for k in (0, 1):
+                src = args[k].name
+                if src in cl:
+                    continue
+                if src not in converted:
+                    m = graph.meta(src)
+                    if m is None or len(m.shape) != len(n.meta.shape):
+                        break
+                    conv = OpNode(_unique(names, f"{src}_cl"), "aten.clone.default", (Ref(src),),
+                                  {"memory_format": fmt[len(m.shape)]},
+                                  [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)])
+                    nodes.append(conv)
+                    converted[src] = conv.name
+                args[k] = Ref(converted[src])
+            else:
+                m = n.meta
+                nodes.append(OpNode(n.name, n.target, tuple(args), dict(n.kwargs),
+                                    [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)], n.fx))
+                cl.add(n.name)
+                notes.append(f"{n.name}: convolution run channels-last ({', '.join(a.name for a in args[:2])})")
+                continue
+        keeps = (n.target in POINTWISE and n.meta is not None and len(n.meta.shape) in fmt
+                 and any(i in cl and graph.meta(i).shape == n.meta.shape for i in n.inputs))
+        # pooling in the library keeps a channels-last input's layout (NHWC kernels), so do its
+        # outputs and the getitems that pick them
+        keeps = keeps or (n.target in POOLS and n.inputs and n.inputs[0] in cl)
+        keeps = keeps or (n.target == EVAL_BN and n.inputs and n.inputs[0] in cl)  # elementwise
+        keeps = keeps or (n.target == "getitem" and n.args[0].name in cl and n.meta is not None
+                          and len(n.meta.shape) in fmt)
+        if keeps and n.name not in graph.mutations:
+            outs = [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype) if m is not None and len(m.shape) in fmt
+                    else m for m in n.outs]
+            n = OpNode(n.name, n.target, n.args, dict(n.kwargs), outs, n.fx)
+            cl.add(n.name)
+        nodes.append(n)
+    if not notes:
+        return graph, []
+    n_conv = len(notes)
+    notes.append(f"channels-last layout kept through {len(cl) - n_conv} elementwise and pooling values after the "
+                 "convolutions")
+    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+
+
+def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
+    """Every exact rewrite optimize applies before planning: no-ops out, constants folded, row
+    rewrites, and under the tensor-core policies (tf32, bf16) channels-last convolutions."""
     notes: list[str] = []
-    for step in (simplify, fold_scalar_tensors, row_rewrites):
+    steps = [simplify, fold_scalar_tensors, row_rewrites]
+    if policy in ("tf32", "bf16"):
+        steps.append(channels_last_convs)
+    for step in steps:
         graph, more = step(graph)
         notes += more
     return graph, notes

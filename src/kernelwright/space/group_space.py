@@ -25,7 +25,8 @@ def group_space(M: int, R: int, pointwise: bool) -> list[Config]:
     rp = next_pow2(R)
     mp = next_pow2(M)
     if needs_split(M, R):
-        return Space("triton.split", [Axis("BLOCK_M", [1, 2, 4]), Axis("BLOCK_R", [1024, 2048, 4096]),
+        # wide BLOCK_M with short BLOCK_R: rows side by side, for channels-last (strided) reductions
+        return Space("triton.split", [Axis("BLOCK_M", [1, 2, 4, 8, 16, 32]), Axis("BLOCK_R", [128, 256, 1024, 2048, 4096]),
                                       Axis("SPLIT", [32, 64, 128, 256, 512, 1024]), Axis("num_warps", [4, 8])],
                      [lambda c: 132 <= M * c["SPLIT"] // c["BLOCK_M"] <= 16384 and c["BLOCK_M"] <= mp, _warps_fit],
                      fixed={"one_pass": False, "num_stages": 1}).configs()
@@ -60,6 +61,11 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -
     rp = next_pow2(R)
     if needs_split(M, R):
         split = min(1024, max(32, next_pow2(1056 // max(M, 1))))
+        if not r_contiguous:  # neighbouring rows are contiguous: read 32 of them side by side
+            bm = min(32, next_pow2(M))
+            split = min(1024, max(32, next_pow2(1056 * bm // max(M, 1))))
+            return Config.make("triton.split", BLOCK_M=bm, BLOCK_R=128, SPLIT=split, one_pass=False, num_warps=8,
+                               num_stages=1)
         return Config.make("triton.split", BLOCK_M=1, BLOCK_R=2048, SPLIT=split, one_pass=False, num_warps=8, num_stages=1)
     if not r_contiguous:
         bm, br = min(32, next_pow2(M)), min(32, rp)

@@ -2,8 +2,11 @@
 import torch
 
 
-def _alloc(shape, dtype, device):
-    """Output allocation; verification replaces this with a NaN-poisoning allocator."""
+def _alloc(shape, dtype, device, stride=None):
+    """Output allocation (contiguous, or with the given strides, e.g. channels-last); verification
+    replaces this with a NaN-poisoning allocator."""
+    if stride is not None:
+        return torch.empty_strided(shape, stride, dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
