@@ -148,3 +148,10 @@ def test_depthwise_convs_stay_in_their_layout():
     g = capture(from_module(conv, [torch.randn(1, 4, 6, 6)]))
     s, notes = rewrite(g, "tf32")
     assert not any("channels-last" in n for n in notes)
+
+
+def test_convs_feeding_a_norm_stay_nchw():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8))
+    g = capture(from_module(model, [torch.randn(1, 3, 6, 6)]))
+    s, notes = rewrite(g, "tf32")
+    assert not any("channels-last" in n for n in notes)

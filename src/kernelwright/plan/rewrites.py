@@ -248,6 +248,9 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     """Run float32 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
     torch.compile's layout optimisation does); group kernels walk such tensors in memory order.
+    Convolutions feeding a group / instance / training batch norm stay NCHW: the library norms
+    refuse channels-last inputs and the fused norm kernels read it with strided rows (measured
+    slower on the H200 for resnet_basic_block).
 
     On the H200 cuDNN's TF32 tensor-core convolutions are ~1.7x faster on NHWC operands
     (conv_layout_probe in docs/benchmarks.md); converting the output back would cost a transposing
@@ -257,7 +260,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
 
     from kernelwright.codegen.triton_ops import POINTWISE
     from kernelwright.codegen.triton_pool import TARGETS as POOLS
-    from kernelwright.plan.fusion import EVAL_BN
+    from kernelwright.plan.fusion import EVAL_BN, NORMS
 
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     fmt = {4: torch.channels_last, 5: torch.channels_last_3d}
@@ -266,7 +269,8 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     converted: dict[str, str] = {}
     for n in graph.nodes:
         if n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype == "float32" \
-                and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1:
+                and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1 \
+                and not any(u.target in NORMS for u in graph.users(n.name)):
             args = list(n.args)
             for k in (0, 1):
                 src = args[k].name
