@@ -1,10 +1,16 @@
 """Dev tool (GPU): print the Triton code torch.compile generates for problems, to study its choices.
 
-usage: TORCH_LOGS=output_code python3 scripts/dump_compile_code.py PROBLEM.py... 2> code.txt
+usage: TORCH_LOGS=output_code python3 scripts/dump_compile_code.py [--tf32] PROBLEM.py... 2> code.txt
 """
 import sys
 
 import torch
+
+if "--tf32" in sys.argv:
+    sys.argv.remove("--tf32")
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+else:
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 
 from kernelwright.problem import load_problem
 

@@ -186,3 +186,18 @@ def test_channels_last_group_walks_memory_order_and_writes_channels_last(tmp_pat
     out = outs[0]
     assert out.stride() == channels_last_strides(out.shape)
     torch.testing.assert_close(out, env[k.outputs[0]], rtol=1e-5, atol=1e-5)
+
+
+def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():
+    from kernelwright.codegen.triton_group import extent, lower, needs_int64
+
+    small = Fn(lambda s, x: torch.softmax(x, -1))
+    for shape, wide in (((64, 1024), False), ((65536, 40000), True)):
+        x = torch.empty(shape, device="meta")
+        graph = capture(from_module(small, [x]))
+        group = plan_graph(graph).groups[0]
+        low = lower(graph, group)
+        M, R, _ = extent(low)
+        assert needs_int64(low, M + 1, R + 1024) is wide
+        src = render_group(graph, group, {"BLOCK_M": 1, "BLOCK_R": 1024, "one_pass": False, "num_warps": 4}, low).source
+        assert (".to(tl.int64) * BLOCK_M" in src) is wide

@@ -457,7 +457,7 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         parts = [p for p in parts if p]
         return op.param + (" + " + " + ".join(parts) if parts else "")
 
-    evict = bool(config.get("EVICT", False)) and not pointwise
+    evict = bool(config.get("EVICT", False)) and not pointwise and not one_pass
 
     def render(s: Stmt, last_read: bool = True) -> list[str]:
         """Lines for one load, expression or store (the same text in a tile, a loop or at top level).
@@ -578,7 +578,15 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
 
     return _finish_render("group.py.j2", graph, group, low, config, M, R, dict(
         pointwise=pointwise, one_pass=one_pass, index_m=kept_lines, index_r=red_lines, body=body, phases=phases,
-        BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R))
+        BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, int64=needs_int64(low, M + BLOCK_M, R + BLOCK_R)))
+
+
+def needs_int64(low: "Lowering", m_end: int, r_end: int) -> bool:
+    """Whether an index or an element offset of some operand can reach 2**31 (else the kernel
+    computes addresses in int32, as compiled reductions do: fewer registers and instructions)."""
+    limit = 2**31 - 1
+    far = max((sum((d - 1) * abs(s) for d, s in zip(low.D, o.strides)) for o in low.inputs + low.outputs), default=0)
+    return far >= limit or m_end >= limit or r_end >= limit
 
 
 def _closure(low: "Lowering", by_var: dict, roots) -> list[Stmt]:

@@ -31,11 +31,14 @@ def group_space(M: int, R: int, pointwise: bool) -> list[Config]:
                      [lambda c: 132 <= M * c["SPLIT"] // c["BLOCK_M"] <= 16384 and c["BLOCK_M"] <= mp, _warps_fit],
                      fixed={"one_pass": False, "num_stages": 1}).configs()
     configs: list[Config] = []
-    evict = Axis("EVICT", [False, True])  # L2 eviction hints on the domain-sized loads
+    # L2 eviction hints for multi-pass rows (first reads evict_last, last reads evict_first): on
+    # the H200 they sped up two-pass rms/layer norm and 65536-wide log-softmax; a one-pass row's
+    # evict_first loads measured slower, so one-pass configs carry none
+    evict = Axis("EVICT", [False, True])
     if rp <= 16384:
-        configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("num_warps", [1, 2, 4, 8, 16]), evict],
+        configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("num_warps", [1, 2, 4, 8, 16])],
                          [lambda c: c["BLOCK_M"] <= mp and c["BLOCK_M"] * rp <= 16384, _warps_fit],
-                         fixed={"BLOCK_R": rp, "one_pass": True, "num_stages": 1}).configs()
+                         fixed={"BLOCK_R": rp, "one_pass": True, "num_stages": 1, "EVICT": False}).configs()
     if rp >= 32:
         configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("BLOCK_R", pow2_range(16, min(rp // 2, 4096))),
                                         Axis("num_warps", [1, 2, 4, 8, 16]), evict],
