@@ -129,7 +129,7 @@ def test_tf32_runs_dense_convs_channels_last_and_keeps_the_layout_downstream():
     g = capture(from_module(model, [x]))
     assert rewrite(g, "fp32")[0].node("convolution").meta.stride == g.node("convolution").meta.stride
     s, notes = rewrite(g, "tf32")
-    conv = s.node("convolution")
+    conv = next(n for n in s.nodes if n.target == "aten.convolution.default")
     assert all(s.node(a.name).target == "aten.clone.default" for a in conv.args[:2])
     assert conv.meta.stride == channels_last_strides(conv.meta.shape)
     relu = next(n for n in s.nodes if n.target == "aten.relu.default")
@@ -139,7 +139,7 @@ def test_tf32_runs_dense_convs_channels_last_and_keeps_the_layout_downstream():
         env = run_graph(s, model, [x], keep=True)
     torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-5)
     # what the library really produces agrees with the recorded layout
-    assert env["convolution"].stride() == conv.meta.stride
+    assert env[conv.name].stride() == conv.meta.stride
     assert env[relu.name].stride() == relu.meta.stride
 
 
@@ -155,3 +155,25 @@ def test_convs_feeding_a_norm_stay_nchw():
     g = capture(from_module(model, [torch.randn(1, 3, 6, 6)]))
     s, notes = rewrite(g, "tf32")
     assert not any("channels-last" in n for n in notes)
+
+
+def test_conv_bias_is_split_off_where_the_add_fuses_with_the_consumer():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    x = torch.randn(2, 3, 7, 7)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g)
+    conv = next(n for n in s.nodes if n.target == "aten.convolution.default")
+    assert conv.args[2] is None and any("bias" in n for n in notes)
+    plan = plan_graph(s)
+    grp = next(p for p in plan.groups if "relu" in p.nodes)
+    assert any(s.node(n).target == "aten.add.Tensor" for n in grp.nodes)  # the bias add joins the relu
+    _close(g, s, model, [x])
+
+
+def test_conv_bias_stays_for_depthwise_norm_consumers_and_outputs():
+    for model in (nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.ReLU()),
+                  nn.Sequential(nn.Conv2d(4, 8, 3), nn.GroupNorm(2, 8)),
+                  nn.Conv2d(4, 8, 3)):
+        g = capture(from_module(model, [torch.randn(1, 4, 6, 6)]))
+        _, notes = rewrite(g)
+        assert not any("bias" in n for n in notes), model

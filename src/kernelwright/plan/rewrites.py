@@ -244,6 +244,51 @@ def fold_scalar_tensors(graph: Graph) -> tuple[Graph, list[str]]:
     return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
 
 
+def _fuses_over(graph: Graph, user: OpNode, shape) -> bool:
+    """Whether `user` can join a group over `shape` that an add producing its input starts: an
+    elementwise op, eval batch norm, or a reduction / row composite over that same domain."""
+    from kernelwright.codegen.triton_ops import POINTWISE
+    from kernelwright.plan.fusion import COMPOSITES, EVAL_BN, REDUCTIONS, reduction_spec
+
+    if user.target in POINTWISE or user.target == EVAL_BN:
+        return True
+    if user.target in REDUCTIONS | COMPOSITES:
+        spec = reduction_spec(user, graph)
+        return spec is not None and tuple(spec[0]) == tuple(shape)
+    return False
+
+
+def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
+    """convolution(x, w, b) -> convolution(x, w, None) + b.view(C, 1, ...) for dense (groups=1)
+    convolutions. Eager adds the bias in a separate pass over the output anyway (cuDNN computes
+    the convolution alone); as an explicit add it fuses into the kernel that follows (an
+    activation, a reduction, a norm), which then reads the convolution's output once. The add is
+    the same IEEE operation, so results are bit-identical. Kept in the convolution: depthwise
+    convolutions (their template fuses the bias) and convolutions read by anything the add could
+    not fuse with (a group norm over a regrouped domain, a pooling, a model output)."""
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    nodes, notes = [], []
+    for n in graph.nodes:
+        b = n.args[2] if n.target == "aten.convolution.default" and len(n.args) > 8 else None
+        if not isinstance(b, Ref) or n.args[8] != 1 or n.meta is None or len(n.meta.shape) < 3 \
+                or graph.meta(b.name) is None or len(graph.meta(b.name).shape) != 1 \
+                or n.name in graph.outputs or not graph.users(n.name) \
+                or not all(_fuses_over(graph, u, n.meta.shape) for u in graph.users(n.name)):
+            nodes.append(n)
+            continue
+        bm, m = graph.meta(b.name), n.meta
+        view_shape = (bm.shape[0],) + (1,) * (len(m.shape) - 2)
+        conv = OpNode(_unique(names, f"{n.name}_nobias"), n.target, (*n.args[:2], None, *n.args[3:]), dict(n.kwargs),
+                      [m], n.fx)
+        view = OpNode(_unique(names, f"{b.name}_view"), "aten.view.default", (b, list(view_shape)), {},
+                      [TensorMeta(view_shape, contiguous_strides(view_shape), bm.dtype)])
+        nodes += [conv, view, OpNode(n.name, "aten.add.Tensor", (Ref(conv.name), Ref(view.name)), {}, n.outs)]
+        notes.append(f"{n.name}: bias {b.name} added after the convolution ({conv.name}), fusible with what follows")
+    if not notes:
+        return graph, []
+    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+
+
 def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     """Run float32 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
@@ -316,10 +361,11 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
 
 
 def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
-    """Every exact rewrite optimize applies before planning: no-ops out, constants folded, row
-    rewrites, and under the tensor-core policies (tf32, bf16) channels-last convolutions."""
+    """Every exact rewrite optimize applies before planning: no-ops out, constants folded,
+    convolution biases split off, row rewrites, and under the tensor-core policies (tf32, bf16)
+    channels-last convolutions."""
     notes: list[str] = []
-    steps = [simplify, fold_scalar_tensors, row_rewrites]
+    steps = [simplify, fold_scalar_tensors, split_conv_bias, row_rewrites]
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
     for step in steps:
