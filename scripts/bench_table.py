@@ -11,9 +11,25 @@ def fmt(v, nd=3):
     return f"{v:.{nd}f}" if isinstance(v, (int, float)) else "-"
 
 
+def baseline_table(data: dict) -> str:
+    """`bench --baseline-only`: eager and torch.compile times, no kernelwright column."""
+    opts = data["options"]
+    out = [f"### baselines only, {opts['precision']} — {data['gpu']}, torch {data['torch']}", "",
+           "| level | n | compile / eager (geomean) |", "|---|---:|---:|"]
+    out += [f"| {lvl} | {s['n']} | {fmt(s.get('compile_over_eager'))} |" for lvl, s in data["summary"].items()]
+    out += ["", "| problem | eager ms | compile ms | compile / eager |", "|---|---:|---:|---:|"]
+    for r in sorted(data["rows"], key=lambda r: (r.get("level") or 0, r["problem"])):
+        t = r.get("times", {})
+        e, c = t.get("eager"), t.get("compile")
+        out.append(f"| L{r.get('level')} {r['problem']} | {fmt(e)} | {fmt(c)} | {fmt(e / c if e and c else None, 2)} |")
+    return "\n".join(out)
+
+
 def table(path: str) -> str:
     data = json.load(open(path))
     opts = data["options"]
+    if opts.get("baseline_only"):
+        return baseline_table(data)
     out = [f"### {opts['precision']} — {data['gpu']}, torch {data['torch']}, budget {opts['trials']} trials/problem", ""]
     out += ["| level | n | correct | kw / compile (geomean) | kw / eager | compile / eager | fast_1 vs compile | fast_2 vs compile |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
