@@ -177,3 +177,11 @@ def test_conv_bias_stays_for_depthwise_norm_consumers_and_outputs():
         g = capture(from_module(model, [torch.randn(1, 4, 6, 6)]))
         _, notes = rewrite(g)
         assert not any("bias" in n for n in notes), model
+
+
+def test_a_conv_whose_bias_add_feeds_a_training_batch_norm_stays_nchw():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).train()
+    g = capture(from_module(model, [torch.randn(2, 3, 6, 6)]))
+    s, notes = rewrite(g, "tf32")
+    assert any("bias" in n for n in notes)  # the add fuses into the batch-norm group ...
+    assert not any("channels-last" in n for n in notes)  # ... which reads NCHW rows

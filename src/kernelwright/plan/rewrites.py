@@ -289,6 +289,21 @@ def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
     return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
 
 
+def _feeds(graph: Graph, name: str, targets: set[str], through: dict | set) -> bool:
+    """Whether `name` is read by a node with one of `targets`, directly or through a chain of
+    `through` ops (e.g. a norm after the bias add that split_conv_bias inserted)."""
+    stack, seen = [name], set()
+    while stack:
+        v = stack.pop()
+        for u in graph.users(v):
+            if u.target in targets:
+                return True
+            if u.target in through and u.name not in seen:
+                seen.add(u.name)
+                stack.append(u.name)
+    return False
+
+
 def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     """Run float32 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
@@ -315,7 +330,8 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     for n in graph.nodes:
         if n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype == "float32" \
                 and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1 \
-                and not any(u.target in NORMS for u in graph.users(n.name)):
+                and all(graph.meta(a.name) is not None and len(graph.meta(a.name).shape) == len(n.meta.shape)
+                        for a in n.args[:2]) and not _feeds(graph, n.name, NORMS, POINTWISE):
             args = list(n.args)
             for k in (0, 1):
                 src = args[k].name
@@ -323,21 +339,18 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
                     continue
                 if src not in converted:
                     m = graph.meta(src)
-                    if m is None or len(m.shape) != len(n.meta.shape):
-                        break
                     conv = OpNode(_unique(names, f"{src}_cl"), "aten.clone.default", (Ref(src),),
                                   {"memory_format": fmt[len(m.shape)]},
                                   [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)])
                     nodes.append(conv)
                     converted[src] = conv.name
                 args[k] = Ref(converted[src])
-            else:
-                m = n.meta
-                nodes.append(OpNode(n.name, n.target, tuple(args), dict(n.kwargs),
-                                    [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)], n.fx))
-                cl.add(n.name)
-                notes.append(f"{n.name}: convolution run channels-last ({', '.join(a.name for a in args[:2])})")
-                continue
+            m = n.meta
+            nodes.append(OpNode(n.name, n.target, tuple(args), dict(n.kwargs),
+                                [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)], n.fx))
+            cl.add(n.name)
+            notes.append(f"{n.name}: convolution run channels-last ({', '.join(a.name for a in args[:2])})")
+            continue
         keeps = (n.target in POINTWISE and n.meta is not None and len(n.meta.shape) in fmt
                  and any(i in cl and graph.meta(i).shape == n.meta.shape for i in n.inputs))
         # pooling in the library keeps a channels-last input's layout (NHWC kernels), so do its
