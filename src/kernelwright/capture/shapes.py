@@ -71,3 +71,15 @@ def channels_last_strides(shape) -> tuple[int, ...]:
     c, spatial = shape[1], tuple(shape[2:])
     inner = contiguous_strides(spatial + (c,))  # strides of [*spatial, C]
     return (c * math.prod(spatial), inner[-1]) + tuple(inner[:-1])
+
+
+def dense_permuted(shape, stride) -> bool:
+    """Whether a layout covers its elements exactly once, in some order of the dims (contiguous,
+    channels-last, a transpose; not an expanded / stride-0 or a sliced view)."""
+    dims = sorted((st, sh) for sh, st in zip(shape, stride) if sh != 1)
+    expect = 1
+    for st, sh in dims:
+        if st != expect:
+            return False
+        expect *= sh
+    return True

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
-from kernelwright.capture.shapes import broadcast_strides, contiguous_strides, refine_strides
+from kernelwright.capture.shapes import broadcast_strides, contiguous_strides, dense_permuted, refine_strides
 from kernelwright.codegen.templating import launch_helpers, template_text, triton_env
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
 from kernelwright.plan.fusion import EVAL_BN, FREE_VIEWS, Group, reduction_spec, row_shapes
@@ -158,14 +158,14 @@ class Lowering:
                 level = "full" if level == "row" and tuple(meta.shape) != row_shapes(self.D, self.rd)[0] else level
             # domain-ranked outputs are written in their recorded layout (e.g. channels-last, see
             # _finish_render's allocation); others contiguous
-            same_rank = len(meta.shape) == len(self.D)
+            same_rank = len(meta.shape) == len(self.D) and dense_permuted(meta.shape, meta.stride)
             lay = meta if same_rank else TensorMeta(meta.shape, contiguous_strides(meta.shape), meta.dtype)
             if level == "full":
                 strides = refine_strides(tuple(meta.shape), lay.stride, self.D)
                 if strides is None:
                     raise Unsupported(f"output {name} shape {meta.shape} is not a view of the domain")
             else:
-                strides = self._domain_strides(lay, "full" if same_rank else "row")
+                strides = self._domain_strides(lay, "full" if len(meta.shape) == len(self.D) else "row")
             op = Operand(f"out{len(self.outputs)}", name, strides, level, meta.dtype, meta.shape)
             self.outputs.append(op)
             self.stmts.append(Stmt(var + "_st", level, "store", deps=(var,), operand=op))
@@ -727,7 +727,8 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
     dev = arg_of[uniq_inputs[0]] + ".device" if uniq_inputs else "'cuda'"
     for i, op in enumerate(low.outputs):
         meta = graph.meta(op.value)
-        laid_out = len(meta.shape) == len(low.D) and not meta.contiguous  # as Lowering.lower wrote it
+        laid_out = (len(meta.shape) == len(low.D) and not meta.contiguous  # as Lowering.lower wrote it
+                    and dense_permuted(meta.shape, meta.stride))
         stride = f", {tuple(meta.stride)!r}" if laid_out else ""  # e.g. channels-last
         allocs.append(f"out{i} = _alloc({tuple(op.shape)!r}, torch.{op.dtype}, {dev}{stride})")
         out_vars.append(f"out{i}")
