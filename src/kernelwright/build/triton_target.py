@@ -122,7 +122,9 @@ def compile_module_for_target(module, args: list, arch: int = 90) -> list[Target
 
 @contextlib.contextmanager
 def _compiled_mode():
-    """Import with @triton.jit making compilable JIT functions, even under TRITON_INTERPRET=1."""
+    """Import with @triton.jit making compilable JIT functions. Run in a process that never set
+    TRITON_INTERPRET=1: Triton's own modules imported in interpreter mode (its standard library,
+    gluon) cannot be compiled from later."""
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "0"
     try:

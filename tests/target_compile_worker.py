@@ -1,0 +1,83 @@
+"""Worker for test_target_compile.py, run in a fresh process without TRITON_INTERPRET (Triton
+modules imported in interpreter mode cannot compile later): compiles the first candidates of the
+given problems for sm_90 and writes {case: [failure lines]} as JSON.
+
+usage: python tests/target_compile_worker.py OUT.json PROBLEM.py:POLICY ...
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kernelwright.build.triton_target import compile_source_for_target, meta_tensor
+from kernelwright.capture import capture
+from kernelwright.codegen.node_kernels import template_for, used_outputs
+from kernelwright.codegen.triton_group import Unsupported, extent, lower, render_group
+from kernelwright.plan import plan_graph
+from kernelwright.plan.rewrites import rewrite
+from kernelwright.problem import load_problem
+from kernelwright.space.group_space import seed_configs
+
+SPLIT = dict(BLOCK_M=1, BLOCK_R=1024, SPLIT=64, num_warps=4, num_stages=1, one_pass=False)
+
+
+def _args(graph, names):
+    return [meta_tensor(graph.meta(v).shape, graph.meta(v).stride, getattr(torch, graph.meta(v).dtype)) for v in names]
+
+
+def candidates(graph, plan):
+    """(label, module text, input names) of the first candidates of every unit."""
+    for unit in plan.units:
+        if unit.group is not None:
+            grp = unit.group
+            try:
+                low = lower(graph, grp)
+            except Unsupported:  # left to the library
+                continue
+            M, R, contig = extent(low)
+            configs = [c.as_dict() for c in seed_configs(M, R, grp.rdims is None, contig)[:3]]
+            if grp.rdims is not None:
+                configs.append(SPLIT)
+            for cfg in configs:
+                try:
+                    k = render_group(graph, grp, cfg, low)
+                except Unsupported:
+                    continue
+                yield f"{grp.id} {cfg}", k.source, k.inputs
+        else:
+            node = graph.node(unit.node)
+            template, _ = template_for(graph, node)
+            if template is None or not template.name.startswith("triton"):
+                continue  # library, or a torch layout variant: nothing to compile
+            k = template.render(graph, node, template.default(graph, node).as_dict(), used_outputs(graph, node))
+            yield f"{node.name} {template.name}", k.source, k.inputs
+
+
+def check(path: str, policy: str, cache: Path) -> list[str]:
+    graph, _ = rewrite(capture(load_problem(path)), policy)
+    failures = []
+    for label, text, inputs in candidates(graph, plan_graph(graph)):
+        builds = compile_source_for_target(text, "unit", _args(graph, inputs), cache)
+        if not builds:
+            failures.append(f"{label}: the launcher launched no kernel")
+        failures += [f"{label} {b.kernel}: {b.error}" for b in builds if b.error]
+    return failures
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
+    out, cases = sys.argv[1], sys.argv[2:]
+    cache = Path(tempfile.mkdtemp(prefix="kw_sm90_"))
+    results = {}
+    for case in cases:
+        path, policy = case.rsplit(":", 1)
+        try:
+            results[case] = check(path, policy, cache)
+        except Exception as e:  # noqa: BLE001 - reported per case
+            results[case] = [f"worker error: {type(e).__name__}: {e}"]
+    Path(out).write_text(json.dumps(results))
