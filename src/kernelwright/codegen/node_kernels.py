@@ -66,9 +66,11 @@ def templates() -> list[NodeTemplate]:
     except ImportError:
         pass
     from kernelwright.codegen.triton_depthwise import TEMPLATE as depthwise
+    from kernelwright.codegen.triton_layout import TEMPLATE as layout_copy
     from kernelwright.codegen.conv_layout import TEMPLATE as conv_layout
 
     found.append(depthwise)  # before the layout variant: a depthwise conv gets the direct kernel
+    found.append(layout_copy)
 
     found.append(conv_layout)
     return found

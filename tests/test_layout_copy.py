@@ -1,0 +1,58 @@
+"""The layout-copy node template: NCHW <-> channels-last copies as a tiled Triton transpose."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from kernelwright.build.pyload import load_module_from_source  # noqa: E402
+from kernelwright.capture import capture  # noqa: E402
+from kernelwright.capture.shapes import channels_last_strides  # noqa: E402
+from kernelwright.codegen.node_kernels import template_for, used_outputs  # noqa: E402
+from kernelwright.plan.rewrites import rewrite  # noqa: E402
+from kernelwright.problem import from_module  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+
+
+class ToLayout(nn.Module):
+    """x -> channels-last copy (-> * 1.5 -> back to contiguous when `back`)."""
+
+    def __init__(self, fmt, back):
+        super().__init__()
+        self.fmt, self.back = fmt, back
+
+    def forward(self, x):
+        y = x.clone(memory_format=self.fmt) * 1.5
+        return y.clone(memory_format=torch.contiguous_format) if self.back else y
+
+
+@pytest.mark.parametrize("shape,fmt,back", [((2, 5, 7, 3), torch.channels_last, False),
+                                            ((2, 5, 7, 3), torch.channels_last, True),
+                                            ((1, 3, 4, 5, 6), torch.channels_last_3d, False)])
+def test_layout_copy_matches_torch_and_writes_the_target_layout(shape, fmt, back, tmp_path):
+    graph = capture(from_module(ToLayout(fmt, back), [torch.randn(shape)]))
+    node = [n for n in graph.nodes if n.target == "aten.clone.default"][-1]
+    src = graph.meta(node.args[0].name)
+    x = torch.empty_strided(src.shape, src.stride).copy_(torch.randn(shape))
+    template, why = template_for(graph, node)
+    assert template is not None and template.name == "triton.layout_copy", why
+    space = template.space(graph, node)
+    assert template.default(graph, node) in space
+    for cfg in (template.default(graph, node), space[0], space[-1]):
+        k = template.render(graph, node, cfg.as_dict(), used_outputs(graph, node))
+        mod = load_module_from_source(k.source, f"layout_{len(shape)}_{back}", tmp_path)
+        (y,) = mod.launch(x)
+        assert torch.equal(y, x) and y.stride() == node.meta.stride
+
+
+def test_the_tf32_rewrite_inserts_copies_this_template_takes():
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    graph, _ = rewrite(capture(from_module(conv, [torch.randn(1, 3, 8, 8)])), "tf32")
+    copies = [n for n in graph.nodes if n.target == "aten.clone.default"]
+    assert copies and all(n.meta.stride == channels_last_strides(n.meta.shape) for n in copies)
+    assert all(template_for(graph, n)[0].name == "triton.layout_copy" for n in copies)
