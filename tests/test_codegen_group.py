@@ -171,21 +171,25 @@ def test_channels_last_group_walks_memory_order_and_writes_channels_last(tmp_pat
     from kernelwright.capture.shapes import channels_last_strides
     from kernelwright.plan.rewrites import rewrite
 
-    conv = nn.Conv2d(3, 8, 3, padding=1)
-    model = Fn(lambda s, x: torch.tanh(s.conv(x)) * 3.0 + 1.0)
-    model.conv = conv
+    model = Fn(lambda s, x: torch.relu(s.conv2(torch.tanh(s.conv(x)) * 3.0 + 1.0)))
+    model.conv, model.conv2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 1)
     x = torch.randn(2, 3, 6, 5)
     graph, _ = rewrite(capture(from_module(model, [x])), "tf32")
     plan = plan_graph(graph)
     with torch.no_grad():
         env = run_graph(graph, model, [x], keep=True)
-    group = next(g for g in plan.groups if g.rdims is None)
+    group = next(g for g in plan.groups if any(graph.node(n).target == "aten.tanh.default" for n in g.nodes))
     k, _, outs = _run(graph, group, env, POINTWISE, tmp_path, "cl")
-    # one flat index walks input and output contiguously (no per-dim coordinates)
+    # between two channels-last convolutions: one flat index walks input and output contiguously
     assert "mc0" not in k.source and "om_in0 = m" in k.source
     out = outs[0]
     assert out.stride() == channels_last_strides(out.shape)
     torch.testing.assert_close(out, env[k.outputs[0]], rtol=1e-5, atol=1e-5)
+    # the last bias add + relu computes the model's output: written in eager's layout
+    last = next(g for g in plan.groups if graph.outputs[0] in g.outputs)
+    k2, _, outs2 = _run(graph, last, env, POINTWISE, tmp_path, "cl_out")
+    assert outs2[0].is_contiguous()
+    torch.testing.assert_close(outs2[0], env[graph.outputs[0]], rtol=1e-5, atol=1e-5)
 
 
 def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():

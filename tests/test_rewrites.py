@@ -134,6 +134,8 @@ def test_tf32_runs_dense_convs_channels_last_and_keeps_the_layout_downstream():
     assert conv.meta.stride == channels_last_strides(conv.meta.shape)
     relu = next(n for n in s.nodes if n.target == "aten.relu.default")
     assert relu.meta.stride == channels_last_strides(relu.meta.shape)
+    out = s.node(s.outputs[0])  # what the model returns keeps eager's (contiguous) layout
+    assert out.meta.stride == g.node(g.outputs[0]).meta.stride
     with torch.no_grad():
         ref, out = run_graph(g, model, [x]), run_graph(s, model, [x])
         env = run_graph(s, model, [x], keep=True)

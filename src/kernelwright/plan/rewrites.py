@@ -313,9 +313,9 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     slower on the H200 for resnet_basic_block).
 
     On the H200 cuDNN's TF32 tensor-core convolutions are ~1.7x faster on NHWC operands
-    (conv_layout_probe in docs/benchmarks.md); converting the output back would cost a transposing
-    copy, so the layout propagates instead: the returned tensor may be channels-last strided
-    (same values and shape). The input and weight get one explicit channels-last copy each."""
+    (conv_layout_probe in docs/benchmarks.md). The input and weight get one explicit
+    channels-last copy each; values the model returns keep eager's layout (the kernel that computes
+    them writes NCHW), so the module stays a drop-in replacement, as torch.compile's does."""
     import torch
 
     from kernelwright.codegen.triton_ops import POINTWISE
@@ -359,7 +359,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
         keeps = keeps or (n.target == EVAL_BN and n.inputs and n.inputs[0] in cl)  # elementwise
         keeps = keeps or (n.target == "getitem" and n.args[0].name in cl and n.meta is not None
                           and len(n.meta.shape) in fmt)
-        if keeps and n.name not in graph.mutations:
+        if keeps and n.name not in graph.mutations and n.name not in graph.outputs:
             outs = [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype) if m is not None and len(m.shape) in fmt
                     else m for m in n.outs]
             n = OpNode(n.name, n.target, n.args, dict(n.kwargs), outs, n.fx)
