@@ -17,11 +17,11 @@ import torch
 from kernelwright.build.triton_target import compile_source_for_target, meta_tensor
 from kernelwright.capture import capture
 from kernelwright.codegen.node_kernels import template_for, used_outputs
-from kernelwright.codegen.triton_group import Unsupported, extent, lower, render_group
+from kernelwright.codegen.triton_group import Unsupported, extent, lower, render_group, transposed_walk
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.problem import load_problem
-from kernelwright.space.group_space import seed_configs
+from kernelwright.space.group_space import seed_configs, tiled_default
 
 SPLIT = dict(BLOCK_M=1, BLOCK_R=1024, SPLIT=64, num_warps=4, num_stages=1, one_pass=False)
 
@@ -41,6 +41,8 @@ def candidates(graph, plan):
                 continue
             M, R, contig = extent(low)
             configs = [c.as_dict() for c in seed_configs(M, R, grp.rdims is None, contig)[:3]]
+            if grp.rdims is None and transposed_walk(low) is not None:
+                configs.insert(0, tiled_default().as_dict())
             if grp.rdims is not None:
                 configs.append(SPLIT)
             for cfg in configs:

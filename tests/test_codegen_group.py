@@ -169,7 +169,9 @@ def test_one_pass_needs_block_r_ge_r():
 
 def test_channels_last_group_walks_memory_order_and_writes_channels_last(tmp_path):
     from kernelwright.capture.shapes import channels_last_strides
+    from kernelwright.codegen.triton_group import Unsupported, lower, transposed_walk
     from kernelwright.plan.rewrites import rewrite
+    from kernelwright.space.group_space import tiled_default
 
     model = Fn(lambda s, x: torch.relu(s.conv2(torch.tanh(s.conv(x)) * 3.0 + 1.0)))
     model.conv, model.conv2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 4, 1)
@@ -187,9 +189,14 @@ def test_channels_last_group_walks_memory_order_and_writes_channels_last(tmp_pat
     torch.testing.assert_close(out, env[k.outputs[0]], rtol=1e-5, atol=1e-5)
     # the last bias add + relu computes the model's output: written in eager's layout
     last = next(g for g in plan.groups if graph.outputs[0] in g.outputs)
-    k2, _, outs2 = _run(graph, last, env, POINTWISE, tmp_path, "cl_out")
-    assert outs2[0].is_contiguous()
-    torch.testing.assert_close(outs2[0], env[graph.outputs[0]], rtol=1e-5, atol=1e-5)
+    assert transposed_walk(lower(graph, last)) is not None
+    for tag, cfg in (("flat", POINTWISE), ("tiled", tiled_default().as_dict())):
+        k2, _, outs2 = _run(graph, last, env, cfg, tmp_path, f"cl_out_{tag}")
+        assert outs2[0].is_contiguous()
+        torch.testing.assert_close(outs2[0], env[graph.outputs[0]], rtol=1e-5, atol=1e-5)
+    assert "BLOCK_Q" in k2.source and "tl.program_id(2)" in k2.source
+    with pytest.raises(Unsupported):  # the first group's operands agree: no tiled walk
+        render_group(graph, group, tiled_default().as_dict())
 
 
 def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():

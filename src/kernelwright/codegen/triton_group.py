@@ -419,6 +419,28 @@ def _layout(low: Lowering):
     return _collapse(low.D, low.rd, [o.strides for o in ops], ref, fixed)
 
 
+def transposed_walk(low: Lowering):
+    """For a pointwise group whose operands disagree on the innermost dim (a channels-last input
+    written to an NCHW output, say): (outer dims, Q dim, P dim) of the collapsed domain, with P the
+    output's contiguous dim and Q the input's, each as (size, [stride per operand]); else None.
+    Such a group can walk [BLOCK_Q, BLOCK_P] tiles so both sides are read / written coalesced."""
+    if low.rd:
+        return None
+    kept, _ = _layout(low)
+    if len(kept) < 2:
+        return None
+    ops = low.inputs + low.outputs
+    for k, op in enumerate(ops):
+        if op.level == "scalar" or k >= len(low.inputs):
+            continue
+        unit = [j for j, (_, st) in enumerate(kept) if abs(st[k]) == 1]
+        if unit and unit[0] != len(kept) - 1 and all(st[k] for _, st in kept):
+            q = unit[0]
+            outer = [d for j, d in enumerate(kept) if j not in (q, len(kept) - 1)]
+            return outer, kept[q], kept[-1]
+    return None
+
+
 def extent(low: Lowering) -> tuple[int, int, bool]:
     """(M kept indices, R reduced elements per row, whether the main input is contiguous along
     the reduction) of a lowered group, after collapsing mergeable dims."""
@@ -443,7 +465,15 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         raise Unsupported("one_pass needs BLOCK_R >= R")
     used_m = {o.param for o in ops if o.level != "scalar"}
     used_r = {o.param for o in ops if o.level == "full"}
-    kept_lines, m_off = _index_lines("m", "m", kept, ops, used_m) if kept else ([], {p: None for p in used_m})
+    tiled = None
+    if pointwise and config.get("TILED"):
+        tiled = transposed_walk(low)
+        if tiled is None:
+            raise Unsupported("a tiled walk needs operands that disagree on the innermost dim")
+    if tiled is not None:
+        kept_lines, m_off = _tiled_index_lines(tiled, ops, used_m)
+    else:
+        kept_lines, m_off = _index_lines("m", "m", kept, ops, used_m) if kept else ([], {p: None for p in used_m})
     red_lines, r_off = _index_lines("r", "r", red, ops, used_r) if red else ([], {p: None for p in used_r})
 
     out_params = {o.param for o in low.outputs}
@@ -576,9 +606,38 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         post = [ln for s in row_stores for ln in render(s)]
         phases.append({"pre": pre, "body": [], "post": post})
 
-    return _finish_render("group.py.j2", graph, group, low, config, M, R, dict(
-        pointwise=pointwise, one_pass=one_pass, index_m=kept_lines, index_r=red_lines, body=body, phases=phases,
-        BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, int64=needs_int64(low, M + BLOCK_M, R + BLOCK_R)))
+    extra = dict(pointwise=pointwise, one_pass=one_pass, index_m=kept_lines, index_r=red_lines, body=body,
+                 phases=phases, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, int64=needs_int64(low, M + BLOCK_M, R + BLOCK_R),
+                 tiled=tiled is not None)
+    if tiled is not None:
+        outer, (Q, _), (P, _) = tiled
+        O = math.prod(size for size, _ in outer)
+        BQ, BP = int(config["BLOCK_Q"]), int(config["BLOCK_P"])
+        if O > 65535 or -(-Q // BQ) > 65535:
+            raise Unsupported("tiled walk: grid dims 1 and 2 are limited to 65535 programs")
+        extra.update(Q=Q, P=P, O=O, BLOCK_Q=BQ, BLOCK_P=BP)
+    return _finish_render("group.py.j2", graph, group, low, config, M, R, extra)
+
+
+def _tiled_index_lines(tiled, operands, used):
+    """Offsets of every used operand for a [BLOCK_Q, BLOCK_P] tile at outer index `o`."""
+    outer, (_, q_st), (_, p_st) = tiled
+    sizes = [size for size, _ in outer]
+    lines = []
+    for i, size in enumerate(sizes):
+        div = math.prod(sizes[i + 1:])
+        expr = "o" if len(sizes) == 1 else ("o // %d" % div if i == 0 else "(o // %d) %% %d" % (div, size))
+        lines.append(f"mc{i} = {expr}")
+    offs = {}
+    for k, op in enumerate(operands):
+        if op.param not in used:
+            continue
+        terms = [f"mc{i} * {st[k]}" for i, (_, st) in enumerate(outer) if st[k]]
+        terms += [f"q * {q_st[k]}" if q_st[k] != 1 else "q"] if q_st[k] else []
+        terms += [f"p * {p_st[k]}" if p_st[k] != 1 else "p"] if p_st[k] else []
+        offs[op.param] = " + ".join(terms) if terms else None
+    lines += [f"om_{p} = {e}" for p, e in offs.items() if e is not None]
+    return lines, offs
 
 
 def needs_int64(low: "Lowering", m_end: int, r_end: int) -> bool:

@@ -16,11 +16,11 @@ from kernelwright.capture.execute import input_device, run_node
 from kernelwright.codegen import gemm_epilogue
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_gemm import gemm_space
-from kernelwright.codegen.triton_group import extent, lower, render_group
+from kernelwright.codegen.triton_group import extent, lower, render_group, transposed_walk
 from kernelwright.policy import Policy
 from kernelwright.search.result import RunResult
 from kernelwright.space.config import Config
-from kernelwright.space.group_space import default_config, group_space, seed_configs
+from kernelwright.space.group_space import default_config, group_space, seed_configs, tiled_default, tiled_space
 from kernelwright.verify.compare import excess_reason, poisoned_like
 
 
@@ -169,6 +169,10 @@ class GroupTuner(KernelTuner):
         self.space = group_space(self.M, self.R, pw)
         self.seeds = seed_configs(self.M, self.R, pw, self.r_contig)
         self.default = default_config(self.M, self.R, pw, self.r_contig)
+        if pw and transposed_walk(self.low) is not None:  # e.g. channels-last in, NCHW out: tiles first
+            self.space = tiled_space() + self.space
+            self.default = tiled_default()
+            self.seeds = [self.default, self.default.replace(BLOCK_Q=16, BLOCK_P=128)] + self.seeds
         self.features = {"log2_M": math.log2(max(self.M, 1)), "log2_R": math.log2(max(self.R, 1)),
                          "log2_bytes": math.log2(max(1, sum(graph.meta(v).nbytes for v in group.inputs))),
                          "n_nodes": len(group.nodes), "n_reduce": sum(1 for s in self.low.stmts if s.kind == "reduce"),

@@ -104,3 +104,19 @@ def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> 
         if c in space and c not in out:
             out.append(c)
     return out
+
+
+def tiled_space() -> list[Config]:
+    """Tiles for pointwise groups whose input and output disagree on the innermost dim
+    (codegen/triton_group.transposed_walk): BLOCK_Q along the input's contiguous dim, BLOCK_P along
+    the output's, 2..32 elements a thread."""
+    return Space("triton.tiled", [Axis("BLOCK_Q", [8, 16, 32, 64]), Axis("BLOCK_P", [32, 64, 128]),
+                                  Axis("num_warps", [2, 4, 8])],
+                 [lambda c: 2 <= c["BLOCK_Q"] * c["BLOCK_P"] // (32 * c["num_warps"]) <= 32],
+                 fixed={"TILED": True, "BLOCK_M": 1, "BLOCK_R": 1, "one_pass": False, "num_stages": 1}).configs()
+
+
+def tiled_default() -> Config:
+    """32 x 64 tiles with 4 warps (16 elements a thread): 128-byte rows on both sides."""
+    return Config.make("triton.tiled", TILED=True, BLOCK_Q=32, BLOCK_P=64, num_warps=4, BLOCK_M=1, BLOCK_R=1,
+                       one_pass=False, num_stages=1)
