@@ -187,3 +187,19 @@ def test_a_conv_whose_bias_add_feeds_a_training_batch_norm_stays_nchw():
     s, notes = rewrite(g, "tf32")
     assert any("bias" in n for n in notes)  # the add fuses into the batch-norm group ...
     assert not any("channels-last" in n for n in notes)  # ... which reads NCHW rows
+
+
+def test_repeated_subexpressions_are_merged_but_random_ops_are_not():
+    class Rep(nn.Module):
+        def forward(self, x, t):
+            a = (t != 3).float().sum()
+            b = (t != 3).float().sum()
+            return torch.sigmoid(x) * torch.sigmoid(x) + a - b, torch.rand_like(x) + torch.rand_like(x)
+
+    x, t = torch.randn(4, 5), torch.randint(0, 6, (4,))
+    g = capture(from_module(Rep(), [x, t]))
+    s, notes = rewrite(g)
+    assert sum("same as" in n for n in notes) >= 3  # ne, the cast, the sum, the sigmoid
+    assert sum(n.target == "aten.sigmoid.default" for n in s.nodes) == 1
+    assert sum("rand" in n.target for n in s.nodes) == sum("rand" in n.target for n in g.nodes) == 2
+    torch.testing.assert_close(run_graph(s, Rep(), [x, t])[0], run_graph(g, Rep(), [x, t])[0])

@@ -373,12 +373,40 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
 
 
+_IMPURE = ("rand", "bernoulli", "dropout", "normal", "uniform", "empty", "exponential", "multinomial")
+
+
+def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
+    """Common subexpressions: a node that repeats an earlier node's op on the same arguments (e.g.
+    cross-entropy's three `target != ignore_index` masks) reads the earlier value instead. Random,
+    allocating and in-place ops are never merged, nor values the model returns or buffers it updates."""
+    keep = set(graph.outputs) | set(graph.mutations)
+    mapping: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    nodes, notes = [], []
+    for n in graph.nodes:
+        n = OpNode(n.name, n.target, _replace(n.args, mapping), _replace(n.kwargs, mapping), n.outs, n.fx)
+        op = n.target.split(".")
+        pure = not any(w in n.target for w in _IMPURE) and not (len(op) > 1 and op[1].endswith("_"))
+        key = repr((n.target, n.args, sorted(n.kwargs.items()), n.outs)) if pure else None
+        if key is not None and key in seen and n.name not in keep:
+            mapping[n.name] = seen[key]
+            notes.append(f"{n.name}: same as {seen[key]}")
+            continue
+        if key is not None:
+            seen.setdefault(key, n.name)
+        nodes.append(n)
+    if not notes:
+        return graph, []
+    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+
+
 def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
     """Every exact rewrite optimize applies before planning: no-ops out, constants folded,
-    convolution biases split off, row rewrites, and under the tensor-core policies (tf32, bf16)
+    repeated subexpressions merged, convolution biases split off, row rewrites, and under the tensor-core policies (tf32, bf16)
     channels-last convolutions."""
     notes: list[str] = []
-    steps = [simplify, fold_scalar_tensors, split_conv_bias, row_rewrites]
+    steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, row_rewrites]
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
     for step in steps:
