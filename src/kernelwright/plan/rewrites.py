@@ -10,8 +10,13 @@ value the model returns or a buffer it updates, so outputs never alias inputs.
 """
 from __future__ import annotations
 
+import torch
+
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
+from kernelwright.codegen.triton_ops import POINTWISE
+from kernelwright.codegen.triton_pool import TARGETS as POOLS
+from kernelwright.plan.fusion import COMPOSITES, EVAL_BN, NORMS, REDUCTIONS, reduction_spec
 
 
 def _is_one(v) -> bool:
@@ -61,6 +66,11 @@ def _replace(value, mapping: dict[str, str]):
     return value
 
 
+def _with_nodes(graph: Graph, nodes: list[OpNode]) -> Graph:
+    """`graph` with its node list replaced (same inputs, outputs and buffer updates)."""
+    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported)
+
+
 def simplify(graph: Graph) -> tuple[Graph, list[str]]:
     """The graph without no-op nodes, and one line per removed node."""
     keep_values = set(graph.outputs) | set(graph.mutations)
@@ -77,7 +87,7 @@ def simplify(graph: Graph) -> tuple[Graph, list[str]]:
             nodes.append(n)
     if not removed:
         return graph, []
-    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), removed
+    return _with_nodes(graph, nodes), removed
 
 
 # --- rewrites that let a row group absorb its consumers ----------------------------------------
@@ -99,8 +109,6 @@ def _unique(taken: set[str], base: str) -> str:
 def _row_dims_upstream(graph: Graph, name: str) -> tuple[int, ...] | None:
     """Trailing reduced dims of a row reduction or row composite that `name` is computed from
     through same-shaped ops, or None."""
-    from kernelwright.plan.fusion import COMPOSITES, REDUCTIONS, reduction_spec
-
     shape = graph.meta(name).shape if graph.meta(name) else None
     stack, seen = [name], set()
     while stack:
@@ -155,7 +163,7 @@ def split_full_reductions(graph: Graph) -> tuple[Graph, list[str]]:
         nodes.append(n)
     if not notes:
         return graph, []
-    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+    return _with_nodes(graph, nodes), notes
 
 
 def gather_log_softmax(graph: Graph) -> tuple[Graph, list[str]]:
@@ -204,7 +212,7 @@ def gather_log_softmax(graph: Graph) -> tuple[Graph, list[str]]:
         return graph, []
     read = {i for u in nodes for i in u.inputs}
     nodes = [n for n in nodes if n.name not in dropped or n.name in read]
-    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+    return _with_nodes(graph, nodes), notes
 
 
 def row_rewrites(graph: Graph) -> tuple[Graph, list[str]]:
@@ -241,15 +249,12 @@ def fold_scalar_tensors(graph: Graph) -> tuple[Graph, list[str]]:
         return graph, []
     read = {i for u in nodes for i in u.inputs}
     nodes = [n for n in nodes if n.name not in consts or n.name in read or n.name in keep]
-    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+    return _with_nodes(graph, nodes), notes
 
 
 def _fuses_over(graph: Graph, user: OpNode, shape) -> bool:
     """Whether `user` can join a group over `shape` that an add producing its input starts: an
     elementwise op, eval batch norm, or a reduction / row composite over that same domain."""
-    from kernelwright.codegen.triton_ops import POINTWISE
-    from kernelwright.plan.fusion import COMPOSITES, EVAL_BN, REDUCTIONS, reduction_spec
-
     if user.target in POINTWISE or user.target == EVAL_BN:
         return True
     if user.target in REDUCTIONS | COMPOSITES:
@@ -286,7 +291,7 @@ def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
         notes.append(f"{n.name}: bias {b.name} added after the convolution ({conv.name}), fusible with what follows")
     if not notes:
         return graph, []
-    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+    return _with_nodes(graph, nodes), notes
 
 
 def _feeds(graph: Graph, name: str, targets: set[str], through: dict | set) -> bool:
@@ -304,6 +309,10 @@ def _feeds(graph: Graph, name: str, targets: set[str], through: dict | set) -> b
     return False
 
 
+def _channels_last(m: TensorMeta) -> TensorMeta:
+    return TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)
+
+
 def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     """Run float32 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
@@ -316,12 +325,6 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     (conv_layout_probe in docs/benchmarks.md). The input and weight get one explicit
     channels-last copy each; values the model returns keep eager's layout (the kernel that computes
     them writes NCHW), so the module stays a drop-in replacement, as torch.compile's does."""
-    import torch
-
-    from kernelwright.codegen.triton_ops import POINTWISE
-    from kernelwright.codegen.triton_pool import TARGETS as POOLS
-    from kernelwright.plan.fusion import EVAL_BN, NORMS
-
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     fmt = {4: torch.channels_last, 5: torch.channels_last_3d}
     nodes, notes = [], []
@@ -341,13 +344,13 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
                     m = graph.meta(src)
                     conv = OpNode(_unique(names, f"{src}_cl"), "aten.clone.default", (Ref(src),),
                                   {"memory_format": fmt[len(m.shape)]},
-                                  [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)])
+                                  [_channels_last(m)])
                     nodes.append(conv)
                     converted[src] = conv.name
                 args[k] = Ref(converted[src])
             m = n.meta
             nodes.append(OpNode(n.name, n.target, tuple(args), dict(n.kwargs),
-                                [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)], n.fx))
+                                [_channels_last(m)], n.fx))
             cl.add(n.name)
             notes.append(f"{n.name}: convolution run channels-last ({', '.join(a.name for a in args[:2])})")
             continue
@@ -360,7 +363,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
         keeps = keeps or (n.target == "getitem" and n.args[0].name in cl and n.meta is not None
                           and len(n.meta.shape) in fmt)
         if keeps and n.name not in graph.mutations and n.name not in graph.outputs:
-            outs = [TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype) if m is not None and len(m.shape) in fmt
+            outs = [_channels_last(m) if m is not None and len(m.shape) in fmt
                     else m for m in n.outs]
             n = OpNode(n.name, n.target, n.args, dict(n.kwargs), outs, n.fx)
             cl.add(n.name)
@@ -370,7 +373,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     n_conv = len(notes)
     notes.append(f"channels-last layout kept through {len(cl) - n_conv} elementwise and pooling values after the "
                  "convolutions")
-    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+    return _with_nodes(graph, nodes), notes
 
 
 _IMPURE = ("rand", "bernoulli", "dropout", "normal", "uniform", "empty", "exponential", "multinomial")
@@ -398,7 +401,7 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
         nodes.append(n)
     if not notes:
         return graph, []
-    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
+    return _with_nodes(graph, nodes), notes
 
 
 def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
