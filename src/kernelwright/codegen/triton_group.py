@@ -47,6 +47,15 @@ class Stmt:
     op: str = ""  # reduction kind
 
 
+def written_stride(meta: TensorMeta, domain_rank: int) -> tuple[int, ...]:
+    """The layout a group kernel writes an output in (and allocates it with): the recorded one
+    (e.g. channels-last) for an output of the domain's rank whose layout is a dense permutation,
+    else contiguous."""
+    if len(meta.shape) == domain_rank and dense_permuted(meta.shape, meta.stride):
+        return tuple(meta.stride)
+    return contiguous_strides(meta.shape)
+
+
 class Lowering:
     """Builds the statement list and operands of one group."""
 
@@ -156,10 +165,7 @@ class Lowering:
             meta = self.g.meta(name)
             if tuple(meta.shape) == self.D and (level != "row" or self.grp.rdims is None or self.rd):
                 level = "full" if level == "row" and tuple(meta.shape) != row_shapes(self.D, self.rd)[0] else level
-            # domain-ranked outputs are written in their recorded layout (e.g. channels-last, see
-            # _finish_render's allocation); others contiguous
-            same_rank = len(meta.shape) == len(self.D) and dense_permuted(meta.shape, meta.stride)
-            lay = meta if same_rank else TensorMeta(meta.shape, contiguous_strides(meta.shape), meta.dtype)
+            lay = TensorMeta(meta.shape, written_stride(meta, len(self.D)), meta.dtype)
             if level == "full":
                 strides = refine_strides(tuple(meta.shape), lay.stride, self.D)
                 if strides is None:
@@ -786,9 +792,8 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
     dev = arg_of[uniq_inputs[0]] + ".device" if uniq_inputs else "'cuda'"
     for i, op in enumerate(low.outputs):
         meta = graph.meta(op.value)
-        laid_out = (len(meta.shape) == len(low.D) and not meta.contiguous  # as Lowering.lower wrote it
-                    and dense_permuted(meta.shape, meta.stride))
-        stride = f", {tuple(meta.stride)!r}" if laid_out else ""  # e.g. channels-last
+        st = written_stride(meta, len(low.D))
+        stride = "" if TensorMeta(meta.shape, st, meta.dtype).contiguous else f", {st!r}"  # e.g. channels-last
         allocs.append(f"out{i} = _alloc({tuple(op.shape)!r}, torch.{op.dtype}, {dev}{stride})")
         out_vars.append(f"out{i}")
     call_args = ", ".join([arg_of[op.value] for op in low.inputs] + out_vars)
