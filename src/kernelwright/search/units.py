@@ -104,8 +104,7 @@ class KernelTuner:
         """Run once with NaN-poisoned outputs; returns the excess, raising ValueError on failure."""
         args = [self.env[v] for v in ins]
         real_alloc = mod._alloc
-        mod._alloc = lambda shape, dtype, device, stride=None: poisoned_like(
-            real_alloc(shape, dtype, device) if stride is None else real_alloc(shape, dtype, device, stride))
+        mod._alloc = lambda shape, dtype, device, stride=None: poisoned_like(real_alloc(shape, dtype, device, stride))
         try:
             with self.policy.active():
                 outs = self.pick(mod.launch(*args))
