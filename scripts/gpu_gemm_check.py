@@ -72,35 +72,8 @@ def run_gemm_case(label, prec, size, dtype, mod, max_configs, deadline, log, ext
         pk.update(extra or {})
         res["launch_kwargs"] = pk
         limit = max(TOL[prec], 4 * res["cublas_err"])
-        for cfg in space:
-            if time.time() > deadline:
-                res["trials"].append({"config": cfg, "status": "skipped (deadline)"})
-                continue
-            trial = {"config": cfg}
-            try:
-                t0 = time.time()
-                out = mod.launch(a, b, **cfg, **pk)
-                torch.cuda.synchronize()
-                trial["first_call_s"] = round(time.time() - t0, 2)
-                trial["err"] = rel_err(out, ref)
-                del out
-                if not trial["err"] <= limit:
-                    trial["status"] = "wrong"
-                else:
-                    trial["ms"] = bench(lambda: mod.launch(a, b, **cfg, **pk))
-                    trial["tflops"] = flops / trial["ms"] / 1e9
-                    trial["pct_cublas"] = 100.0 * res["cublas_ms"] / trial["ms"]
-                    trial["status"] = "ok"
-            except Exception as e:  # noqa: BLE001
-                trial["status"] = f"error: {type(e).__name__}: {str(e)[:300]}"
-            res["trials"].append(trial)
-            log(f"[{label}] {fmt_cfg(cfg)} {trial.get('status')} "
-                f"{trial.get('ms', float('nan')):.3f} ms {trial.get('tflops', float('nan')):.1f} TFLOP/s "
-                f"err {trial.get('err', float('nan')):.2e}")
-        ok = [t for t in res["trials"] if t.get("status") == "ok"]
-        if ok:
-            best = min(ok, key=lambda t: t["ms"])
-            res["best"] = best
+        run_trials(res, label, space, lambda cfg: mod.launch(a, b, **cfg, **pk), ref, limit, flops,
+                   "cublas", deadline, log)
     except Exception as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
         log(f"[{label}] FAILED: {res['error']}")
@@ -134,38 +107,46 @@ def run_conv_case(label, prec, channels_last, mod, max_configs, deadline, log, e
         pk.update(extra or {})
         res["launch_kwargs"] = pk
         limit = max(TOL[prec], 4 * res["cudnn_err"])
-        for cfg in space:
-            if time.time() > deadline:
-                res["trials"].append({"config": cfg, "status": "skipped (deadline)"})
-                continue
-            trial = {"config": cfg}
-            try:
-                t0 = time.time()
-                out = mod.launch(x, w, bias, padding=pad, **cfg, **pk)
-                torch.cuda.synchronize()
-                trial["first_call_s"] = round(time.time() - t0, 2)
-                trial["err"] = rel_err(out, ref)
-                del out
-                if not trial["err"] <= limit:
-                    trial["status"] = "wrong"
-                else:
-                    trial["ms"] = bench(lambda: mod.launch(x, w, bias, padding=pad, **cfg, **pk))
-                    trial["tflops"] = flops / trial["ms"] / 1e9
-                    trial["pct_cudnn"] = 100.0 * res["cudnn_ms"] / trial["ms"]
-                    trial["status"] = "ok"
-            except Exception as e:  # noqa: BLE001
-                trial["status"] = f"error: {type(e).__name__}: {str(e)[:300]}"
-            res["trials"].append(trial)
-            log(f"[{label}] {fmt_cfg(cfg)} {trial.get('status')} "
-                f"{trial.get('ms', float('nan')):.3f} ms {trial.get('tflops', float('nan')):.1f} TFLOP/s "
-                f"err {trial.get('err', float('nan')):.2e}")
-        ok = [t for t in res["trials"] if t.get("status") == "ok"]
-        if ok:
-            res["best"] = min(ok, key=lambda t: t["ms"])
+        run_trials(res, label, space, lambda cfg: mod.launch(x, w, bias, padding=pad, **cfg, **pk), ref, limit,
+                   flops, "cudnn", deadline, log)
     except Exception as e:  # noqa: BLE001
         res["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
         log(f"[{label}] FAILED: {res['error']}")
     return res
+
+
+def run_trials(res, label, space, launch, ref, limit, flops, library, deadline, log):
+    """Check and time `launch(cfg)` for every config (until the deadline) against `ref`; appends
+    one record per config to res["trials"] and sets res["best"]. `library` names the baseline
+    whose time res[f"{library}_ms"] the percentages compare with."""
+    for cfg in space:
+        if time.time() > deadline:
+            res["trials"].append({"config": cfg, "status": "skipped (deadline)"})
+            continue
+        trial = {"config": cfg}
+        try:
+            t0 = time.time()
+            out = launch(cfg)
+            torch.cuda.synchronize()
+            trial["first_call_s"] = round(time.time() - t0, 2)
+            trial["err"] = rel_err(out, ref)
+            del out
+            if not trial["err"] <= limit:
+                trial["status"] = "wrong"
+            else:
+                trial["ms"] = bench(lambda: launch(cfg))
+                trial["tflops"] = flops / trial["ms"] / 1e9
+                trial[f"pct_{library}"] = 100.0 * res[f"{library}_ms"] / trial["ms"]
+                trial["status"] = "ok"
+        except Exception as e:  # noqa: BLE001
+            trial["status"] = f"error: {type(e).__name__}: {str(e)[:300]}"
+        res["trials"].append(trial)
+        log(f"[{label}] {fmt_cfg(cfg)} {trial.get('status')} "
+            f"{trial.get('ms', float('nan')):.3f} ms {trial.get('tflops', float('nan')):.1f} TFLOP/s "
+            f"err {trial.get('err', float('nan')):.2e}")
+    ok = [t for t in res["trials"] if t.get("status") == "ok"]
+    if ok:
+        res["best"] = min(ok, key=lambda t: t["ms"])
 
 
 def fmt_cfg(c):
