@@ -626,23 +626,19 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
 
 
 def _tiled_index_lines(tiled, operands, used):
-    """Offsets of every used operand for a [BLOCK_Q, BLOCK_P] tile at outer index `o`."""
+    """Offsets of every used operand for a [BLOCK_Q, BLOCK_P] tile at outer index `o`: the outer
+    dims through _index_lines, plus the q and p terms."""
     outer, (_, q_st), (_, p_st) = tiled
-    sizes = [size for size, _ in outer]
-    lines = []
-    for i, size in enumerate(sizes):
-        div = math.prod(sizes[i + 1:])
-        expr = "o" if len(sizes) == 1 else ("o // %d" % div if i == 0 else "(o // %d) %% %d" % (div, size))
-        lines.append(f"mc{i} = {expr}")
-    offs = {}
+    lines, offs = _index_lines("m", "o", outer, operands, used) if outer else ([], {p: None for p in used})
     for k, op in enumerate(operands):
         if op.param not in used:
             continue
-        terms = [f"mc{i} * {st[k]}" for i, (_, st) in enumerate(outer) if st[k]]
+        terms = [f"om_{op.param}"] if offs[op.param] else []
         terms += [f"q * {q_st[k]}" if q_st[k] != 1 else "q"] if q_st[k] else []
         terms += [f"p * {p_st[k]}" if p_st[k] != 1 else "p"] if p_st[k] else []
-        offs[op.param] = " + ".join(terms) if terms else None
-    lines += [f"om_{p} = {e}" for p, e in offs.items() if e is not None]
+        if terms and terms != [f"om_{op.param}"]:
+            lines.append(f"om_{op.param} = {' + '.join(terms)}")
+            offs[op.param] = f"om_{op.param}"
     return lines, offs
 
 
