@@ -71,23 +71,33 @@ def _with_nodes(graph: Graph, nodes: list[OpNode]) -> Graph:
     return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported)
 
 
-def simplify(graph: Graph) -> tuple[Graph, list[str]]:
-    """The graph without no-op nodes, and one line per removed node."""
-    keep_values = set(graph.outputs) | set(graph.mutations)
+def _forward_values(graph: Graph, find) -> tuple[Graph, list[str]]:
+    """Drop every node for which `find(node)` names an earlier value it equals, returning
+    (value, note); later readers read that value. `find` sees each node once, in order, with its
+    arguments already forwarded; a value the model returns or a buffer it updates is never dropped."""
+    keep = set(graph.outputs) | set(graph.mutations)
     mapping: dict[str, str] = {}
-    removed: list[str] = []
-    nodes: list[OpNode] = []
+    nodes, notes = [], []
     for n in graph.nodes:
         n = OpNode(n.name, n.target, _replace(n.args, mapping), _replace(n.kwargs, mapping), n.outs, n.fx)
-        src = None if n.name in keep_values else noop_source(graph, n)
-        if src is not None:
-            mapping[n.name] = src
-            removed.append(f"{n.name}: {n.target} returns its input {src} unchanged")
+        hit = find(n)
+        if hit is not None and n.name not in keep:
+            mapping[n.name] = hit[0]
+            notes.append(hit[1])
         else:
             nodes.append(n)
-    if not removed:
+    if not notes:
         return graph, []
-    return _with_nodes(graph, nodes), removed
+    return _with_nodes(graph, nodes), notes
+
+
+def simplify(graph: Graph) -> tuple[Graph, list[str]]:
+    """The graph without no-op nodes, and one line per removed node."""
+    def find(n):
+        src = noop_source(graph, n)
+        return None if src is None else (src, f"{n.name}: {n.target} returns its input {src} unchanged")
+
+    return _forward_values(graph, find)
 
 
 # --- rewrites that let a row group absorb its consumers ----------------------------------------
@@ -383,25 +393,19 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
     """Common subexpressions: a node that repeats an earlier node's op on the same arguments (e.g.
     cross-entropy's three `target != ignore_index` masks) reads the earlier value instead. Random,
     allocating and in-place ops are never merged, nor values the model returns or buffers it updates."""
-    keep = set(graph.outputs) | set(graph.mutations)
-    mapping: dict[str, str] = {}
     seen: dict[str, str] = {}
-    nodes, notes = [], []
-    for n in graph.nodes:
-        n = OpNode(n.name, n.target, _replace(n.args, mapping), _replace(n.kwargs, mapping), n.outs, n.fx)
+
+    def find(n):
         op = n.target.split(".")
-        pure = not any(w in n.target for w in _IMPURE) and not (len(op) > 1 and op[1].endswith("_"))
-        key = repr((n.target, n.args, sorted(n.kwargs.items()), n.outs)) if pure else None
-        if key is not None and key in seen and n.name not in keep:
-            mapping[n.name] = seen[key]
-            notes.append(f"{n.name}: same as {seen[key]}")
-            continue
-        if key is not None:
-            seen.setdefault(key, n.name)
-        nodes.append(n)
-    if not notes:
-        return graph, []
-    return _with_nodes(graph, nodes), notes
+        if any(w in n.target for w in _IMPURE) or (len(op) > 1 and op[1].endswith("_")):
+            return None
+        key = repr((n.target, n.args, sorted(n.kwargs.items()), n.outs))
+        if key in seen:
+            return seen[key], f"{n.name}: same as {seen[key]}"
+        seen[key] = n.name
+        return None
+
+    return _forward_values(graph, find)
 
 
 def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
