@@ -62,6 +62,8 @@ CASES = {
     "full_sum": (Fn(lambda s, x: (x * x).sum()), [(6, 40)]),
     "full_mean": (Fn(lambda s, x: x.mean()), [(5, 8)]),
     "normalize": (Fn(lambda s, x: F.normalize(x, dim=1)), [(6, 40)]),
+    # a per-channel add (a conv's split-off bias) read through group norm's [N, G, C/G, H*W] view
+    "bias_group_norm": (Fn(lambda s, x, b: torch.tanh(F.group_norm(x + b.view(-1, 1, 1), 2))), [(2, 8, 3, 5), (8,)]),
 }
 
 ONE_PASS = {"BLOCK_M": 2, "BLOCK_R": 512, "one_pass": True, "num_warps": 4, "num_stages": 1}
@@ -113,6 +115,12 @@ def test_group_matches_library(name, mode, tmp_path):
         if group.rdims is not None and mode == "multi_pass":
             assert k.R > cfg["BLOCK_R"] or k.R <= 16, "multi-pass config should loop over R"
         _compare(k, outs, env)
+
+
+def test_a_per_channel_add_folds_into_the_group_norm_group():
+    graph, plan, env = _setup("bias_group_norm")
+    assert len(plan.groups) == 1 and plan.groups[0].domain == (2, 2, 4, 15)
+    assert {graph.node(n).target for n in plan.groups[0].nodes} >= {"aten.add.Tensor", "aten.native_group_norm.default"}
 
 
 @pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "softmax", "sum_dim1"])

@@ -172,13 +172,29 @@ def test_conv_bias_is_split_off_where_the_add_fuses_with_the_consumer():
     _close(g, s, model, [x])
 
 
-def test_conv_bias_stays_for_depthwise_norm_consumers_and_outputs():
-    for model in (nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.ReLU()),
-                  nn.Sequential(nn.Conv2d(4, 8, 3), nn.GroupNorm(2, 8)),
-                  nn.Conv2d(4, 8, 3)):
-        g = capture(from_module(model, [torch.randn(1, 4, 6, 6)]))
-        _, notes = rewrite(g)
-        assert not any("bias" in n for n in notes), model
+def test_conv_bias_stays_for_depthwise_convs_only():
+    g = capture(from_module(nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.ReLU()), [torch.randn(1, 4, 6, 6)]))
+    assert not any("bias" in n for n in rewrite(g)[1])
+    for model in (nn.Sequential(nn.Conv2d(4, 8, 3), nn.GroupNorm(2, 8)), nn.Conv2d(4, 8, 3),
+                  nn.Sequential(nn.Conv2d(4, 8, 3), nn.MaxPool2d(2))):
+        x = torch.randn(2, 4, 6, 6)
+        g = capture(from_module(model, [x]))
+        s, notes = rewrite(g)
+        assert any("bias" in n for n in notes), model
+        assert all(n.args[2] is None for n in s.nodes if n.target == "aten.convolution.default")
+        _close(g, s, model, [x])
+
+
+def test_a_returned_conv_split_under_tf32_is_written_in_eagers_layout():
+    model = nn.Conv2d(3, 8, 3)
+    x = torch.randn(2, 3, 7, 7)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g, "tf32")
+    conv = next(n for n in s.nodes if n.target == "aten.convolution.default")
+    assert conv.meta.stride == channels_last_strides(conv.meta.shape) and conv.args[2] is None
+    out = s.node(s.outputs[0])
+    assert out.target == "aten.add.Tensor" and out.meta.stride == g.node(g.outputs[0]).meta.stride
+    _close(g, s, model, [x])
 
 
 def test_a_conv_whose_bias_add_feeds_a_training_batch_norm_stays_nchw():

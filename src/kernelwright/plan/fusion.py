@@ -224,12 +224,23 @@ class _Builder:
 
     def _mergeable(self, a: Group, b: Group) -> bool:
         """Two groups feeding one op merge when they share the domain and no path between them
-        leaves both (which would make one kernel wait on its own output)."""
+        leaves both (which would make one kernel wait on its own output). An elementwise-only group
+        b also folds into a reduction group a over a regrouped view of b's domain (a conv's bias
+        add before a group norm over [N, G, C/G, H*W]): b's values are read through that view."""
+        regroup = (a.domain != b.domain and a.rdims is not None and b.rdims is None
+                   and all(v == "full" for v in b.levels.values()) and _views_domain(b.domain, a.domain)
+                   and all(self.g.node(n).target in POINTWISE for n in b.nodes))
+        if regroup:
+            return self._acyclic(a, b)
         if a.domain != b.domain or (a.rdims is not None and b.rdims is not None and a.rdims != b.rdims):
             return False
         rd = a.rdims if a.rdims is not None else b.rdims
         if rd is not None and len(rd) == len(a.domain) and (a.rdims is None or b.rdims is None):
             return False  # elementwise work after a reduction to one value stays a separate kernel
+        return self._acyclic(a, b)
+
+    def _acyclic(self, a: Group, b: Group) -> bool:
+        """No path from one group to the other leaves both."""
         for x, y in ((a, b), (b, a)):
             for name in x.nodes:
                 for i in self.g.node(name).inputs:

@@ -276,19 +276,18 @@ def _fuses_over(graph: Graph, user: OpNode, shape) -> bool:
 def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
     """convolution(x, w, b) -> convolution(x, w, None) + b.view(C, 1, ...) for dense (groups=1)
     convolutions. Eager adds the bias in a separate pass over the output anyway (cuDNN computes
-    the convolution alone); as an explicit add it fuses into the kernel that follows (an
-    activation, a reduction, a norm), which then reads the convolution's output once. The add is
-    the same IEEE operation, so results are bit-identical. Kept in the convolution: depthwise
-    convolutions (their template fuses the bias) and convolutions read by anything the add could
-    not fuse with (a group norm over a regrouped domain, a pooling, a model output)."""
+    the convolution alone, then a broadcast add_), so the split never adds a pass: the add fuses
+    into the kernel that follows (an activation, a reduction, a norm) or is a generated kernel of
+    its own; when the convolution ran channels-last and its value is returned, that kernel also
+    writes eager's layout (as torch.compile does). The add is the same IEEE operation, so results
+    are bit-identical. Depthwise convolutions keep theirs (their template fuses the bias)."""
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     nodes, notes = [], []
     for n in graph.nodes:
         b = n.args[2] if n.target == "aten.convolution.default" and len(n.args) > 8 else None
         if not isinstance(b, Ref) or n.args[8] != 1 or n.meta is None or len(n.meta.shape) < 3 \
                 or graph.meta(b.name) is None or len(graph.meta(b.name).shape) != 1 \
-                or n.name in graph.outputs or not graph.users(n.name) \
-                or not all(_fuses_over(graph, u, n.meta.shape) for u in graph.users(n.name)):
+                or n.name in graph.mutations or not (graph.users(n.name) or n.name in graph.outputs):
             nodes.append(n)
             continue
         bm, m = graph.meta(b.name), n.meta
@@ -298,7 +297,9 @@ def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
         view = OpNode(_unique(names, f"{b.name}_view"), "aten.view.default", (b, list(view_shape)), {},
                       [TensorMeta(view_shape, contiguous_strides(view_shape), bm.dtype)])
         nodes += [conv, view, OpNode(n.name, "aten.add.Tensor", (Ref(conv.name), Ref(view.name)), {}, n.outs)]
-        notes.append(f"{n.name}: bias {b.name} added after the convolution ({conv.name}), fusible with what follows")
+        fuses = n.name not in graph.outputs and all(_fuses_over(graph, u, n.meta.shape) for u in graph.users(n.name))
+        notes.append(f"{n.name}: bias {b.name} added after the convolution ({conv.name})"
+                     + (", fused with what follows" if fuses else ", in a generated kernel"))
     if not notes:
         return graph, []
     return _with_nodes(graph, nodes), notes
