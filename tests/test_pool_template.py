@@ -98,6 +98,28 @@ def test_pool_matches_library(case, tmp_path):
     _check(graph, node, env, _other_config(graph, node), tmp_path)
 
 
+@pytest.mark.parametrize("target,args,shape", [
+    ("aten.max_pool2d_with_indices.default", ([3, 2], [2, 1], [1, 1], [2, 1], True), (2, 5, 9, 7)),
+    ("aten.max_pool3d_with_indices.default", ([3, 3, 3], [2, 2, 2], [1, 1, 1]), (1, 6, 4, 5, 5)),
+    ("aten.avg_pool2d.default", ([3, 3], [2, 2], [1, 1], True, False), (2, 5, 8, 7)),
+])
+def test_channels_last_pool_reads_and_writes_channels_last(target, args, shape, tmp_path):
+    """After a channels-last convolution the pool reads NHWC and writes NHWC, like the library."""
+    torch.manual_seed(0)
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    x = torch.randn(shape).contiguous(memory_format=fmt)
+    ref = getattr(torch.ops.aten, target.split(".")[1]).default(x, *args)
+    graph, node = _hand_graph(target, args, x, ref)
+    assert not graph.meta("x").contiguous and not node.outs[0].contiguous
+    used = {0, 1} if isinstance(ref, tuple) else {0}
+    for config in (TEMPLATE.default(graph, node), _other_config(graph, node)):
+        kernel = _check(graph, node, {"x": x, "pool": ref}, config, tmp_path, used=used)
+        assert "channels-last" in kernel.source
+        got = load_module_from_source(kernel.source, f"cl_{config['BLOCK']}", tmp_path).launch(x)
+        refs = ref if isinstance(ref, tuple) else (ref,)
+        assert [t.stride() for t in got] == [r.stride() for r in refs]
+
+
 def test_indices_skipped_when_unused(tmp_path):
     graph, node, env = _setup(nn.MaxPool2d(3, 2, 1), torch.randn(1, 2, 7, 7))
     assert used_outputs(graph, node) == {0}
@@ -133,7 +155,7 @@ def test_half_input(tmp_path):
 def _hand_graph(target, args, x, ref):
     refs = ref if isinstance(ref, tuple) else (ref,)
     outs = [TensorMeta(tuple(r.shape), tuple(r.stride()), str(r.dtype).replace("torch.", "")) for r in refs]
-    meta = TensorMeta(tuple(x.shape), tuple(x.stride()), "float32")
+    meta = TensorMeta(tuple(x.shape), tuple(x.stride()), "float32")  # channels-last x stays so
     node = OpNode("pool", target, (Ref("x"),) + tuple(args), {}, outs)
     return Graph("hand", [Input("x", "user", meta, index=0)], [node], ["pool"]), node
 

@@ -219,3 +219,52 @@ def test_repeated_subexpressions_are_merged_but_random_ops_are_not():
     assert sum(n.target == "aten.sigmoid.default" for n in s.nodes) == 1
     assert sum("rand" in n.target for n in s.nodes) == sum("rand" in n.target for n in g.nodes) == 2
     torch.testing.assert_close(run_graph(s, Rep(), [x, t])[0], run_graph(g, Rep(), [x, t])[0])
+
+
+def test_max_pool_moves_before_bias_add_and_relu():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Hardswish())
+    x = torch.randn(2, 3, 9, 9)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g)
+    assert any("max pool moved before add -> relu" in n for n in notes), notes
+    pool = next(n for n in s.nodes if n.target == "aten.max_pool2d_with_indices.default")
+    assert s.node(pool.args[0].name).target == "aten.convolution.default"  # reads the raw conv
+    relu = next(n for n in s.nodes if n.target == "aten.relu.default")
+    assert relu.meta.shape == pool.meta.shape  # the bias add and relu run on the pooled tensor
+    _close(g, s, model, [x])
+    # one kernel after the pool: bias add, relu and hardswish
+    plan = plan_graph(s)
+    assert any({"aten.add.Tensor", "aten.relu.default"} <= {s.node(n).target for n in grp.nodes} for grp in plan.groups)
+
+
+def test_max_pool_stays_after_non_monotone_ops_or_when_indices_are_read():
+    class Idx(nn.Module):
+        def forward(self, x):
+            v, i = F.max_pool2d(torch.relu(x), 2, return_indices=True)
+            return v, i
+
+    for model in (nn.Sequential(nn.GELU(), nn.MaxPool2d(2)), nn.Sequential(nn.Tanh(), nn.MaxPool2d(2)), Idx()):
+        x = torch.randn(2, 3, 8, 8)
+        g = capture(from_module(model, [x]))
+        _, notes = rewrite(g)
+        assert not any("max pool moved" in n for n in notes), model
+
+
+def test_max_pool_does_not_move_past_an_operand_that_varies_in_the_window():
+    class Mix(nn.Module):
+        def forward(self, x, y):
+            return F.max_pool2d(x + y, 2)  # y varies over H, W: max(x + y) != max(x) + y
+
+    x, y = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)
+    g = capture(from_module(Mix(), [x, y]))
+    assert not any("max pool moved" in n for n in rewrite(g)[1])
+
+
+def test_max_pool_first_is_exact_with_padding_and_negative_windows():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LeakyReLU(0.2), nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True))
+    x = torch.randn(2, 3, 12, 11) - 3.0  # mostly negative: padding must not leak a 0 into the max
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g)
+    assert any("max pool moved" in n for n in notes)
+    with torch.no_grad():
+        assert torch.equal(run_graph(g, model, [x])[0], run_graph(s, model, [x])[0])

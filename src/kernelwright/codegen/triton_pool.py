@@ -19,6 +19,7 @@ or the number of in-bounds elements; a window with no in-bounds element gives 0.
 from __future__ import annotations
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.shapes import channels_last_strides
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.templating import launch_helpers, triton_env
 from kernelwright.space.axes import Axis, Space, pow2_range
@@ -75,6 +76,19 @@ def pool_params(node: OpNode) -> dict:
                 count_include_pad=bool(got.get("count_include_pad", True)), divisor_override=None if div is None else int(div))
 
 
+def _layout(x, node: OpNode) -> str:
+    """"contiguous", or "cl" when the input and every output are channels-last ([N, C, (D,) H, W]
+    with C innermost in memory, as after a channels-last convolution)."""
+    if x.contiguous:
+        return "contiguous"
+    nd = TARGETS[node.target][1]
+    rank = len(x.shape)
+    if nd + 2 == rank and rank in (4, 5) and tuple(x.stride) == channels_last_strides(x.shape) and all(
+            m is None or tuple(m.stride) == channels_last_strides(m.shape) for m in node.outs):
+        return "cl"
+    return "other"
+
+
 def _geometry(graph: Graph, node: OpNode) -> dict:
     """Input/output sizes viewed as [NC, D, H, W] -> [NC, OD, OH, OW] plus the padded-to-3-D window."""
     pp = pool_params(node)
@@ -88,7 +102,7 @@ def _geometry(graph: Graph, node: OpNode) -> dict:
     outs = [1] * (3 - nd) + list(y.shape[-nd:])
     pad3 = lambda v, fill: [fill] * (3 - nd) + list(v)  # noqa: E731
     total = y.numel
-    return dict(pp, x=x, y=y, NC=lead, ins=ins, outs=outs, total=total,
+    return dict(pp, x=x, y=y, NC=lead, C=x.shape[1] if len(x.shape) >= 2 else 1, ins=ins, outs=outs, total=total,
                 K=pad3(pp["kernel"], 1), S=pad3(pp["stride"], 1), P=pad3(pp["padding"], 0), DL=pad3(pp["dilation"], 1))
 
 
@@ -111,8 +125,8 @@ class PoolTemplate:
             return f"unsupported dtype {x.dtype}"
         if len(x.shape) < nd + 1:
             return f"input rank {len(x.shape)} too small for a {nd}-D pool"
-        if not x.contiguous:
-            return f"input is not contiguous (strides {list(x.stride)}, e.g. channels-last)"
+        if not x.contiguous and _layout(x, node) != "cl":
+            return f"input is neither contiguous nor channels-last with channels-last outputs (strides {list(x.stride)})"
         try:
             pp = pool_params(node)
         except (KeyError, ValueError, TypeError) as e:
@@ -173,10 +187,10 @@ class PoolTemplate:
         n_out = len(node.outs)
         allocs, call = [], ["x"]
         if store_values:
-            allocs.append(f"out = _alloc({tuple(y.shape)!r}, torch.{y.dtype}, x.device)")
+            allocs.append(f"out = _alloc({tuple(y.shape)!r}, torch.{y.dtype}, x.device, {tuple(y.stride)!r})")
             call.append("out")
         if store_indices:
-            allocs.append(f"idx = _alloc({tuple(node.outs[1].shape)!r}, torch.int64, x.device)")
+            allocs.append(f"idx = _alloc({tuple(node.outs[1].shape)!r}, torch.int64, x.device, {tuple(node.outs[1].stride)!r})")
             call.append("idx")
         rets = ["out" if store_values else "None"]
         if n_out > 1:
@@ -189,7 +203,7 @@ class PoolTemplate:
         int64 = max(x.numel, y.numel) + block > _INT32_LIMIT
         writes = ", ".join((["values"] if store_values else []) + (["indices"] if store_indices else []))
         text = triton_env().get_template("pool.py.j2").render(helpers=launch_helpers(), 
-            kind=kind, node=node.name, target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
+            kind=kind, node=node.name, cl=_layout(x, node) == "cl", C=g["C"], target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
             in_shape=tuple(x.shape), in_stride=tuple(x.stride), out_shape=tuple(y.shape),
             dhw=(D, H, W), flat_in=[g["NC"], D, H, W], flat_out=[g["NC"], OD, OH, OW],
             ks=g["kernel"], st=g["stride"], pd=g["padding"], dl=g["dilation"], ceil=g["ceil_mode"],

@@ -305,6 +305,104 @@ def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
     return _with_nodes(graph, nodes), notes
 
 
+# elementwise ops that are non-decreasing in their first argument, also after rounding:
+# target -> check of the other (constant) arguments
+def _positive_scalar(n: OpNode) -> bool:
+    return isinstance(n.args[1], (int, float)) and not isinstance(n.args[1], bool) and n.args[1] > 0
+
+
+def _no_alpha(n: OpNode) -> bool:
+    return n.kwargs.get("alpha", 1) == 1
+
+
+_MONOTONE = {
+    "aten.add.Tensor": _no_alpha,
+    "aten.add.Scalar": _no_alpha,
+    "aten.sub.Tensor": _no_alpha,
+    "aten.sub.Scalar": _no_alpha,
+    "aten.mul.Scalar": _positive_scalar,
+    "aten.div.Scalar": _positive_scalar,
+    "aten.relu.default": lambda n: True,
+    "aten.clamp.default": lambda n: True,
+    "aten.clamp_min.default": lambda n: True,
+    "aten.clamp_max.default": lambda n: True,
+    "aten.hardtanh.default": lambda n: True,
+    "aten.leaky_relu.default": lambda n: len(n.args) < 2 or n.args[1] >= 0,
+}
+
+
+def _monotone_step(graph: Graph, n: OpNode, pooled: int) -> str | None:
+    """The input through which `n` is a non-decreasing elementwise function, if `n` is one and
+    every other operand is constant over the last `pooled` dims (a scalar, a per-channel bias)."""
+    if n.target not in _MONOTONE or n.meta is None or not _MONOTONE[n.target](n) or not isinstance(n.args[0], Ref):
+        return None
+    main = n.args[0].name
+    m = graph.meta(main)
+    if m is None or tuple(m.shape) != tuple(n.meta.shape) or m.dtype != n.meta.dtype:
+        return None
+    for a in list(n.args[1:]) + list(n.kwargs.values()):
+        if isinstance(a, Ref):
+            om = graph.meta(a.name)
+            if om is None or a.name == main or any(d != 1 for d in om.shape[max(0, len(om.shape) - pooled):]):
+                return None
+    return main
+
+
+def max_pool_first(graph: Graph) -> tuple[Graph, list[str]]:
+    """max_pool(f(x)) -> f(max_pool(x)) for a chain f of non-decreasing elementwise ops whose
+    other operands are constant over each window (a conv's split-off bias add, a ReLU, a clamp,
+    a positive scale): the max of f over a window is f of the window's max, and f then runs on
+    the pooled tensor (4x smaller for a 2x2 pool) inside the kernel that follows. Exact for
+    finite operands (rounding is monotone; NaN propagates through both); windows always hold an
+    input element (padding <= half the window). Only when the pool's indices are not read."""
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    chains: dict[str, list[OpNode]] = {}  # pool name -> chain (first op first)
+    moved: set[str] = set()
+    by_name = {n.name: n for n in graph.nodes}
+    for p in graph.nodes:
+        if p.target not in POOLS or POOLS[p.target][0] != "max" or not isinstance(p.args[0], Ref) \
+                or p.name in graph.outputs:
+            continue
+        if any(u.target != "getitem" or u.args[1] != 0 for u in graph.users(p.name)):
+            continue
+        chain, cur = [], p.args[0].name
+        while True:
+            n = by_name.get(cur)
+            if n is None or cur in graph.outputs or cur in graph.mutations or len(graph.users(cur)) != 1:
+                break
+            src = _monotone_step(graph, n, POOLS[p.target][1])
+            if src is None:
+                break
+            chain.insert(0, n)
+            cur = src
+        if chain:
+            chains[p.name] = chain
+            moved |= {n.name for n in chain}
+    if not chains:
+        return graph, []
+    nodes, notes = [], []
+    for n in graph.nodes:
+        if n.name in moved:
+            continue
+        if n.target in POOLS and n.name in chains:
+            n = OpNode(n.name, n.target, (Ref(chains[n.name][0].args[0].name), *n.args[1:]), dict(n.kwargs), n.outs, n.fx)
+        elif n.target == "getitem" and isinstance(n.args[0], Ref) and n.args[0].name in chains:
+            chain = chains[n.args[0].name]
+            picked = OpNode(_unique(names, f"{n.name}_max"), n.target, n.args, dict(n.kwargs), n.outs, n.fx)
+            nodes.append(picked)
+            prev = picked.name
+            for k, op in enumerate(chain):
+                name = n.name if k == len(chain) - 1 else _unique(names, f"{op.name}_pooled")
+                meta = TensorMeta(n.meta.shape, n.meta.stride, op.meta.dtype)
+                nodes.append(OpNode(name, op.target, (Ref(prev), *op.args[1:]), dict(op.kwargs), [meta]))
+                prev = name
+            notes.append(f"{n.args[0].name}: max pool moved before {' -> '.join(op.op for op in chain)} "
+                         f"({', '.join(op.name for op in chain)})")
+            continue
+        nodes.append(n)
+    return _with_nodes(graph, nodes), notes
+
+
 def _feeds(graph: Graph, name: str, targets: set[str], through: dict | set) -> bool:
     """Whether `name` is read by a node with one of `targets`, directly or through a chain of
     `through` ops (e.g. a norm after the bias add that split_conv_bias inserted)."""
@@ -369,7 +467,8 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
                  and any(i in cl and graph.meta(i).shape == n.meta.shape for i in n.inputs))
         # pooling in the library keeps a channels-last input's layout (NHWC kernels), so do its
         # outputs and the getitems that pick them
-        keeps = keeps or (n.target in POOLS and n.inputs and n.inputs[0] in cl)
+        # (avg_pool3d has no channels-last kernel: it returns a contiguous result)
+        keeps = keeps or (n.target in POOLS and n.target != "aten.avg_pool3d.default" and n.inputs and n.inputs[0] in cl)
         keeps = keeps or (n.target == EVAL_BN and n.inputs and n.inputs[0] in cl)  # elementwise
         keeps = keeps or (n.target == "getitem" and n.args[0].name in cl and n.meta is not None
                           and len(n.meta.shape) in fmt)
@@ -411,10 +510,11 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 
 def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
     """Every exact rewrite optimize applies before planning: no-ops out, constants folded,
-    repeated subexpressions merged, convolution biases split off, row rewrites, and under the tensor-core policies (tf32, bf16)
+    repeated subexpressions merged, convolution biases split off, max pools moved before
+    non-decreasing elementwise ops, row rewrites, and under the tensor-core policies (tf32, bf16)
     channels-last convolutions."""
     notes: list[str] = []
-    steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, row_rewrites]
+    steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, max_pool_first, row_rewrites]
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
     for step in steps:
