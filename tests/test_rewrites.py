@@ -268,3 +268,19 @@ def test_max_pool_first_is_exact_with_padding_and_negative_windows():
     assert any("max pool moved" in n for n in notes)
     with torch.no_grad():
         assert torch.equal(run_graph(g, model, [x])[0], run_graph(s, model, [x])[0])
+
+
+def test_linear_bias_moves_into_the_epilogue_only_when_the_result_is_consumed_by_a_fusible_op():
+    model = nn.Sequential(nn.Linear(12, 10), nn.Sigmoid())
+    x = torch.randn(4, 12)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g)
+    assert any("plain GEMM" in n for n in notes), notes
+    assert not any(n.target == "aten.addmm.default" for n in s.nodes)
+    assert any(n.target == "aten.mm.default" for n in s.nodes)
+    plan = plan_graph(s)
+    assert any({"aten.add.Tensor", "aten.sigmoid.default"} <= {s.node(n).target for n in grp.nodes} for grp in plan.groups)
+    _close(g, s, model, [x])
+    bare = nn.Linear(12, 10)
+    g = capture(from_module(bare, [x]))
+    assert not any("plain GEMM" in n for n in rewrite(g)[1])  # cuBLAS's bias epilogue is free

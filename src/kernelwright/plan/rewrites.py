@@ -305,6 +305,31 @@ def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
     return _with_nodes(graph, nodes), notes
 
 
+def split_addmm_bias(graph: Graph) -> tuple[Graph, list[str]]:
+    """addmm(b, x, w) -> mm(x, w) + b when every consumer of the result fuses with the add (an
+    activation, a row reduction, a norm over the rows): the bias add then costs nothing in the
+    epilogue kernel, and the library runs a plain GEMM (as torch.compile does). A bare Linear
+    whose result is returned keeps cuBLAS's bias epilogue. alpha = beta = 1 and a 1-D bias only;
+    exact in real arithmetic (the GEMM's fp32 result is added to the bias once either way)."""
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    nodes, notes = [], []
+    for n in graph.nodes:
+        b = n.args[0] if n.target == "aten.addmm.default" else None
+        bm = graph.meta(b.name) if isinstance(b, Ref) else None
+        if bm is None or n.meta is None or len(bm.shape) != 1 or n.kwargs.get("beta", 1) != 1 \
+                or n.kwargs.get("alpha", 1) != 1 or n.name in graph.outputs or n.name in graph.mutations \
+                or not graph.users(n.name) \
+                or not all(_fuses_over(graph, u, n.meta.shape) for u in graph.users(n.name)):
+            nodes.append(n)
+            continue
+        mm = OpNode(_unique(names, f"{n.name}_mm"), "aten.mm.default", tuple(n.args[1:3]), {}, [n.meta], n.fx)
+        nodes += [mm, OpNode(n.name, "aten.add.Tensor", (Ref(mm.name), b), {}, n.outs)]
+        notes.append(f"{n.name}: bias {b.name} added in the epilogue after a plain GEMM ({mm.name})")
+    if not notes:
+        return graph, []
+    return _with_nodes(graph, nodes), notes
+
+
 # elementwise ops that are non-decreasing in their first argument, also after rounding:
 # target -> check of the other (constant) arguments
 def _positive_scalar(n: OpNode) -> bool:
@@ -510,11 +535,11 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 
 def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
     """Every exact rewrite optimize applies before planning: no-ops out, constants folded,
-    repeated subexpressions merged, convolution biases split off, max pools moved before
+    repeated subexpressions merged, convolution and GEMM biases split off, max pools moved before
     non-decreasing elementwise ops, row rewrites, and under the tensor-core policies (tf32, bf16)
     channels-last convolutions."""
     notes: list[str] = []
-    steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, max_pool_first, row_rewrites]
+    steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites]
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
     for step in steps:
