@@ -1,6 +1,7 @@
 """Group kernels rendered from templates and run in the Triton interpreter against the library."""
 from __future__ import annotations
 
+import copy
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -205,6 +206,36 @@ def test_channels_last_group_walks_memory_order_and_writes_channels_last(tmp_pat
     assert "BLOCK_Q" in k2.source and "tl.program_id(2)" in k2.source
     with pytest.raises(Unsupported):  # the first group's operands agree: no tiled walk
         render_group(graph, group, tiled_default().as_dict())
+
+
+@pytest.mark.parametrize("norm", ["group", "batch_train"])
+def test_a_norm_over_a_channels_last_conv_walks_its_input_in_memory_order(norm, tmp_path):
+    """Under tf32 a conv feeding a norm runs channels-last: the norm group reads the NHWC result
+    in memory order (the input's innermost dim innermost in the walk) in every schedule, and
+    writes the returned value in eager's NCHW layout."""
+    from kernelwright.codegen.triton_group import _layout, lower
+    from kernelwright.plan.rewrites import rewrite
+
+    model = Fn(lambda s, x: torch.tanh(s.norm(s.conv(x))))
+    model.conv = nn.Conv2d(3, 8, 3, padding=1)
+    model.norm = nn.GroupNorm(2, 8) if norm == "group" else nn.BatchNorm2d(8)
+    model.train()
+    x = torch.randn(2, 3, 6, 5)
+    graph, _ = rewrite(capture(from_module(model, [x])), "tf32")
+    plan = plan_graph(graph)
+    with torch.no_grad():
+        env = run_graph(graph, copy.deepcopy(model), [x], keep=True)
+    group = next(g for g in plan.groups if g.rdims is not None)
+    low = lower(graph, group)
+    kept, red = _layout(low)
+    main = low.inputs.index(next(o for o in low.inputs if o.level == "full"))
+    assert red[-1][1][main] == 1 or kept[-1][1][main] == 1  # channels (innermost in NHWC) walked innermost
+    split = {"BLOCK_M": 2, "BLOCK_R": 16, "SPLIT": 4, "one_pass": False, "num_warps": 4, "num_stages": 1}
+    for tag, cfg in (("one", ONE_PASS), ("multi", MULTI_PASS), ("split", split)):
+        k, _, outs = _run(graph, group, env, cfg, tmp_path, f"{norm}_{tag}")
+        out = outs[k.outputs.index(graph.outputs[0])]
+        assert out.is_contiguous()
+        torch.testing.assert_close(out, env[graph.outputs[0]], rtol=1e-5, atol=1e-5)
 
 
 def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():

@@ -152,11 +152,16 @@ def test_depthwise_convs_stay_in_their_layout():
     assert not any("channels-last" in n for n in notes)
 
 
-def test_convs_feeding_a_norm_stay_nchw():
-    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8))
-    g = capture(from_module(model, [torch.randn(1, 3, 6, 6)]))
+def test_convs_feeding_a_norm_run_channels_last_and_the_returned_value_keeps_eagers_layout():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.Tanh())
+    x = torch.randn(2, 3, 7, 7)
+    g = capture(from_module(model, [x]))
     s, notes = rewrite(g, "tf32")
-    assert not any("channels-last" in n for n in notes)
+    assert any("channels-last" in n for n in notes)
+    norm = next(n for n in s.nodes if n.target == "aten.native_group_norm.default")
+    assert s.meta(norm.args[0].name).stride == channels_last_strides(norm.meta.shape)
+    assert s.node(s.outputs[0]).meta.stride == g.node(g.outputs[0]).meta.stride
+    _close(g, s, model, [x])
 
 
 def test_conv_bias_is_split_off_where_the_add_fuses_with_the_consumer():
@@ -197,12 +202,15 @@ def test_a_returned_conv_split_under_tf32_is_written_in_eagers_layout():
     _close(g, s, model, [x])
 
 
-def test_a_conv_whose_bias_add_feeds_a_training_batch_norm_stays_nchw():
+def test_a_training_batch_norm_after_a_conv_reads_channels_last_in_memory_order():
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).train()
-    g = capture(from_module(model, [torch.randn(2, 3, 6, 6)]))
+    x = torch.randn(2, 3, 6, 6)
+    g = capture(from_module(model, [x]))
     s, notes = rewrite(g, "tf32")
-    assert any("bias" in n for n in notes)  # the add fuses into the batch-norm group ...
-    assert not any("channels-last" in n for n in notes)  # ... which reads NCHW rows
+    assert any("bias" in n for n in notes) and any("channels-last" in n for n in notes)
+    plan = plan_graph(s)
+    grp = next(p for p in plan.groups if p.rdims is not None)
+    assert any(s.node(n).target == "aten.add.Tensor" for n in grp.nodes)  # the bias add fuses into the norm
 
 
 def test_repeated_subexpressions_are_merged_but_random_ops_are_not():

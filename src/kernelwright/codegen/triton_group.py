@@ -413,14 +413,17 @@ def lower(graph: Graph, group: Group) -> Lowering:
 
 
 def _layout(low: Lowering):
-    """(kept, reduced) dims of a lowered group in the walk order of its memory: ordered like its
-    first domain-sized output (else its first domain-sized input); reduced dims keep the domain
-    order when an argmax/argmin must report flat indices in it."""
+    """(kept, reduced) dims of a lowered group in the walk order of its memory: a pointwise group
+    is ordered like its first domain-sized output, a reduction group (which reads its input in
+    every pass but writes once) like its first domain-sized input, else whichever exists; reduced
+    dims keep the domain order when an argmax/argmin must report flat indices in it."""
     ops = low.inputs + low.outputs
     dense = [k for k, o in enumerate(ops) if o.level != "scalar" and (low.rd == () or o.level == "full")
              and all(o.strides[j] for j in range(len(low.D)) if low.D[j] != 1)]
     outs = [k for k in dense if k >= len(low.inputs)]
-    ref = (outs or dense or [None])[0]  # never a broadcast operand
+    ins = [k for k in dense if k < len(low.inputs)]
+    order = ins + outs if low.rd else outs + ins
+    ref = order[0] if order else None  # never a broadcast operand
     fixed = any(s.kind == "reduce" and s.op in ("argmax", "argmin") for s in low.stmts)
     return _collapse(low.D, low.rd, [o.strides for o in ops], ref, fixed)
 

@@ -428,21 +428,6 @@ def max_pool_first(graph: Graph) -> tuple[Graph, list[str]]:
     return _with_nodes(graph, nodes), notes
 
 
-def _feeds(graph: Graph, name: str, targets: set[str], through: dict | set) -> bool:
-    """Whether `name` is read by a node with one of `targets`, directly or through a chain of
-    `through` ops (e.g. a norm after the bias add that split_conv_bias inserted)."""
-    stack, seen = [name], set()
-    while stack:
-        v = stack.pop()
-        for u in graph.users(v):
-            if u.target in targets:
-                return True
-            if u.target in through and u.name not in seen:
-                seen.add(u.name)
-                stack.append(u.name)
-    return False
-
-
 def _channels_last(m: TensorMeta) -> TensorMeta:
     return TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)
 
@@ -450,10 +435,8 @@ def _channels_last(m: TensorMeta) -> TensorMeta:
 def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     """Run float32 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
-    torch.compile's layout optimisation does); group kernels walk such tensors in memory order.
-    Convolutions feeding a group / instance / training batch norm stay NCHW: the library norms
-    refuse channels-last inputs and the fused norm kernels read it with strided rows (measured
-    slower on the H200 for resnet_basic_block).
+    torch.compile's layout optimisation does), and through the norms after them; group kernels
+    walk such tensors in memory order (a reduction group in its input's order).
 
     On the H200 cuDNN's TF32 tensor-core convolutions are ~1.7x faster on NHWC operands
     (conv_layout_probe in docs/benchmarks.md). The input and weight get one explicit
@@ -468,7 +451,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
         if n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype == "float32" \
                 and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1 \
                 and all(graph.meta(a.name) is not None and len(graph.meta(a.name).shape) == len(n.meta.shape)
-                        for a in n.args[:2]) and not _feeds(graph, n.name, NORMS, POINTWISE):
+                        for a in n.args[:2]):
             args = list(n.args)
             for k in (0, 1):
                 src = args[k].name
@@ -495,6 +478,9 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
         # (avg_pool3d has no channels-last kernel: it returns a contiguous result)
         keeps = keeps or (n.target in POOLS and n.target != "aten.avg_pool3d.default" and n.inputs and n.inputs[0] in cl)
         keeps = keeps or (n.target == EVAL_BN and n.inputs and n.inputs[0] in cl)  # elementwise
+        # norms over a channels-last input: the fused norm kernel reads it in memory order and
+        # writes its result channels-last too (values the model returns excepted, below)
+        keeps = keeps or (n.target in NORMS and n.inputs and n.inputs[0] in cl)
         keeps = keeps or (n.target == "getitem" and n.args[0].name in cl and n.meta is not None
                           and len(n.meta.shape) in fmt)
         if keeps and n.name not in graph.mutations and n.name not in graph.outputs:
