@@ -292,3 +292,31 @@ def test_linear_bias_moves_into_the_epilogue_only_when_the_result_is_consumed_by
     bare = nn.Linear(12, 10)
     g = capture(from_module(bare, [x]))
     assert not any("plain GEMM" in n for n in rewrite(g)[1])  # cuBLAS's bias epilogue is free
+
+
+def test_library_group_norm_gets_an_nchw_input_as_cuda_requires(monkeypatch):
+    """PyTorch's CUDA group norm refuses channels-last inputs (the CPU one accepts them): the
+    library call, in the executor and in emitted code, is given a contiguous copy."""
+    import kernelwright.capture.execute as ex
+    from kernelwright.emit.program import node_line
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.Tanh())
+    x = torch.randn(2, 3, 7, 7)
+    g = capture(from_module(model, [x]))
+    s, _ = rewrite(g, "tf32")
+    norm = next(n for n in s.nodes if n.target == "aten.native_group_norm.default")
+    assert ".contiguous()" in node_line(s, norm.name)
+    real = ex.resolve
+
+    def strict(target):
+        fn = real(target)
+        if target != "aten.native_group_norm.default":
+            return fn
+
+        def check(x, *args):
+            assert x.is_contiguous(), "CUDA group norm needs NCHW"
+            return fn(x, *args)
+        return check
+
+    monkeypatch.setattr(ex, "resolve", strict)
+    _close(g, s, model, [x])

@@ -34,9 +34,18 @@ def substitute(value: Any, env: dict, device: torch.device | None):
     return value
 
 
+# ops whose CUDA kernels require an NCHW-contiguous first argument (PyTorch's group norm checks
+# X.is_contiguous() on CUDA but accepts channels-last on the CPU): the library call gets a
+# contiguous copy of a channels-last input (a generated kernel reads it in place)
+CONTIGUOUS_INPUT = frozenset({"aten.native_group_norm.default"})
+
+
 def run_node(node: OpNode, env: dict, device: torch.device | None = None):
     fn = resolve(node.target)
-    return fn(*substitute(node.args, env, device), **substitute(node.kwargs, env, device))
+    args = substitute(node.args, env, device)
+    if node.target in CONTIGUOUS_INPUT and isinstance(args[0], torch.Tensor):
+        args = (args[0].contiguous(), *args[1:])
+    return fn(*args, **substitute(node.kwargs, env, device))
 
 
 def bind_inputs(graph: Graph, model: torch.nn.Module, inputs: list) -> dict:

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from kernelwright.capture.execute import CONTIGUOUS_INPUT
 from kernelwright.capture.graph import Graph, Ref
 from kernelwright.plan.fusion import Plan
 
@@ -58,6 +59,8 @@ def node_line(graph: Graph, name: str) -> str:
     if n.target == "getitem":
         return f"{name} = {n.args[0].name}[{n.args[1]}]"
     args = [render_value(a) for a in n.args]
+    if n.target in CONTIGUOUS_INPUT and isinstance(n.args[0], Ref):
+        args[0] += ".contiguous()"  # the CUDA kernel refuses channels-last inputs
     args += [f"{k}={render_value(v)}" for k, v in n.kwargs.items()]
     return f"{name} = torch.ops.{n.target}({', '.join(args)})"
 
