@@ -56,3 +56,20 @@ def test_the_tf32_rewrite_inserts_copies_this_template_takes():
     copies = [n for n in graph.nodes if n.target == "aten.clone.default"]
     assert copies and all(n.meta.stride == channels_last_strides(n.meta.shape) for n in copies)
     assert all(template_for(graph, n)[0].name == "triton.layout_copy" for n in copies)
+
+
+def test_a_bf16_cast_and_layout_change_run_as_one_copy(tmp_path):
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    x = torch.randn(2, 3, 8, 8)
+    graph, _ = rewrite(capture(from_module(conv, [x])), "bf16")
+    copies = [n for n in graph.nodes if n.target == "aten._to_copy.default" and "memory_format" in n.kwargs]
+    assert len(copies) == 2
+    node = next(n for n in copies if n.args[0].name == graph.inputs[-1].name or graph.meta(n.args[0].name).shape == x.shape)
+    template, why = template_for(graph, node)
+    assert template is not None and template.name == "triton.layout_copy", why
+    k = template.render(graph, node, template.default(graph, node).as_dict(), used_outputs(graph, node))
+    (y,) = load_module_from_source(k.source, "layout_cast", tmp_path).launch(x)
+    assert y.dtype == torch.bfloat16 and y.stride() == channels_last_strides(y.shape)
+    want = x.to(torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    # within one bf16 step: the GPU rounds to nearest even like torch, Triton's interpreter truncates
+    torch.testing.assert_close(y.float(), want.float(), rtol=2 ** -7, atol=0)

@@ -71,6 +71,15 @@ def test_make_baselines_eager_only_on_cpu():
     assert base["eager"](torch.randn(2, 4)).shape == (2, 3)
 
 
+def test_bf16_baselines_run_in_bf16_autocast():
+    problem = from_module(nn.Linear(4, 3), [torch.randn(2, 4)])
+    x = torch.randn(2, 4)
+    assert make_baselines(problem, get_policy("fp32"), "cpu", include_compile=False)["eager"](x).dtype == torch.float32
+    out = make_baselines(problem, get_policy("bf16"), "cpu", include_compile=False)["eager"](x)
+    assert out.dtype == torch.bfloat16  # the Linear ran on bf16 operands, as a PyTorch user gets it
+    assert not torch.is_autocast_enabled("cpu")  # only inside the call
+
+
 # ---------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")

@@ -1,6 +1,7 @@
 """End to end on the CPU for every shipped GEMM / convolution problem (issue 4): optimize at the
-problem's SMALL size in the Triton interpreter, under fp32 and, for convolutions, tf32 (where
-dense convolutions run channels-last), and check the emitted ModelNew against Model."""
+problem's SMALL size in the Triton interpreter, under fp32, bf16 (explicit bf16 operands, checked
+against eager under bf16 autocast) and, for convolutions, tf32 (where dense convolutions run
+channels-last), and check the emitted ModelNew against Model."""
 from __future__ import annotations
 
 import os
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.interpreter
 ROOT = Path(__file__).resolve().parents[1] / "problems"
 ANCHORED = ("gemm", "conv", "matmul", "linear", "matrix_vector", "mlp", "cnn", "resnet", "transformer")
 PROBLEMS = sorted(p for p in ROOT.glob("level*/*.py") if any(k in p.stem for k in ANCHORED))
-CASES = [(p, "fp32") for p in PROBLEMS] + [(p, "tf32") for p in PROBLEMS if any(k in p.stem for k in ("conv", "cnn", "resnet"))]
+CASES = ([(p, "fp32") for p in PROBLEMS] + [(p, "tf32") for p in PROBLEMS if any(k in p.stem for k in ("conv", "cnn", "resnet"))]
+         + [(p, "bf16") for p in PROBLEMS])
 
 
 def test_every_gemm_and_conv_problem_is_covered():
@@ -37,5 +39,8 @@ def test_optimize_gemm_conv(path, policy, tmp_path):
     assert result["verify"]["passed"], result["verify"]
     assert (tmp_path / "out" / "model_new.py").is_file()
     # dense 2-D / 3-D convolutions run channels-last under tf32 (through the norms after them too)
-    if policy == "tf32" and not any(k in path.stem for k in ("depthwise", "conv1d")):
+    convs = any(k in path.stem for k in ("conv", "cnn", "resnet")) and not any(k in path.stem for k in ("depthwise", "conv1d"))
+    if policy in ("tf32", "bf16") and convs:
         assert any("channels-last" in n for n in result.get("rewrites", [])), result.get("rewrites")
+    if policy == "bf16" and "depthwise" not in path.stem:  # GEMMs / dense convolutions read bf16 operands
+        assert any("bf16 operands" in n for n in result.get("rewrites", [])), result.get("rewrites")

@@ -3,6 +3,7 @@ import torch
 import torch.nn as nn
 
 from kernelwright.capture import capture
+from kernelwright.capture.graph import Ref
 from kernelwright.capture.execute import run_graph
 from kernelwright.plan.rewrites import simplify
 from kernelwright.problem import from_module
@@ -320,3 +321,41 @@ def test_library_group_norm_gets_an_nchw_input_as_cuda_requires(monkeypatch):
 
     monkeypatch.setattr(ex, "resolve", strict)
     _close(g, s, model, [x])
+
+
+# --- the bf16 policy ---------------------------------------------------------------------------
+
+def test_bf16_gemm_reads_bf16_operands_and_returns_float32():
+    from kernelwright.plan.rewrites import bf16_operands
+
+    model = nn.Sequential(nn.Linear(16, 12), nn.ReLU(), nn.Linear(12, 5))
+    x = torch.randn(4, 16)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g, "bf16")
+    gemms = [n for n in s.nodes if n.target in ("aten.mm.default", "aten.addmm.default")]
+    assert len(gemms) == 2 and all(n.meta.dtype == "bfloat16" for n in gemms)
+    assert all(s.meta(a.name).dtype == "bfloat16" for n in gemms for a in n.args if isinstance(a, Ref))
+    assert sum("bf16 operands" in n for n in notes) == 2
+    assert s.node(s.outputs[0]).meta.dtype == "float32"
+    with torch.no_grad():
+        got = run_graph(s, model, [x])[0]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            auto = model(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, auto.float(), rtol=2e-2, atol=2e-2)  # autocast's rounding, within bf16
+    assert bf16_operands(s)[1] == []  # idempotent: nothing float32 is left to narrow
+
+
+def test_bf16_conv_operands_are_cast_and_made_channels_last_in_one_copy():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    x = torch.randn(2, 3, 7, 7)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g, "bf16")
+    conv = next(n for n in s.nodes if n.target == "aten.convolution.default")
+    for a in conv.args[:2]:
+        src = s.node(a.name)
+        assert src.target == "aten._to_copy.default" and src.kwargs["dtype"] == torch.bfloat16
+        assert src.kwargs["memory_format"] == torch.channels_last and s.meta(src.args[0].name).dtype == "float32"
+    assert not any(n.target == "aten.clone.default" for n in s.nodes)
+    with torch.no_grad():
+        torch.testing.assert_close(run_graph(s, model, [x])[0], model(x), rtol=3e-2, atol=3e-2)

@@ -5,6 +5,7 @@ import random
 import time
 
 import numpy as np
+import pytest
 
 from kernelwright.search import (CandidateCache, CostModel, Exhaustive, ModelBased,
                                  RandomSearch, RunResult, TrialDB, choose_strategy,
@@ -328,3 +329,15 @@ def test_candidate_cache_skips_known(tmp_path):
     assert ran == CONFIGS[20:30] and res.n_run == 10 and res.n_cached == 20
     assert len(res.results) == 30 and len(db.records(task_key="T")) == 30
     assert len(cache) == 30
+
+
+def test_budget_shares_follow_bytes_with_a_minimum_per_unit():
+    from kernelwright.search.budget import shares
+
+    # a 300 KB weight copy, a 400 MB input copy and a 1.6 GB norm share 12 trials
+    got = shares(12, [3e5, 4e8, 1.6e9], 2)
+    assert got[0] == 2 and got[2] == pytest.approx(8) and got[1] == pytest.approx(2) and sum(got) == pytest.approx(12)
+    assert shares(12, [1.0, 1.0, 1.0], 2) == pytest.approx([4, 4, 4])
+    assert shares(3, [1.0, 5.0, 9.0], 2) == [2, 2, 2]  # the minimums alone exceed the total
+    assert shares(10, [0.0, 0.0], 2) == pytest.approx([5, 5])
+    assert shares(10, [], 2) == []

@@ -120,3 +120,20 @@ def test_space_sample():
     assert set(sp.sample(1000, 1)) == set(sp.configs())  # capped at the space size
     np = pytest.importorskip("numpy")
     assert len(sp.sample(5, np.random.default_rng(0))) == 5
+
+
+def test_long_strided_rows_search_split_and_row_schedules():
+    from kernelwright.space.group_space import default_config, group_space, seed_configs, strided_long_rows
+
+    # group norm over channels-last data: 512 rows of 401408 elements, 8 contiguous at a time
+    M, R = 512, 401408
+    assert strided_long_rows(M, R, False) and not strided_long_rows(M, R, True)
+    space = group_space(M, R, False, r_contiguous=False)
+    assert {c.template for c in space} == {"triton.split", "triton.row"}
+    base = default_config(M, R, False, r_contiguous=False)
+    assert base.template == "triton.split" and base["BLOCK_M"] == 32  # 32 rows side by side ...
+    assert M * base["SPLIT"] // base["BLOCK_M"] >= 1056  # ... and enough programs for 132 SMs
+    seeds = seed_configs(M, R, False, r_contiguous=False)
+    assert seeds[0] == base and seeds[1].template == "triton.row" and all(c in space for c in seeds)
+    # contiguous rows keep the row space alone
+    assert {c.template for c in group_space(M, R, False)} == {"triton.row"}

@@ -62,14 +62,6 @@ def _use_interpreter_if_cpu(device: str | None):
         os.environ["TRITON_INTERPRET"] = "1"
 
 
-def _matched_precision_available(precision: str, timed: bool):
-    """Speedups are only reported at matched precision; bf16 baselines (eager and torch.compile
-    under bf16 autocast) are not implemented, so nothing is timed under bf16 yet."""
-    if precision == "bf16" and timed:
-        raise UserError("--precision bf16: eager/torch.compile baselines under bf16 are not implemented yet, so no "
-                        "matched-precision timing is possible; use fp32 or tf32 (or --device cpu to verify only)")
-
-
 def _has_gpu() -> bool:
     import torch
 
@@ -130,7 +122,6 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
         raise UserError(f"--backend {backend!r}: choose triton, cuda or all")
     _use_interpreter_if_cpu(device)
     dev = _device(device)
-    _matched_precision_available(precision, timed=dev == "cuda")
     from kernelwright.pipeline import Options, optimize_problem
     from kernelwright.problem import load_problem
 
@@ -168,7 +159,6 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
         raise UserError("no problem files found under " + ", ".join(map(str, paths)))
     if not _has_gpu():
         raise UserError("bench times kernels and needs a CUDA GPU; none is visible (try `kernelwright optimize --device cpu`)")
-    _matched_precision_available(precision, timed=True)
     run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
               seconds=seconds, json_out=json_out, out_dir=out, small=small, compile_mode=compile_mode,
               echo=lambda s: typer.echo(s))

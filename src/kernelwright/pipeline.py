@@ -27,6 +27,7 @@ from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
 from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, packaged_priors, tune
+from kernelwright.search.budget import shares
 from kernelwright.search.units import (CudaTuner, GemmTuner, GroupTuner, KernelTuner, NodeTuner, group_impl,
                                       kernel_resources)
 from kernelwright.space.config import Config
@@ -174,8 +175,11 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
         env = run_graph(graph, model, inputs, keep=True)
     units = [u for u in plan.units if u.group is not None or template_for(graph, graph.node(u.node))[0] is not None]
     n = max(1, len(units))
-    per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)
+    per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)  # GEMM-epilogue pass
     per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
+    weights = [_unit_bytes(graph, u) for u in units]  # the budget follows the bytes each unit moves
+    unit_trials = dict(zip(map(id, units), shares(opts.budget_trials, weights, 2))) if opts.budget_trials else {}
+    unit_s = dict(zip(map(id, units), shares(opts.budget_s, weights, 1.0))) if opts.budget_s else {}
     db = TrialDB(default_db_path(opts.db_path), priors=packaged_priors())
     kernels, sources, summary, support = {}, {}, [], {}
     tuned = {id(u) for u in units}
@@ -229,9 +233,10 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
                 except Unsupported as e:
                     gr.note = f"{gr.note}; {e}".strip("; ")
             found = []  # (result, tuner)
-            share = None if per_trials is None else max(2, per_trials // len(tuners))  # the unit's budget, split
+            mine, mine_s = unit_trials.get(id(unit)), unit_s.get(id(unit))
+            share = None if mine is None else max(2, round(mine) // len(tuners))  # the unit's budget, split
             for t in tuners:
-                results = _search(t, share, None if per_s is None else per_s / len(tuners),
+                results = _search(t, share, None if mine_s is None else mine_s / len(tuners),
                                   {**common, "task_key": f"{common['task_key']}/{t.backend}", "task_features": t.features})
                 gr.trials += len(results)
                 gr.failed += sum(1 for r in results if not r.ok)
@@ -281,6 +286,14 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
                              per_trials, per_s, db, problem, log)
     result["groups"] = [asdict(g) for g in result["groups"]]
     return summary, kernels, sources, support
+
+
+def _unit_bytes(graph, unit) -> int:
+    """Bytes a unit reads and writes at least: its inputs and outputs (a node's every output)."""
+    if unit.group is not None:
+        return sum(_nbytes(graph, v) for v in unit.group.inputs + unit.group.outputs)
+    node = graph.node(unit.node)
+    return sum(_nbytes(graph, v) for v in node.inputs) + sum(m.nbytes for m in node.outs if m is not None)
 
 
 def _nbytes(graph, name) -> int:

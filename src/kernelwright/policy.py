@@ -20,6 +20,7 @@ class Policy:
     allow_tf32: bool
     operand_dtype: torch.dtype  # dtype GEMM/conv operands are cast to by generated kernels
     triton_input_precision: str  # value for tl.dot(input_precision=...)
+    autocast_dtype: torch.dtype | None = None  # baselines run under torch.autocast to this dtype
 
     @contextlib.contextmanager
     def active(self):
@@ -32,11 +33,20 @@ class Policy:
         finally:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
+    def baseline(self, device="cuda"):
+        """The context eager PyTorch and torch.compile run in under this policy: bf16 autocast
+        for `bf16` (GEMM / convolution operands cast to bf16, fp32 accumulation, as a PyTorch
+        user gets it), nothing for fp32 / tf32. kernelwright's own modules carry explicit casts
+        (plan.rewrites.bf16_operands) and never need it."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(device).type, dtype=self.autocast_dtype)
+
 
 POLICIES = {
     "fp32": Policy("fp32", 1e-4, False, torch.float32, "ieee"),
     "tf32": Policy("tf32", 1e-2, True, torch.float32, "tf32"),
-    "bf16": Policy("bf16", 1e-2, False, torch.bfloat16, "ieee"),
+    "bf16": Policy("bf16", 1e-2, False, torch.bfloat16, "ieee", torch.bfloat16),
 }
 
 

@@ -452,13 +452,18 @@ def transposed_walk(low: Lowering):
 
 def extent(low: Lowering) -> tuple[int, int, bool]:
     """(M kept indices, R reduced elements per row, whether the main input is contiguous along
-    the reduction) of a lowered group, after collapsing mergeable dims."""
+    the reduction: its innermost reduced dim has stride 1 and, in a longer row, at least 16
+    elements, so one row alone fills cache lines) of a lowered group, after collapsing mergeable
+    dims. A group norm over channels-last data (8 channels per group between pixel jumps) is not."""
     ops = low.inputs + low.outputs
     kept, red = _layout(low)
     M = math.prod(s for s, _ in kept) if kept else 1
     R = math.prod(s for s, _ in red) if red else 1
     main = low.inputs[0] if low.inputs else None
-    return M, R, not red or main is None or red[-1][1][ops.index(main)] == 1
+    if not red or main is None:
+        return M, R, True
+    size, strides = red[-1]
+    return M, R, strides[ops.index(main)] == 1 and (size >= 16 or len(red) == 1)
 
 
 def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None = None) -> GroupKernel:

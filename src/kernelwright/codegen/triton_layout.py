@@ -1,6 +1,8 @@
 """A node template for layout copies: `clone(x, memory_format=...)` between the contiguous (NCHW)
-and channels-last (NHWC / NDHWC) layouts of a 4-D / 5-D tensor, as a tiled Triton transpose
-(templates/triton/layout_copy.py.j2), searched against torch's copy.
+and channels-last (NHWC / NDHWC) layouts of a 4-D / 5-D tensor, or `_to_copy(x, dtype=...,
+memory_format=...)` that also casts between float dtypes (bf16 operands of a channels-last
+convolution in one pass), as a tiled Triton transpose (templates/triton/layout_copy.py.j2),
+searched against torch's copy.
 
 The channels-last rewrite (plan/rewrites.py) inserts such copies before convolutions under the
 tf32 / bf16 policies; a plain strided copy reads or writes across the channels.
@@ -33,10 +35,13 @@ class LayoutCopyTemplate:
     name = NAME
 
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
-        if node.target != "aten.clone.default" or not node.args or not isinstance(node.args[0], Ref):
-            return "not a clone"
+        if node.target not in ("aten.clone.default", "aten._to_copy.default") or not node.args \
+                or not isinstance(node.args[0], Ref):
+            return "not a clone or a cast"
+        if node.target == "aten._to_copy.default" and not set(node.kwargs) <= {"dtype", "memory_format"}:
+            return "a cast with more than a dtype and a memory format"
         x, y = graph.meta(node.args[0].name), node.meta
-        if x is None or y is None or len(x.shape) not in (4, 5) or x.dtype not in DTYPES:
+        if x is None or y is None or len(x.shape) not in (4, 5) or x.dtype not in DTYPES or y.dtype not in DTYPES:
             return "only 4-D / 5-D floating tensors"
         layouts = {contiguous_strides(x.shape), channels_last_strides(x.shape)}
         if x.stride not in layouts or y.stride not in layouts or x.stride == y.stride:
@@ -58,7 +63,8 @@ class LayoutCopyTemplate:
         x, y = graph.meta(node.args[0].name), node.meta
         direction = "channels-last" if y.stride == channels_last_strides(y.shape) else "contiguous"
         text = triton_env().get_template("layout_copy.py.j2").render(
-            node=node.name, target=node.target, input=node.args[0].name, dtype=x.dtype, shape=tuple(x.shape),
+            node=node.name, target=node.target, input=node.args[0].name, dtype=x.dtype, out_dtype=y.dtype,
+            shape=tuple(x.shape),
             in_stride=tuple(x.stride), out_stride=tuple(y.stride), direction=direction, N=x.shape[0],
             C=x.shape[1], S=math.prod(x.shape[2:]), xs=_ncs(x.shape, x.stride), ys=_ncs(y.shape, y.stride),
             kernel=f"{node.name}_layout_kernel", helpers=launch_helpers(),

@@ -70,7 +70,17 @@ def _pow(a, kw):
     return f"tl.exp2({_f(e)} * tl.log2({x}))"
 
 
+def _to_float(a, kw) -> str:
+    """A cast between float dtypes, computed in float32: narrowing rounds to the nearest even,
+    like torch (on the GPU; Triton's interpreter truncates), widening is exact. The planner only fuses float-to-float casts (see fusion)."""
+    target = str(kw.get("dtype", "torch.float32")).replace("torch.", "")
+    if target == "float32":
+        return f"{a[0]}.to(tl.float32)"
+    return f'{a[0]}.to(tl.{target}, fp_downcast_rounding="rtne").to(tl.float32)'
+
+
 POINTWISE: dict[str, Expr] = {
+    "aten._to_copy.default": _to_float,
     "aten.add.Tensor": lambda a, kw: _alpha(a, kw, "+"),
     "aten.add.Scalar": lambda a, kw: _alpha(a, kw, "+"),
     "aten.sub.Tensor": lambda a, kw: _alpha(a, kw, "-"),

@@ -42,6 +42,18 @@ def _line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
+def _in_context(fn: Callable, policy, device) -> Callable:
+    """`fn` called inside the policy's baseline context (bf16 autocast under `bf16`), else `fn`."""
+    if policy.autocast_dtype is None:
+        return fn
+
+    def run(*inputs):
+        with policy.baseline(device):
+            return fn(*inputs)
+
+    return run
+
+
 def make_baselines(
     problem,
     policy,
@@ -52,18 +64,19 @@ def make_baselines(
     model: torch.nn.Module | None = None,
 ) -> Baselines:
     """{"eager": model, "compile" (or "compile:<mode>"): torch.compile(model)}, callables taking
-    the problem's inputs. The model is built once (or `model` is used). With `inputs`, the compiled
+    the problem's inputs (under bf16 both are wrapped to run in bf16 autocast). The model is built once (or `model` is used). With `inputs`, the compiled
     callable is run once under the policy here, so compilation and autotuning stay out of timing.
     A compile failure leaves its key out and its reason in `.errors`."""
     model = problem.make_model(device) if model is None else model
-    out = Baselines(eager=model)
+    out = Baselines(eager=_in_context(model, policy, device))
     if not include_compile:
         return out
     key = compile_key(compile_mode)
     try:
         torch._dynamo.reset()  # fresh caches: earlier problems' graphs and recompile counts
         with policy.active():  # inductor reads the TF32 switches while compiling
-            compiled = torch.compile(model, mode=None if compile_mode in (None, "default") else compile_mode)
+            compiled = _in_context(torch.compile(model, mode=None if compile_mode in (None, "default") else compile_mode),
+                                   policy, device)
             if inputs is not None:
                 with torch.no_grad():
                     compiled(*inputs)

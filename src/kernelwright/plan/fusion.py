@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kernelwright.capture.graph import Graph, OpNode
+from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import contiguous_strides, refine_strides
 from kernelwright.codegen.triton_ops import POINTWISE
 
@@ -156,6 +156,10 @@ def row_shapes(domain, rdims) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def _is_pointwise(node: OpNode, graph: Graph) -> bool:
     if node.target not in POINTWISE or node.meta is None:
         return False
+    if node.target == "aten._to_copy.default":  # only casts between float dtypes, nothing else changed
+        src = graph.meta(node.args[0].name) if isinstance(node.args[0], Ref) else None
+        return (set(node.kwargs) <= {"dtype"} and src is not None and src.dtype in FLOAT_DTYPES
+                and node.meta.dtype in FLOAT_DTYPES)
     return node.meta.dtype in FLOAT_DTYPES or node.meta.dtype == "bool"
 
 

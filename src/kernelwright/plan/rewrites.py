@@ -433,7 +433,7 @@ def _channels_last(m: TensorMeta) -> TensorMeta:
 
 
 def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
-    """Run float32 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
+    """Run float32 (or bf16) 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
     torch.compile's layout optimisation does), and through the norms after them; group kernels
     walk such tensors in memory order (a reduction group in its input's order).
@@ -447,8 +447,10 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     nodes, notes = [], []
     cl: set[str] = set()
     converted: dict[str, str] = {}
+    by_name = {n.name: n for n in graph.nodes}
+    dead: set[str] = set()
     for n in graph.nodes:
-        if n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype == "float32" \
+        if n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype in ("float32", "bfloat16") \
                 and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1 \
                 and all(graph.meta(a.name) is not None and len(graph.meta(a.name).shape) == len(n.meta.shape)
                         for a in n.args[:2]):
@@ -459,9 +461,17 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
                     continue
                 if src not in converted:
                     m = graph.meta(src)
-                    conv = OpNode(_unique(names, f"{src}_cl"), "aten.clone.default", (Ref(src),),
-                                  {"memory_format": fmt[len(m.shape)]},
-                                  [_channels_last(m)])
+                    cast = by_name.get(src)
+                    if cast is not None and _plain_cast(graph, cast) and len(graph.users(src)) == 1 \
+                            and src not in graph.outputs:
+                        # a bf16 operand cast read only here: cast and change layout in one copy
+                        conv = OpNode(_unique(names, f"{src}_cl"), cast.target, cast.args,
+                                      {**cast.kwargs, "memory_format": fmt[len(m.shape)]}, [_channels_last(m)])
+                        dead.add(src)
+                    else:
+                        conv = OpNode(_unique(names, f"{src}_cl"), "aten.clone.default", (Ref(src),),
+                                      {"memory_format": fmt[len(m.shape)]},
+                                      [_channels_last(m)])
                     nodes.append(conv)
                     converted[src] = conv.name
                 args[k] = Ref(converted[src])
@@ -491,9 +501,66 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
         nodes.append(n)
     if not notes:
         return graph, []
+    nodes = [n for n in nodes if n.name not in dead]
     n_conv = len(notes)
     notes.append(f"channels-last layout kept through {len(cl) - n_conv} elementwise and pooling values after the "
                  "convolutions")
+    return _with_nodes(graph, nodes), notes
+
+
+# tensor-core ops and the argument positions of their tensor operands
+_TENSOR_CORE_OPS = {"aten.mm.default": (0, 1), "aten.bmm.default": (0, 1), "aten.addmm.default": (0, 1, 2),
+                    "aten.baddbmm.default": (0, 1, 2), "aten.convolution.default": (0, 1, 2)}
+
+
+def _cast(name: str, src: str, meta: TensorMeta, dtype: torch.dtype) -> OpNode:
+    return OpNode(name, "aten._to_copy.default", (Ref(src),), {"dtype": dtype},
+                  [TensorMeta(meta.shape, meta.stride, str(dtype).replace("torch.", ""))])
+
+
+def _plain_cast(graph: Graph, n: OpNode) -> bool:
+    """A float-to-float `_to_copy` that changes nothing but the dtype."""
+    src = graph.meta(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
+    return (n.target == "aten._to_copy.default" and set(n.kwargs) == {"dtype"} and src is not None
+            and src.dtype in ("float32", "float16", "bfloat16") and n.meta is not None
+            and n.meta.dtype in ("float32", "float16", "bfloat16"))
+
+
+def bf16_operands(graph: Graph) -> tuple[Graph, list[str]]:
+    """The bf16 policy made explicit: every float32 GEMM and dense convolution reads bf16 copies
+    of its tensor operands and accumulates in float32 (cuBLAS / cuDNN), as torch.autocast does for
+    the baselines; its bf16 result is widened back to float32 under the op's own name, so what
+    follows computes in float32 as in the model and the module returns the model's dtypes. The
+    casts are elementwise: an operand's cast fuses into the kernel that produces it (which then
+    writes half the bytes), the widening into the kernel that reads the result. Depthwise
+    convolutions stay float32 (their generated template is float32)."""
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    nodes, notes = [], []
+    narrowed: dict[str, str] = {}
+    for n in graph.nodes:
+        idx = _TENSOR_CORE_OPS.get(n.target)
+        refs = [n.args[k] for k in idx or () if k < len(n.args) and isinstance(n.args[k], Ref)]
+        if idx is None or n.meta is None or n.meta.dtype != "float32" or len(n.outs) != 1 \
+                or any(graph.meta(r.name) is None or graph.meta(r.name).dtype != "float32" for r in refs) \
+                or (n.target == "aten.convolution.default" and n.args[8] != 1):
+            nodes.append(n)
+            continue
+        args = list(n.args)
+        for k in idx:
+            if k < len(args) and isinstance(args[k], Ref):
+                src = args[k].name
+                if src not in narrowed:
+                    cast = _cast(_unique(names, f"{src}_bf16"), src, graph.meta(src), torch.bfloat16)
+                    nodes.append(cast)
+                    narrowed[src] = cast.name
+                args[k] = Ref(narrowed[src])
+        low = OpNode(_unique(names, f"{n.name}_bf16"), n.target, tuple(args), dict(n.kwargs),
+                     [TensorMeta(n.meta.shape, n.meta.stride, "bfloat16")], n.fx)
+        nodes += [low, _cast(n.name, low.name, n.meta, torch.float32)]
+        notes.append(f"{n.name}: {n.op} on bf16 operands ({', '.join(narrowed[r.name] for r in refs)}), "
+                     "fp32 accumulation, result widened to float32")
+    if not notes:
+        return graph, []
     return _with_nodes(graph, nodes), notes
 
 
@@ -520,12 +587,15 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 
 
 def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
-    """Every exact rewrite optimize applies before planning: no-ops out, constants folded,
-    repeated subexpressions merged, convolution and GEMM biases split off, max pools moved before
-    non-decreasing elementwise ops, row rewrites, and under the tensor-core policies (tf32, bf16)
-    channels-last convolutions."""
+    """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
+    folded, repeated subexpressions merged, convolution and GEMM biases split off, max pools moved
+    before non-decreasing elementwise ops, row rewrites. Then the policy's: under bf16 explicit
+    bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
+    tensor-core policies (tf32, bf16) channels-last convolutions."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites]
+    if policy == "bf16":
+        steps.append(bf16_operands)
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
     for step in steps:

@@ -5,6 +5,8 @@ library GEMM with its epilogue group (GemmTuner). Failures are results, never ex
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from pathlib import Path
 from typing import Callable
@@ -80,7 +82,12 @@ class KernelTuner:
                  for k in self.unit_inputs}
         dev = input_device(local) or self.device
         for name in self.nodes:
-            local[name] = run_node(self.graph.node(name), local, dev)
+            node = self.graph.node(name)
+            if dtype is not None and node.target == "aten._to_copy.default" \
+                    and isinstance(node.kwargs.get("dtype"), torch.dtype) and node.kwargs["dtype"].is_floating_point:
+                # the high-precision reference keeps its dtype through the policy's casts (bf16 operands)
+                node = dataclasses.replace(node, kwargs={**node.kwargs, "dtype": dtype})
+            local[name] = run_node(node, local, dev)
         return local
 
     def library_fn(self):
@@ -165,7 +172,7 @@ class GroupTuner(KernelTuner):
                          device, cache_dir, timed)
         self.M, self.R, self.r_contig = extent(self.low)
         pw = group.rdims is None
-        self.space = group_space(self.M, self.R, pw)
+        self.space = group_space(self.M, self.R, pw, self.r_contig)
         self.seeds = seed_configs(self.M, self.R, pw, self.r_contig)
         self.default = default_config(self.M, self.R, pw, self.r_contig)
         if pw and transposed_walk(self.low) is not None:  # e.g. channels-last in, NCHW out: tiles first

@@ -16,7 +16,23 @@ def _warps_fit(c: dict) -> bool:
     return 1 <= per_thread <= 64
 
 
-def group_space(M: int, R: int, pointwise: bool) -> list[Config]:
+def _split_space(M: int, R: int) -> list[Config]:
+    mp = next_pow2(M)
+    # wide BLOCK_M with short BLOCK_R: rows side by side, for channels-last (strided) reductions
+    return Space("triton.split", [Axis("BLOCK_M", [1, 2, 4, 8, 16, 32]), Axis("BLOCK_R", [128, 256, 1024, 2048, 4096]),
+                                  Axis("SPLIT", [32, 64, 128, 256, 512, 1024]), Axis("num_warps", [4, 8])],
+                 [lambda c: 132 <= M * c["SPLIT"] // c["BLOCK_M"] <= 16384 and c["BLOCK_M"] <= mp, _warps_fit],
+                 fixed={"one_pass": False, "num_stages": 1}).configs()
+
+
+def strided_long_rows(M: int, R: int, r_contiguous: bool) -> bool:
+    """Long rows whose elements are not contiguous in memory (a norm over channels-last data): a
+    program must take ~32 rows side by side to read whole cache lines, which leaves too few
+    programs unless each row is also split over several; both schedules are searched."""
+    return not r_contiguous and R >= 65536 and not needs_split(M, R) and M < 264 * 32
+
+
+def group_space(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> list[Config]:
     """Candidate configs for a group with M kept indices and R reduced elements per row."""
     if pointwise:
         top = max(256, min(16384, next_pow2(M)))
@@ -25,12 +41,8 @@ def group_space(M: int, R: int, pointwise: bool) -> list[Config]:
     rp = next_pow2(R)
     mp = next_pow2(M)
     if needs_split(M, R):
-        # wide BLOCK_M with short BLOCK_R: rows side by side, for channels-last (strided) reductions
-        return Space("triton.split", [Axis("BLOCK_M", [1, 2, 4, 8, 16, 32]), Axis("BLOCK_R", [128, 256, 1024, 2048, 4096]),
-                                      Axis("SPLIT", [32, 64, 128, 256, 512, 1024]), Axis("num_warps", [4, 8])],
-                     [lambda c: 132 <= M * c["SPLIT"] // c["BLOCK_M"] <= 16384 and c["BLOCK_M"] <= mp, _warps_fit],
-                     fixed={"one_pass": False, "num_stages": 1}).configs()
-    configs: list[Config] = []
+        return _split_space(M, R)
+    configs: list[Config] = _split_space(M, R) if strided_long_rows(M, R, r_contiguous) else []
     # L2 eviction hints for multi-pass rows (first reads evict_last, last reads evict_first): on
     # the H200 they sped up two-pass rms/layer norm and 65536-wide log-softmax; a one-pass row's
     # evict_first loads measured slower, so one-pass configs carry none
@@ -58,11 +70,11 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -
     read once; on the H200 rms_norm's 8192-wide rows ran at 99% of copy bandwidth that way) with a
     tile of at least 2048 elements and at most 32 elements a thread; longer rows: 1024-element
     chunks; reductions over a strided (non-innermost) dim: 32x32 tiles so neighbouring rows share
-    coalesced loads; few long rows: a split reduction."""
+    coalesced loads; few long rows, or long strided rows: a split reduction."""
     if pointwise:
         return Config.make("triton.pointwise", BLOCK_M=1024, BLOCK_R=1, num_warps=4, one_pass=False, num_stages=1)
     rp = next_pow2(R)
-    if needs_split(M, R):
+    if needs_split(M, R) or strided_long_rows(M, R, r_contiguous):
         split = min(1024, max(32, next_pow2(1056 // max(M, 1))))
         if not r_contiguous:  # neighbouring rows are contiguous: read 32 of them side by side
             bm = min(32, next_pow2(M))
@@ -87,9 +99,13 @@ def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> 
     heuristic default, a long-chunk streaming variant, the same two with L2 eviction hints, then
     neighbours in warps and rows per program (all inside the group's space)."""
     base = default_config(M, R, pointwise, r_contiguous)
-    space = set(group_space(M, R, pointwise))
+    space = set(group_space(M, R, pointwise, r_contiguous))
     out = [base]
     nw = base["num_warps"]
+    if strided_long_rows(M, R, r_contiguous):  # the row schedule is measured right after the split one
+        row = Config.make("triton.row", BLOCK_M=min(32, next_pow2(M)), BLOCK_R=32, one_pass=False, num_warps=4,
+                          num_stages=1, EVICT=False)
+        out += [c for c in (row, base.replace(SPLIT=base["SPLIT"] * 2)) if c in space]
     if base.template == "triton.split":
         variants = [base.replace(SPLIT=base["SPLIT"] // 2), base.replace(SPLIT=base["SPLIT"] * 2),
                     base.replace(BLOCK_R=4096), base.replace(num_warps=4)]

@@ -3,7 +3,8 @@
 Per input set k (seed `seed0 + k`, at least max(n_sets, 2) sets):
   1. high-precision reference: a float64 deepcopy of the model on float64 inputs (float32 with
      TF32 off where float64 fails; `VerifyResult.reference_dtype` says which);
-  2. eager: the float32 model under the policy; its excess over the reference sets the floor;
+  2. eager: the float32 model under the policy (in bf16 autocast under bf16); its excess over
+     the reference sets the floor;
   3. candidate run A on a fresh copy of the inputs, then a decoy run on different inputs, then
      run B on set k again (stale memory from an earlier run then holds other values), each run
      after NaN-poisoning the allocator with blocks the size of the outputs; the reference's
@@ -254,7 +255,7 @@ def verify(
             inputs = problem.make_inputs(seed, device)
             pristine = _clone_inputs(inputs)
             hi = high(_clone_inputs(inputs))
-            with torch.no_grad(), policy.active():
+            with torch.no_grad(), policy.active(), policy.baseline(device):
                 eager = flatten_outputs(reference(*inputs), problem.where)
             _sync(device)
             ref_mutates = anticheat.check_input_mutation(inputs, pristine) is not None
@@ -300,7 +301,10 @@ def verify(
                     if o.device != e.device:
                         x, why = math.inf, f"output on {o.device}, expected {e.device}"
                     else:
-                        x, why = excess_reason(o, h, tol, dtype=e.dtype)
+                        # under bf16 autocast eager may return bf16 where the model (and a drop-in
+                        # replacement) returns float32: then only the kind (float) must match
+                        want = e.dtype if policy.autocast_dtype is None else None
+                        x, why = excess_reason(o, h, tol, dtype=want)
                     cand_exc[i] = max(cand_exc[i], x)
                     set_res.output_excess[i] = max(set_res.output_excess[i], x)
                     set_res.excess = max(set_res.excess, x)
