@@ -26,3 +26,20 @@ def test_cost_model_from_priors_prefers_single_pass_rows_that_fit():
     top = model.rank(group_space(65536, 8192, False), feats)[:5]
     fits = [c["one_pass"] and c["BLOCK_R"] == 8192 for c in top]
     assert fits[0] and sum(fits) >= 4, top
+
+
+def test_prior_files_are_parsed_once_until_they_change(tmp_path):
+    import json
+    import os
+
+    prior = tmp_path / "prior.jsonl"
+    rec = {"task_key": "t", "template": "triton.row", "config": {"template": "triton.row", "params": {}},
+           "time_ms": 1.0, "error": None}
+    prior.write_text(json.dumps(rec) + "\n")
+    db = TrialDB(tmp_path / "mine.jsonl", priors=[prior])
+    first = db.records(include_priors=True)
+    first[0]["time_ms"] = 99.0  # callers get copies: the cached parse is not touched
+    assert db.records(include_priors=True)[0]["time_ms"] == 1.0
+    prior.write_text(json.dumps(rec) + "\n" + json.dumps(dict(rec, task_key="u")) + "\n")
+    os.utime(prior, ns=(1, 2))  # a different mtime (and size): parsed again
+    assert {r["task_key"] for r in db.records(include_priors=True)} == {"t", "u"}

@@ -7,6 +7,7 @@ is skipped when reading, and the next ``add`` starts on a fresh line.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -20,6 +21,21 @@ from ..space.config import Config
 from .result import RunResult
 
 ENV_VAR = "KERNELWRIGHT_DB"
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(path: str, mtime_ns: int, size: int) -> tuple[dict, ...]:
+    return tuple(TrialDB(path))
+
+
+def _prior_records(path) -> Iterator[dict]:
+    """A prior file's records, parsed once per process (and again only when the file changes):
+    the cost model of every unit reads the same few thousand shipped records."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return iter(())
+    return (dict(r) for r in _parsed(str(path), st.st_mtime_ns, st.st_size))
 
 
 def packaged_priors() -> list[Path]:
@@ -188,7 +204,7 @@ class TrialDB:
         """Records, optionally filtered (a filter left as None matches everything). Prior files
         are read only with `include_priors` (for fitting cost models, never for results)."""
         out = []
-        sources = [TrialDB(p) for p in self.priors] if include_priors else []
+        sources = [_prior_records(p) for p in self.priors] if include_priors else []
         for rec in itertools.chain(*sources, self):
             if template is not None and rec.get("template") != template:
                 continue
