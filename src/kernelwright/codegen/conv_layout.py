@@ -6,6 +6,7 @@ the library call in NCHW stays the baseline, and this variant only wins when mea
 from __future__ import annotations
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.codegen.conv_args import float32_conv2d
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.templating import triton_env
 from kernelwright.space.config import Config
@@ -17,14 +18,10 @@ class ConvLayoutTemplate:
     name = NAME
 
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
-        if node.target != "aten.convolution.default":
-            return "not a convolution"
-        x, w = node.args[0], node.args[1]
-        if not (isinstance(x, Ref) and isinstance(w, Ref)):
-            return "operands are not tensor values"
-        xm, wm = graph.meta(x.name), graph.meta(w.name)
-        if xm is None or len(xm.shape) != 4 or xm.dtype != "float32":
-            return "only 4-D float32 (2-D convolution) inputs"
+        metas = float32_conv2d(graph, node)
+        if isinstance(metas, str):
+            return metas
+        xm, wm = metas
         if not xm.contiguous or not wm.contiguous:
             return "the input is not in the default layout"
         return None

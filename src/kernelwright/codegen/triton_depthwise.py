@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.epilogue import IDENTITY, bias
+from kernelwright.codegen.conv_args import float32_conv2d
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.templating import triton_env
 from kernelwright.codegen.triton_gemm import depthwise_space, render_depthwise
@@ -20,14 +21,11 @@ class DepthwiseTemplate:
     name = NAME
 
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
-        if node.target != "aten.convolution.default":
-            return "not a convolution"
+        metas = float32_conv2d(graph, node)
+        if isinstance(metas, str):
+            return metas
+        xm, wm = metas
         x, w, b, stride, padding, dilation, transposed, output_padding, groups = node.args
-        if not (isinstance(x, Ref) and isinstance(w, Ref)) or (b is not None and not isinstance(b, Ref)):
-            return "operands are not tensor values"
-        xm, wm = graph.meta(x.name), graph.meta(w.name)
-        if xm is None or wm is None or len(xm.shape) != 4 or xm.dtype != "float32" or wm.dtype != "float32":
-            return "only 4-D float32 (2-D convolution) inputs"
         if transposed or int(groups) != xm.shape[1] or wm.shape[1] != 1 or wm.shape[0] % xm.shape[1]:
             return "not a depthwise convolution (groups == input channels, weight [C*mult, 1, KH, KW])"
         if len(padding) != 2 or any(not isinstance(p, int) for p in padding):
