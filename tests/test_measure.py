@@ -129,3 +129,29 @@ def test_time_problem_interleaves_baselines_and_candidates():
     assert "compile" in res or "compile" in res.errors
     for t in res.values():
         assert t.runs >= 50 and t.median_ms > 0
+
+
+def test_report_lists_each_implementations_kernels_per_call():
+    from kernelwright.emit.report import render_report
+
+    rows = [{"name": f"k{i}", "us_per_call": 100.0 - i, "launches_per_call": 1.0} for i in range(10)]
+    result = {"problem": "p", "precision": "tf32", "device": "cuda", "capture": "ok", "groups": [],
+              "timing": {"eager": {"median_ms": 1.0, "mean_ms": 1.0, "runs": 50},
+                         "kernels_per_call": {"eager": rows[:2], "kernelwright": rows}}}
+    text = render_report(result)
+    assert "## Kernels per call" in text
+    assert "**eager**: 199.0 us in 2 launches" in text
+    assert "| 100.0 | 1 | `k0` |" in text and "`k8`" not in text  # the 8 longest, then the rest summed
+    assert "| 183.0 | 2 | (2 more kernels) |" in text
+    assert "## Kernels per call" not in render_report(dict(result, timing={"eager": {"median_ms": 1.0}}))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+def test_kernel_times_leave_out_the_l2_flush():
+    from kernelwright.measure.profile import kernel_times
+
+    x = torch.randn(1 << 20, device="cuda")
+    rows = kernel_times(lambda: torch.relu(x), calls=5)
+    assert sum(r.launches_per_call for r in rows) == pytest.approx(1.0)  # relu only, no flush fill
+    assert all(r.us_per_call >= 0 for r in rows)

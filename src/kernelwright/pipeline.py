@@ -329,6 +329,9 @@ def _untimed_choice(tuner: KernelTuner, db, policy) -> Config:
     return tuner.default
 
 
+PROFILE_CALLS = 10  # calls per implementation profiled after timing, for report.md's kernel table
+
+
 def _final_checks(problem, path, policy, device, timed, log):
     from kernelwright.verify import verify
 
@@ -353,9 +356,13 @@ def _final_checks(problem, path, policy, device, timed, log):
 
         ref = problem.make_model(device)
         cand = factory(ref)
-        t = time_problem(problem, policy, device, candidates={"kernelwright": cand})
+        t = time_problem(problem, policy, device, candidates={"kernelwright": cand}, profile_calls=PROFILE_CALLS)
         timing = {k: v.to_json() for k, v in t.items()}
         timing["errors"] = dict(t.errors)
+        if t.kernels:
+            timing["kernels_per_call"] = {k: [asdict(x) for x in v] for k, v in t.kernels.items()}
+        if t.kernels_error:
+            timing["errors"]["profile"] = t.kernels_error
         kw = t.get("kernelwright")
         parts = [f"{k} {t[k].median_ms:.3f} ms" for k in t]
         log("timing (median): " + ", ".join(parts))

@@ -12,6 +12,26 @@ def _pct_bw(gbps, spec_bw) -> str:
     return f"{100 * gbps / spec_bw:.0f}%" if gbps and spec_bw else "-"
 
 
+def _kernel_lines(per_impl: dict, top: int = 8) -> list[str]:
+    """Each implementation's kernels per call (device time from torch.profiler), longest first."""
+    lines = ["", "## Kernels per call", "",
+             "Device time of every kernel each implementation launches per call (torch.profiler, 10 calls, "
+             "each after an L2 flush); read it beside compile's to see which pass costs what.", ""]
+    for impl, rows in per_impl.items():
+        total = sum(r["us_per_call"] for r in rows)
+        launches = sum(r["launches_per_call"] for r in rows)
+        lines += [f"**{impl}**: {total:.1f} us in {launches:g} launches", "",
+                  "| us | launches | kernel |", "|---:|---:|---|"]
+        for r in rows[:top]:
+            lines.append(f"| {r['us_per_call']:.1f} | {r['launches_per_call']:g} | `{r['name'].replace('|', '/')}` |")
+        rest = rows[top:]
+        if rest:
+            lines.append(f"| {sum(r['us_per_call'] for r in rest):.1f} | {sum(r['launches_per_call'] for r in rest):g} | "
+                         f"({len(rest)} more kernels) |")
+        lines.append("")
+    return lines
+
+
 def render_report(result: dict) -> str:
     from kernelwright.analyze import device_spec
 
@@ -45,6 +65,8 @@ def render_report(result: dict) -> str:
                 lines.append(f"\nspeedup over {base}: **{t[f'speedup_vs_{base}']:.2f}x**")
     else:
         lines.append("\nNot timed (no CUDA GPU): timing needs a GPU.")
+    if t and t.get("kernels_per_call"):
+        lines += _kernel_lines(t["kernels_per_call"])
     lines += ["", "## Groups", "",
               f"Bandwidth is against {spec.name}'s {spec.mem_bw_gbs:.0f} GB/s.", "",
               "| group | kind | ops | chosen | config | ms | library ms | GB/s | % bw | regs | spills | smem | excess | eager excess |",

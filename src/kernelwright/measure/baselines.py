@@ -28,6 +28,8 @@ class Timings(dict):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.errors: dict[str, str] = {}
+        self.kernels: dict[str, list] = {}  # name -> [KernelTime], when profiled
+        self.kernels_error: str | None = None
 
     def to_json(self) -> dict:
         return {"timings": {k: v.to_json() for k, v in self.items()}, "errors": dict(self.errors)}
@@ -101,9 +103,12 @@ def time_problem(
     max_runs: int = 1000,
     budget_s: float | None = None,
     flush: bool = True,
+    profile_calls: int = 0,
 ) -> Timings:
     """Time eager, torch.compile and `candidates` (name -> callable(*inputs)) in one interleaved
-    run under `policy`, on one set of inputs drawn on the device. Returns name -> Timing."""
+    run under `policy`, on one set of inputs drawn on the device. Returns name -> Timing. With
+    `profile_calls`, each implementation is then profiled that many calls and `.kernels` maps its
+    name to the kernels it launches per call (or `.kernels_error` says why profiling failed)."""
     dev = require_gpu(device)
     candidates = dict(candidates or {})
     inputs = problem.make_inputs(seed, dev)
@@ -124,6 +129,13 @@ def time_problem(
         fns = {name: _bind(fn, inputs) for name, fn in impls.items()}
         timings.update(time_interleaved(fns, warmup_s=warmup_s, min_runs=min_runs, max_runs=max_runs,
                                         flush=flush, budget_s=budget_s, device=dev))
+        if profile_calls:
+            from kernelwright.measure.profile import kernel_times
+
+            try:
+                timings.kernels = {name: kernel_times(fn, calls=profile_calls, device=dev) for name, fn in fns.items()}
+            except Exception as e:  # noqa: BLE001 - profiling is a diagnostic; timing stands without it
+                timings.kernels_error = _line(e)
     return timings
 
 

@@ -6,6 +6,7 @@ preceded by an L2 flush, as in the timing protocol; the flush's kernels are subt
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -40,9 +41,11 @@ def _device_kernels(prof) -> dict[str, list[float]]:
 
 def _profile(body: Callable[[], None], dev) -> dict[str, list[float]]:
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts) as prof:
-        body()
-        torch.cuda.synchronize(dev)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the profiler's notes on event cycles
+        with torch.profiler.profile(activities=acts) as prof:
+            body()
+            torch.cuda.synchronize(dev)
     return _device_kernels(prof)
 
 
