@@ -359,3 +359,18 @@ def test_bf16_conv_operands_are_cast_and_made_channels_last_in_one_copy():
     assert not any(n.target == "aten.clone.default" for n in s.nodes)
     with torch.no_grad():
         torch.testing.assert_close(run_graph(s, model, [x])[0], model(x), rtol=3e-2, atol=3e-2)
+
+
+def test_bf16_max_pool_reads_the_bf16_conv_result_and_widens_after():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+    x = torch.randn(2, 3, 8, 8)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g, "bf16")
+    pool = next(n for n in s.nodes if n.target == "aten.max_pool2d_with_indices.default")
+    assert s.meta(pool.args[0].name).dtype == "bfloat16" and pool.outs[0].dtype == "bfloat16"
+    pooled = " ".join(n for n in notes if "max pool moved" in n)
+    assert "add -> relu" in pooled and "before _to_copy" in pooled, notes  # bias, relu, then the widening, after the pool
+    out = s.node(s.outputs[0])
+    assert out.meta.dtype == "float32" and out.meta.shape == (2, 8, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(run_graph(s, model, [x])[0], model(x), rtol=3e-2, atol=3e-2)

@@ -82,7 +82,7 @@ def render_report(result: dict) -> str:
         if g.get("note"):
             lines.append(f"|  | | {g['note']} | | | | | | | | | | | |")
     if result.get("rewrites"):
-        lines += ["", "## Exact rewrites", ""] + [f"- {r}" for r in result["rewrites"]]
+        lines += ["", "## Rewrites (exact, then the precision policy's)", ""] + [f"- {r}" for r in result["rewrites"]]
     cov = (result.get("analysis") or {}).get("coverage")
     if cov:
         lines += ["", "## Coverage", "",

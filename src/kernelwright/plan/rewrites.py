@@ -353,6 +353,9 @@ _MONOTONE = {
     "aten.clamp_max.default": lambda n: True,
     "aten.hardtanh.default": lambda n: True,
     "aten.leaky_relu.default": lambda n: len(n.args) < 2 or n.args[1] >= 0,
+    # a float cast (the bf16 policy's widening of a conv result): rounding is monotone
+    "aten._to_copy.default": lambda n: set(n.kwargs) == {"dtype"} and isinstance(n.kwargs["dtype"], torch.dtype)
+    and n.kwargs["dtype"].is_floating_point,
 }
 
 
@@ -363,7 +366,8 @@ def _monotone_step(graph: Graph, n: OpNode, pooled: int) -> str | None:
         return None
     main = n.args[0].name
     m = graph.meta(main)
-    if m is None or tuple(m.shape) != tuple(n.meta.shape) or m.dtype != n.meta.dtype:
+    if m is None or tuple(m.shape) != tuple(n.meta.shape) or (m.dtype != n.meta.dtype and n.op != "_to_copy") \
+            or m.dtype not in ("float32", "float16", "bfloat16"):
         return None
     for a in list(n.args[1:]) + list(n.kwargs.values()):
         if isinstance(a, Ref):
@@ -371,6 +375,10 @@ def _monotone_step(graph: Graph, n: OpNode, pooled: int) -> str | None:
             if om is None or a.name == main or any(d != 1 for d in om.shape[max(0, len(om.shape) - pooled):]):
                 return None
     return main
+
+
+def _with_dtype(m: TensorMeta, dtype: str) -> TensorMeta:
+    return TensorMeta(m.shape, m.stride, dtype)
 
 
 def max_pool_first(graph: Graph) -> tuple[Graph, list[str]]:
@@ -410,10 +418,13 @@ def max_pool_first(graph: Graph) -> tuple[Graph, list[str]]:
         if n.name in moved:
             continue
         if n.target in POOLS and n.name in chains:
-            n = OpNode(n.name, n.target, (Ref(chains[n.name][0].args[0].name), *n.args[1:]), dict(n.kwargs), n.outs, n.fx)
+            src = chains[n.name][0].args[0].name  # the pool now reads this (its dtype, e.g. bf16)
+            outs = [_with_dtype(n.outs[0], graph.meta(src).dtype)] + list(n.outs[1:])
+            n = OpNode(n.name, n.target, (Ref(src), *n.args[1:]), dict(n.kwargs), outs, n.fx)
         elif n.target == "getitem" and isinstance(n.args[0], Ref) and n.args[0].name in chains:
             chain = chains[n.args[0].name]
-            picked = OpNode(_unique(names, f"{n.name}_max"), n.target, n.args, dict(n.kwargs), n.outs, n.fx)
+            picked = OpNode(_unique(names, f"{n.name}_max"), n.target, n.args, dict(n.kwargs),
+                            [_with_dtype(n.meta, graph.meta(chain[0].args[0].name).dtype)], n.fx)
             nodes.append(picked)
             prev = picked.name
             for k, op in enumerate(chain):
@@ -594,8 +605,8 @@ def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
     tensor-core policies (tf32, bf16) channels-last convolutions."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites]
-    if policy == "bf16":
-        steps.append(bf16_operands)
+    if policy == "bf16":  # then pools move before the widening casts too (they pool bf16 values)
+        steps += [bf16_operands, max_pool_first]
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
     for step in steps:
