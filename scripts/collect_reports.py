@@ -1,0 +1,33 @@
+"""Dev tool: concatenate the report.md of every benched problem slower than a ratio of
+torch.compile into one file (the device tool returns few files; one file carries them all).
+
+usage: python3 scripts/collect_reports.py BENCH.json RUNS_DIR OUT.md [--below 0.95]
+RUNS_DIR is the bench's --out folder (scripts/gpu_bench.sh uses /tmp/kw_runs).
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ap = argparse.ArgumentParser()
+ap.add_argument("bench_json")
+ap.add_argument("runs_dir")
+ap.add_argument("out")
+ap.add_argument("--below", type=float, default=0.95, help="keep problems under this speedup over compile")
+args = ap.parse_args()
+
+try:
+    rows = json.loads(Path(args.bench_json).read_text())["rows"]
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"collect_reports: cannot read {args.bench_json}: {e}")
+parts = []
+for r in rows:
+    t = r.get("times", {})
+    ratio = t["compile"] / t["kernelwright"] if "compile" in t and t.get("kernelwright") else None
+    if r.get("correct") and ratio is not None and ratio >= args.below:
+        continue
+    report = Path(args.runs_dir) / f"level{r.get('level')}" / r["problem"] / "report.md"
+    head = f"<!-- {r['problem']}: vs compile {ratio:.3f} -->" if ratio else f"<!-- {r['problem']}: {r.get('error', 'no timing')} -->"
+    parts.append(head + "\n" + (report.read_text() if report.is_file() else "(no report.md)\n"))
+Path(args.out).write_text("\n\n".join(parts))
+print(f"{len(parts)} report(s) -> {args.out}")
