@@ -37,11 +37,12 @@ for path in args.problems:
                                                           device="cuda", log=lambda s: None))
     inputs = prob.make_inputs(0, "cuda")
     with torch.no_grad(), policy.active():
-        base = make_baselines(prob, policy, "cuda", inputs=inputs)
+        model = prob.make_model("cuda")
+        base = make_baselines(prob, policy, "cuda", inputs=inputs, model=model)  # under bf16: autocast wrappers
         mod = import_model_new(out / prob.name / "model_new.py")
         with torch.device("cuda"):
             new = mod.ModelNew(*prob.get_init_inputs())
-        new.load_state_dict(base["eager"].state_dict())
+        new.load_state_dict(model.state_dict())
         impls = dict(base)
         impls["kernelwright"] = new.cuda()
         text.write(f"##### {prob.name} ({args.precision}; verify {res['verify']['passed']})\n")
