@@ -66,9 +66,10 @@ def make_baselines(
     model: torch.nn.Module | None = None,
 ) -> Baselines:
     """{"eager": model, "compile" (or "compile:<mode>"): torch.compile(model)}, callables taking
-    the problem's inputs (under bf16 both are wrapped to run in bf16 autocast). The model is built once (or `model` is used). With `inputs`, the compiled
-    callable is run once under the policy here, so compilation and autotuning stay out of timing.
-    A compile failure leaves its key out and its reason in `.errors`."""
+    the problem's inputs (under bf16 both are wrapped to run in bf16 autocast). The model is
+    built once (or `model` is used). With `inputs`, the compiled callable is run once under the
+    policy here, so compilation and autotuning stay out of timing. A compile failure leaves its
+    key out and its reason in `.errors`."""
     model = problem.make_model(device) if model is None else model
     out = Baselines(eager=_in_context(model, policy, device))
     if not include_compile:
