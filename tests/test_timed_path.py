@@ -12,6 +12,7 @@ from kernelwright.capture import capture  # noqa: E402
 from kernelwright.emit.module import import_model_new, render_model_new, write_module  # noqa: E402
 from kernelwright.pipeline import Options, _tune_groups  # noqa: E402
 from kernelwright.plan import plan_graph  # noqa: E402
+from kernelwright.plan.rewrites import rewrite  # noqa: E402
 from kernelwright.policy import get_policy  # noqa: E402
 from kernelwright.problem import load_problem  # noqa: E402
 from kernelwright.search import TrialDB  # noqa: E402
@@ -21,15 +22,26 @@ pytestmark = pytest.mark.interpreter
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(monkeypatch, tmp_path, name, library_ms, kernel_ms):
-    monkeypatch.setattr(units, "_time_fns",
-                        lambda fns, device: {k: library_ms if k == "__library__" else kernel_ms for k in fns})
+def _fake_times(library_ms, kernel_ms):
+    """A clock that calls every function once, as the real one does (so a library path that
+    cannot run fails here too), and reports fixed times."""
+    def time_fns(fns, device):
+        for fn in fns.values():
+            fn()
+        return {k: library_ms if k == "__library__" else kernel_ms for k in fns}
+    return time_fns
+
+
+def _run(monkeypatch, tmp_path, name, library_ms, kernel_ms, precision="fp32"):
+    """optimize's planning and search (rewrites included, as in pipeline.optimize_problem) on the
+    fake clock."""
+    monkeypatch.setattr(units, "_time_fns", _fake_times(library_ms, kernel_ms))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake-gpu")
     problem = load_problem(os.path.join(ROOT, "problems", name), small=True)
-    plan = plan_graph(capture(problem))
+    plan = plan_graph(rewrite(capture(problem), precision)[0])
     result = {"groups": []}
     opts = Options(device="cpu", budget_trials=6, db_path=str(tmp_path / "db.jsonl"), log=lambda s: None)
-    summary, kernels, sources, _ = _tune_groups(problem, plan, get_policy("fp32"), torch.device("cpu"), True,
+    summary, kernels, sources, _ = _tune_groups(problem, plan, get_policy(precision), torch.device("cpu"), True,
                                              tmp_path / ".build", opts, result)
     return problem, plan, result, kernels, sources
 
@@ -64,7 +76,7 @@ def test_node_templates_and_groups_share_the_budget(monkeypatch, tmp_path):
     by_kind = {g["kind"]: g for g in result["groups"]}
     assert by_kind["node"]["trials"] >= 1
     strategies = {g["id"]: g["strategy"] for g in result["groups"]}
-    assert strategies.get("convolution") == "torch"  # the channels-last variant "won" on the fake clock
+    assert strategies.get("convolution_nobias") == "torch"  # channels-last variant "won" on the fake clock
     assert strategies.get("max_pool2d_with_indices") == "triton"
     assert sum(g["trials"] for g in result["groups"]) <= 6 + len(result["groups"])
 
@@ -77,3 +89,14 @@ def test_cuda_candidates_join_the_search_and_fail_as_data_without_a_gpu(monkeypa
     assert g["strategy"] == "triton" and g["failed"] >= 1
     errors = [r for r in TrialDB(str(tmp_path / "db.jsonl")).records() if r.get("template", "").startswith("cuda.")]
     assert errors and all(r["error"] for r in errors)
+
+
+@pytest.mark.parametrize("name", ["level2/gemm_bias_relu.py", "level2/gemm_gelu_scale.py"])
+def test_gemm_epilogue_library_path_runs(monkeypatch, tmp_path, name):
+    """The library side of a GEMM-epilogue comparison gets every value the epilogue reads (the
+    bias split off an addmm is an epilogue input, not a GEMM input), and the fused kernel wins on
+    the fake clock."""
+    _, _, result, _, _ = _run(monkeypatch, tmp_path, name, 5.0, 1.0)
+    fused = [g for g in result["groups"] if g["kind"] == "gemm_epilogue"]
+    assert fused and fused[0]["strategy"] == "triton", fused
+    assert fused[0]["library_ms"] == 5.0

@@ -252,8 +252,10 @@ class GemmTuner(KernelTuner):
         gemm, env, dev = self.fused.gemm, self.env, self.device
         impl = self.group_impl
 
+        ins = self.unit_inputs  # the GEMM's and the epilogue's (e.g. a bias split off an addmm)
+
         def run():
-            local = {k: env[k] for k in gemm.inputs}
+            local = {k: env[k] for k in ins}
             local[gemm.name] = run_node(gemm, local, dev)
             return impl(local)
 
