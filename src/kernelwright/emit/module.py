@@ -31,7 +31,11 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
     has_model = bool(problem.source)
     if plan is None:
         args = "*args"
-        body = ["return super().forward(*args)"] if has_model else ["return type(self).forward(self, *args)"]
+        call = "return super().forward(*args)" if has_model else "return type(self).forward(self, *args)"
+        body = [call]
+        if policy == "bf16":  # the original forward at matched precision: as eager runs it, in bf16 autocast
+            body = ["_dt = next((a.device.type for a in args if isinstance(a, torch.Tensor)), 'cuda')",
+                    "with torch.autocast(device_type=_dt, dtype=torch.bfloat16):", "    " + call]
     else:
         args = ", ".join(i.name for i in plan.graph.user_inputs)
         mods = {key: (None if k is None else (f"_k_{k[0]}", k[1], k[2], k[3])) for key, k in kernels.items()}
