@@ -51,12 +51,17 @@ def bench(fn):
     return do_bench(fn, warmup=25, rep=60, return_mode="median")
 
 
-def run_gemm_case(label, prec, size, dtype, mod, max_configs, deadline, log, extra=None):
-    res = {"case": label, "precision": prec, "M": size, "N": size, "K": size, "dtype": str(dtype), "trials": []}
+def run_gemm_case(label, prec, size, dtype, mod, max_configs, deadline, log, extra=None, b_kmajor=False):
+    """b_kmajor: B is the transposed view of a row-major [N, K] tensor (nn.Linear's weight.T), for
+    cuBLAS and the template alike; else B is a row-major [K, N] tensor."""
+    res = {"case": label, "precision": prec, "M": size, "N": size, "K": size, "dtype": str(dtype), "trials": [],
+           "b_kmajor": b_kmajor}
     try:
         g = torch.Generator(device="cuda").manual_seed(0)
         a = torch.randn(size, size, device="cuda", dtype=torch.float32, generator=g).to(dtype)
         b = torch.randn(size, size, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+        if b_kmajor:
+            b = b.t().contiguous().t()
         set_tf32(False)
         ref = torch.matmul(a.float(), b.float())
         set_tf32(prec == "tf32")
@@ -196,6 +201,12 @@ def main():
             elif case == "gemm_tf32_kmajor":  # B copied to K-major inside the launcher (timed)
                 r = run_gemm_case(case, "tf32", 4096, torch.float32, mods["gemm"], n, deadline, log,
                                   extra=dict(KMAJOR=True))
+            elif case in ("gemm_tf32_linear", "gemm_tf32_linear_tma"):  # B = W.T (K-major), no copy
+                r = run_gemm_case(case, "tf32", 4096, torch.float32, mods["gemm"], n, deadline, log,
+                                  extra=dict(TMA=case.endswith("_tma")), b_kmajor=True)
+            elif case in ("gemm_bf16_linear", "gemm_bf16_linear_tma"):
+                r = run_gemm_case(case, "bf16", 8192, torch.bfloat16, mods["gemm"], n, deadline, log,
+                                  extra=dict(TMA=case.endswith("_tma")), b_kmajor=True)
             elif case == "gemm_bf16":
                 r = run_gemm_case(case, "bf16", 8192, torch.bfloat16, mods["gemm"], n, deadline, log)
             elif case == "conv_tf32":

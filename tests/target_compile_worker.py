@@ -17,7 +17,7 @@ import torch
 from kernelwright.build.triton_target import compile_source_for_target, meta_tensor
 from kernelwright.capture import capture
 from kernelwright.codegen.node_kernels import template_for, used_outputs
-from kernelwright.codegen.triton_group import Unsupported, extent, lower, render_group, transposed_walk
+from kernelwright.codegen.triton_group import Unsupported, extent, lower, render_group, tiled_apply_dims, transposed_walk
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.problem import load_problem
@@ -45,6 +45,8 @@ def candidates(graph, plan):
                 configs.insert(0, tiled_default().as_dict())
             if grp.rdims is not None:
                 configs.append(SPLIT)
+                if tiled_apply_dims(low):
+                    configs.append(dict(SPLIT, BLOCK_R=2048, TILED_APPLY=True))
             for cfg in configs:
                 try:
                     k = render_group(graph, grp, cfg, low)

@@ -1,5 +1,6 @@
 """Group codegen beyond the basics: views of the domain (group norm), instance norm, Welford
 passes, split reductions, and the GEMM + epilogue fusion — all run in the Triton interpreter."""
+import math
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -269,3 +270,30 @@ def test_original_forward_fallback_keeps_the_policy(tmp_path, policy, dtype):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=policy == "bf16"):
         want = ref(*x)
     torch.testing.assert_close(out, want)
+
+
+@pytest.mark.parametrize("block_r", [64, 16])
+def test_group_norm_over_channels_last_tiled_apply(block_r):
+    """tf32 group norm after a channels-last convolution, returned NCHW: the split schedule's
+    apply pass walks [pixels, channels of a group] tiles (reads along channels, writes along
+    pixels) and computes the same values as the library."""
+    from kernelwright.codegen.triton_group import lower, tiled_apply_dims
+    from kernelwright.plan.rewrites import rewrite
+
+    p = load_problem(os.path.join(ROOT, "problems", "level2", "conv2d_group_norm_tanh.py"), small=True)
+    g = rewrite(capture(p), "tf32")[0]
+    grp = next(x for x in plan_graph(g).groups if x.kind == "normalization")
+    low = lower(g, grp)
+    Q, P = tiled_apply_dims(low)
+    assert Q * P == math.prod(grp.domain[2:]) and P == grp.domain[2]  # pixels x channels of a group
+    model = p.make_model()
+    with torch.no_grad():
+        env = run_graph(g, model, p.make_inputs(2), keep=True)
+    cfg = {"BLOCK_M": 1, "BLOCK_R": block_r, "SPLIT": 4, "one_pass": False, "num_warps": 4, "TILED_APPLY": True}
+    k = render_group(g, grp, cfg, low)
+    assert "tiled walk" in k.source
+    mod = load_module_from_source(k.source, grp.id + f"_tiled{block_r}", os.path.join(ROOT, ".pytest_kw_cache"))
+    for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
+        torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)
+    with pytest.raises(Unsupported, match="tiled apply"):
+        render_group(g, grp, dict(cfg, BLOCK_M=2), low)

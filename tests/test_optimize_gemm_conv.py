@@ -44,3 +44,29 @@ def test_optimize_gemm_conv(path, policy, tmp_path):
         assert any("channels-last" in n for n in result.get("rewrites", [])), result.get("rewrites")
     if policy == "bf16" and "depthwise" not in path.stem:  # GEMMs / dense convolutions read bf16 operands
         assert any("bf16 operands" in n for n in result.get("rewrites", [])), result.get("rewrites")
+
+
+@pytest.mark.parametrize("name", ["level2/conv2d_batch_norm_train_relu.py", "level3/resnet_basic_block.py"])
+def test_training_batch_norm_updates_running_stats(name, tmp_path):
+    """ModelNew updates the buffers Model's forward mutates (running mean / var, batch count;
+    several buffers are written by one `_foreach_copy_`), with the same values."""
+    import torch
+
+    from kernelwright.emit.module import import_model_new
+
+    problem = load_problem(ROOT / name, small=True)
+    optimize_problem(problem, tmp_path / "out", Options(device="cpu", budget_trials=1, small=True,
+                                                        db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    text = (tmp_path / "out" / "model_new.py").read_text()
+    assert "_foreach_copy_" in text
+    ref = problem.make_model()
+    new = import_model_new(tmp_path / "out" / "model_new.py").ModelNew(*problem.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    for seed in (1, 2):
+        x = problem.make_inputs(seed)
+        with torch.no_grad():
+            ref(*x), new(*x)
+    bufs = dict(ref.named_buffers())
+    assert any("running_mean" in k for k in bufs)
+    for k, v in new.named_buffers():
+        torch.testing.assert_close(v, bufs[k], rtol=1e-5, atol=1e-6, msg=k)

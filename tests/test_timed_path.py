@@ -100,3 +100,29 @@ def test_gemm_epilogue_library_path_runs(monkeypatch, tmp_path, name):
     fused = [g for g in result["groups"] if g["kind"] == "gemm_epilogue"]
     assert fused and fused[0]["strategy"] == "triton", fused
     assert fused[0]["library_ms"] == 5.0
+
+
+@pytest.mark.parametrize("name", ["level2/gemm_bias_relu.py", "level3/mlp.py"])
+def test_bf16_gemm_absorbs_its_operand_casts(monkeypatch, tmp_path, name):
+    """Under bf16 a fused GEMM reads the float32 operands and rounds tiles to bf16 itself: the
+    cast groups it absorbs are not emitted, and the module still matches the float64 model
+    within the policy's tolerance."""
+    problem, plan, result, kernels, sources = _run(monkeypatch, tmp_path, name, 5.0, 1.0, "bf16")
+    fused = [g for g in result["groups"] if g["kind"] == "gemm_epilogue"]
+    assert fused and all(g["strategy"] == "triton" for g in fused)
+    first = fused[0]
+    assert first["id"].count("+") == 3 and first["ops"][:2] == ["_to_copy", "_to_copy"]  # x and W^T casts
+    absorbed = [k for k, v in kernels.items() if v is None and k.startswith("g")]
+    assert len(absorbed) >= 2
+    text = render_model_new(problem, plan, kernels, sources, "bf16", [], None)
+    path = write_module(tmp_path / "out", text, sources)
+    body = path.read_text().split("class ModelNew", 1)[1]
+    assert "aten.mm" not in body and "x_bf16" not in body
+    mod = import_model_new(path)
+    ref = problem.make_model().double()
+    new = mod.ModelNew(*problem.get_init_inputs())
+    new.load_state_dict(problem.make_model().state_dict())
+    x = problem.make_inputs(3)
+    out = new(*x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref(*[t.double() for t in x]), rtol=2e-2, atol=2e-2)

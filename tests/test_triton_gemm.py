@@ -145,16 +145,21 @@ def test_tf32_flag_and_out_dtype(cache):
     _close(out.float(), a @ b, tol=2e-2)
 
 
-def test_bf16_cast(cache):
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        # Triton 3.6's interpreter returns garbage (~1e10) for tl.dot on bfloat16 operands, even
-        # in a minimal kernel; the CAST_BF16 path is checked on the GPU (scripts/gpu_gemm_check.py).
-        pytest.xfail("interpreter: tl.dot on bfloat16 operands is broken in Triton 3.6")
+@pytest.mark.parametrize("a_dtype,b_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                             (torch.bfloat16, torch.bfloat16)])
+def test_bf16_cast(cache, a_dtype, b_dtype):
+    """CAST_BF16 rounds float32 tiles to bf16 in the kernel; operands may already be bf16, or one
+    of each (a fused GEMM that absorbed one operand's cast). In the interpreter, whose bf16 dot is
+    broken (Triton 3.6), the template widens the rounded tiles to an exact float32 dot."""
     g = _gen(6)
-    a, b = _rand(32, 32, g=g), _rand(32, 16, g=g)
+    a, b = _rand(32, 32, g=g), _rand(32, 16, g=g).t().contiguous().t()  # B K-major, like W.T
     mod = _load(render_gemm(IDENTITY), "gemm_plain", cache)
     ref = a.bfloat16().float() @ b.bfloat16().float()
-    _close(mod.launch(a, b, **TILE, **precision_kwargs("bf16")), ref, tol=1e-2)
+    out = mod.launch(a.to(a_dtype), b.to(b_dtype), **TILE, **precision_kwargs("bf16"))
+    assert out.dtype == a_dtype
+    _close(out.float(), ref, tol=1e-2)
+    with pytest.raises(ValueError, match="CAST_BF16"):
+        mod.launch(a.bfloat16(), b, **TILE)
 
 
 # ----------------------------------------------------------------------------- GEMM + row reduction
@@ -278,3 +283,21 @@ def test_config_spaces():
     assert rr and all(c["BLOCK_N"] == 128 for c in rr)
     dw = depthwise_space(C=64)
     assert 3 <= len(dw) <= 30
+
+
+@pytest.mark.parametrize("M,N,K,split_k", [(40, 24, 64, 1), (33, 17, 40, 2)])
+def test_tma_path(cache, M, N, K, split_k):
+    """TMA=True loads tiles through tensor descriptors of A and B^T (the copy engine pads past
+    the edges with zeros): same result as the pointer path, with the epilogue, split-K and the
+    in-kernel bf16 cast; operands that are not K-major are refused with a clear error."""
+    g = _gen(9)
+    a, w, bias = _rand(M, K, g=g), _rand(N, K, g=g), _rand(N, g=g)
+    fused = _load(render_gemm(Epilogue((EpilogueOperand("bias", "col"),), "acc = tl.maximum(acc + bias, 0.0)")),
+                  "gemm_tma", cache)
+    cfg = dict(TILE, SPLIT_K=split_k, TMA=True)
+    _close(fused.launch(a, w.t(), bias, **cfg), torch.relu(a @ w.t() + bias))
+    ref = a.bfloat16().float() @ w.t().bfloat16().float()
+    plain = _load(render_gemm(IDENTITY), "gemm_plain_tma", cache)
+    _close(plain.launch(a, w.bfloat16().t(), **cfg, **precision_kwargs("bf16")), ref, tol=1e-3)
+    with pytest.raises(ValueError, match="K-major"):
+        plain.launch(a, w.t().contiguous(), **cfg)  # B row-major: B^T is not K-major

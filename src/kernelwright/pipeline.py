@@ -130,12 +130,17 @@ def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, ker
             continue
         gr = GroupResult(f"{group.id}+{gemm.name}", "gemm_epilogue", [gemm.op] + [graph.node(n).op for n in group.nodes])
         result["groups"].append(gr)
-        impl = group_impl(graph, group, kernels.get(group.id), cache_dir, sources.get(group.id), device)
         try:
-            tuner = GemmTuner(graph, gemm, group, impl, env, policy, device, cache_dir, timed)
+            fused = gemm_epilogue.build(graph, gemm, group, plan.groups)
+            impls = {g.id: group_impl(graph, g, kernels.get(g.id), cache_dir, sources.get(g.id), device)
+                     for g in (group, *fused.prologue)}
+            tuner = GemmTuner(graph, gemm, group, impls, env, policy, device, cache_dir, timed, plan.groups)
         except Unsupported as e:
             gr.note = f"no template: {e}"
             continue
+        if fused.prologue:
+            gr.id = "+".join([g.id for g in fused.prologue] + [gr.id])
+            gr.ops = [graph.node(n).op for g in fused.prologue for n in g.nodes] + gr.ops
         gr.eager_excess = tuner.eager_excess
         gr.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + group.outputs)
         if not timed:
@@ -155,6 +160,9 @@ def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, ker
             sources[gid] = text
             kernels[group.id] = (gid, ins, list(group.outputs), False)
             kernels[gemm.name] = None  # the fused kernel computes it
+            for g in tuner.fused.prologue:  # and the bf16 operand casts, tile by tile
+                sources.pop(g.id, None)
+                kernels[g.id] = None
             gr.strategy, gr.config, gr.time_ms, gr.excess = "triton", best.config.as_dict(), best.time_ms, best.excess
             flops = 2 * tuner.fused.M * tuner.fused.N * tuner.fused.K
             gr.note = f"{flops / (best.time_ms * 1e-3) / 1e12:.1f} TFLOP/s"

@@ -1,11 +1,18 @@
 """GEMM with its pointwise epilogue group fused in: a library GEMM node (mm / addmm) whose only
 consumer is a pointwise group becomes one Triton GEMM (templates/triton/gemm.py.j2) whose
 epilogue is that group's expressions (same op table, same statements as the group kernel).
+
+Under the bf16 policy the GEMM reads bf16 copies of its operands (plan.rewrites.bf16_operands).
+An operand cast that is a group of its own, read by this GEMM alone, is absorbed: the fused
+kernel loads the float32 source and rounds each tile to bf16 (CAST_BF16, round to nearest even,
+as the cast kernel does), so the bf16 copy is never written. The accumulator stays float32 into
+the epilogue (the library GEMM rounds its result to bf16 first; the fused kernel is closer to
+the float64 reference, never further).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from kernelwright.capture.graph import Graph, OpNode
+from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
 from kernelwright.codegen.templating import template_text
 from kernelwright.codegen.triton_gemm import precision_kwargs, render_gemm
@@ -26,6 +33,18 @@ class GemmEpilogue:
     M: int
     N: int
     K: int
+    out_dtype: str = "float32"  # dtype of the group's output
+    prologue: tuple[Group, ...] = ()  # operand-cast groups the kernel absorbs (bf16 policy)
+
+    def k_major(self, graph: Graph) -> bool:
+        """Both operands have unit stride along K (A [M, K] row-major, B = W.T of a row-major W):
+        the layout TMA tile loads (and TF32 wgmma) need."""
+        return graph.meta(self.a).stride[1] == 1 and graph.meta(self.b).stride[0] == 1
+
+    @property
+    def cast_bf16(self) -> bool:
+        """Whether the operands are rounded to bf16 in the kernel (the GEMM is a bf16 GEMM)."""
+        return self.gemm.meta.dtype == "bfloat16"
 
     @property
     def inputs(self) -> list[str]:
@@ -45,13 +64,26 @@ def fusable(graph: Graph, gemm: OpNode, group: Group) -> str | None:
         return "the GEMM output has consumers outside the group"
     if len(group.outputs) != 1 or tuple(group.domain) != tuple(gemm.meta.shape):
         return "the group must produce one value of the GEMM's shape"
-    if gemm.meta.dtype != "float32":
-        return "float32 only"
+    if gemm.meta.dtype not in ("float32", "bfloat16"):
+        return "float32 or bf16 GEMMs only"
     return None
 
 
-def build(graph: Graph, gemm: OpNode, group: Group) -> GemmEpilogue:
-    """The epilogue (operands + statements) for `group` applied to `gemm`'s accumulator."""
+def _absorbable_cast(graph: Graph, gemm: OpNode, value: str, groups: list[Group]) -> Group | None:
+    """The group that is nothing but the float32 -> bf16 cast producing `value`, when this GEMM
+    is the value's only reader."""
+    node = None if graph.is_input(value) else graph.node(value)
+    if node is None or node.target != "aten._to_copy.default" or set(node.kwargs) != {"dtype"} \
+            or node.meta is None or node.meta.dtype != "bfloat16" or not isinstance(node.args[0], Ref) \
+            or graph.meta(node.args[0].name) is None or graph.meta(node.args[0].name).dtype != "float32" \
+            or value in graph.outputs or [u.name for u in graph.users(value)] != [gemm.name]:
+        return None
+    return next((g for g in groups if g.nodes == [value] and g.outputs == [value]), None)
+
+
+def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) -> GemmEpilogue:
+    """The epilogue (operands + statements) for `group` applied to `gemm`'s accumulator; with the
+    plan's `groups`, bf16 operand casts are absorbed (module docstring)."""
     why = fusable(graph, gemm, group)
     if why:
         raise Unsupported(why)
@@ -63,6 +95,14 @@ def build(graph: Graph, gemm: OpNode, group: Group) -> GemmEpilogue:
         bias, (a, b), beta, alpha = None, gemm.args[:2], 0.0, 1.0
     M, K = graph.meta(a.name).shape
     N = graph.meta(b.name).shape[1]
+    a_src, b_src, prologue = a.name, b.name, []
+    if gemm.meta.dtype == "bfloat16":
+        for which, ref in (("a", a), ("b", b)):
+            cast = _absorbable_cast(graph, gemm, ref.name, list(groups))
+            if cast is not None and cast not in prologue:
+                prologue.append(cast)
+                src = graph.node(ref.name).args[0].name
+                a_src, b_src = (src, b_src) if which == "a" else (a_src, src)
     ops: list[EpilogueOperand] = []
     values: list[str] = []
     code: list[str] = []
@@ -102,7 +142,8 @@ def build(graph: Graph, gemm: OpNode, group: Group) -> GemmEpilogue:
             code.append(f"acc = {st.deps[0]}")
         else:
             raise Unsupported(f"statement {st.kind} in a GEMM epilogue")
-    return GemmEpilogue(gemm, group, Epilogue(tuple(ops), "\n".join(code)), a.name, b.name, values, M, N, K)
+    return GemmEpilogue(gemm, group, Epilogue(tuple(ops), "\n".join(code)), a_src, b_src, values, M, N, K,
+                        graph.meta(group.outputs[0]).dtype, tuple(prologue))
 
 
 def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list[str]]:
@@ -111,11 +152,13 @@ def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list
     helpers = template_text("triton", "helpers.py.j2")
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
-    kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
-          if k in config}
-    kw.update(precision_kwargs(precision))
+    kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages",
+                                 "TMA") if k in config}
+    kw.update(precision_kwargs("bf16" if fused.cast_bf16 else precision))
     call = ", ".join([arg[fused.a], arg[fused.b]] + [arg[v] for v in fused.operands]
-                     + [f"{k}={v!r}" for k, v in kw.items()])
+                     + [f"out_dtype=torch.{fused.out_dtype}"] + [f"{k}={v!r}" for k, v in kw.items()])
+    prologue_doc = "" if not fused.prologue else (
+        "; the bf16 operand casts (" + ", ".join(g.id for g in fused.prologue) + ") run on its tiles")
     wrapper = f'''
 
 {helpers.strip()}
@@ -125,7 +168,7 @@ _gemm_launch = launch
 
 
 def launch({", ".join(arg[v] for v in ins)}):
-    """{fused.gemm.op} [{fused.M}x{fused.K}] @ [{fused.K}x{fused.N}] with group {fused.group.id} fused as its epilogue.
+    """{fused.gemm.op} [{fused.M}x{fused.K}] @ [{fused.K}x{fused.N}] with group {fused.group.id} fused as its epilogue{prologue_doc}.
 
     Inputs: {", ".join(ins)}. Returns ({fused.group.outputs[0]},)."""
     return (_gemm_launch({call}),)

@@ -309,13 +309,18 @@ def gemm_space(
     max_configs: int = 60,
     smem_limit: int = H200_SMEM_PER_BLOCK,
     num_sms: int = H200_NUM_SMS,
+    tma: bool = False,
 ) -> list[dict]:
     """Candidate GEMM configs for a precision policy (fp32 / tf32 / bf16) and, optionally, a
     problem shape (limits tiles to the shape, enables split-K when the output has too few tiles
     to fill the GPU).  elem_bytes: operand bytes as loaded (default 2 for bf16, else 4; pass 4
-    for float32 tensors cast to bf16 in the kernel)."""
-    return _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=max_configs,
-                       split_k=True, smem_limit=smem_limit, num_sms=num_sms)
+    for float32 tensors cast to bf16 in the kernel).  tma: the operands are K-major, so each tile
+    config is offered with TMA loads first, then with pointer loads."""
+    space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=max_configs,
+                        split_k=True, smem_limit=smem_limit, num_sms=num_sms)
+    if not tma:
+        return space
+    return [v for c in space for v in (dict(c, TMA=True), c)][:max_configs]
 
 
 def rowreduce_space(

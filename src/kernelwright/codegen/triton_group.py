@@ -450,6 +450,24 @@ def transposed_walk(low: Lowering):
     return None
 
 
+def tiled_apply_dims(low: Lowering) -> tuple[int, int] | None:
+    """(Q, P) for the split schedule's tiled apply pass: when the reduced dims collapse to two,
+    [Q, P] in the main input's memory order (P innermost), and a domain-shaped output is not
+    contiguous along P (a group norm over channels-last data written NCHW: P = channels of a group,
+    Q = pixels), the pass walks [BLOCK_Q, P] tiles, reading rows of P and writing runs of Q."""
+    if not any(st.kind == "store" and st.operand.level == "full" for st in low.stmts):
+        return None
+    _, red = _layout(low)
+    if len(red) != 2:
+        return None
+    ops = low.inputs + low.outputs
+    for op in low.outputs:
+        k = ops.index(op)
+        if op.level == "full" and red[1][1][k] != 1 and red[0][1][k] == 1:
+            return red[0][0], red[1][0]
+    return None
+
+
 def extent(low: Lowering) -> tuple[int, int, bool]:
     """(M kept indices, R reduced elements per row, whether the main input is contiguous along
     the reduction: its innermost reduced dim has stride 1 and, in a longer row, at least 16
@@ -763,7 +781,31 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
             apply += render(st)
     # row values that also feed other row values but come from reductions are available in
     # `finish`; a per-row value needed by the apply pass is re-read from its buffer.
+    apply_index, apply_block, apply_tiles = [], BLOCK_R, f"triton.cdiv({R}, {BLOCK_R})"
+    if config.get("TILED_APPLY"):
+        dims = tiled_apply_dims(low)
+        if dims is None or not apply or BLOCK_M != 1:
+            raise Unsupported("a tiled apply pass needs BLOCK_M == 1 and two reduced dims an output walks "
+                              "in the other order")
+        Q, P = dims
+        P2 = 1 << (P - 1).bit_length()
+        apply_block = max(1, BLOCK_R // P2)  # BLOCK_Q: the tile is [BLOCK_Q, P] elements
+        apply_tiles = f"triton.cdiv({Q}, {apply_block})"
+        _, red = _layout(low)
+        apply_index = [f"q = tl.program_id(1).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
+                       f"p = tl.arange(0, {P2})[None, :]",
+                       f"mask = mmask & (q < {Q}) & (p < {P})"]
+        ops = low.inputs + low.outputs
+        for k, op in enumerate(ops):
+            if op.level != "full":
+                continue
+            terms = [t for t, st in (("q", red[0][1][k]), ("p", red[1][1][k])) if st]
+            strides = [st for st in (red[0][1][k], red[1][1][k]) if st]
+            if terms:
+                apply_index.append(f"or_{op.param} = " + " + ".join(
+                    t if st == 1 else f"{t} * {st}" for t, st in zip(terms, strides)))
     extra = dict(
+        apply_index=apply_index, apply_block=apply_block, apply_tiles=apply_tiles,
         SPLIT=split, CHUNK=chunk, SPLIT_P2=1 << (split - 1).bit_length(), index_m=kept_lines, index_r=red_lines,
         init=pre_a + init, body=body, post_a=post_a, finish=finish, apply=apply, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R,
         params_a=[op.param for op in full_loads] + parts,

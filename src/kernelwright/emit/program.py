@@ -91,8 +91,12 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
             lines += [node_line(g, n) for n in unit.group.nodes]
         else:
             lines.append(node_line(g, unit.node))
-    for name, fqn in g.mutations.items():
+    if len(g.mutations) == 1:
+        (name, fqn), = g.mutations.items()
         lines.append(f"{attr_path(fqn)}.copy_({name})")
+    elif g.mutations:  # buffer updates (e.g. BatchNorm running stats): one launch instead of one each
+        dst = ", ".join(attr_path(fqn) for fqn in g.mutations.values())
+        lines.append(f"torch._foreach_copy_([{dst}], [{', '.join(g.mutations)}])")
     if single_output and len(g.outputs) == 1:
         lines.append(f"return {g.outputs[0]}")
     else:

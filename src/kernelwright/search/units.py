@@ -18,11 +18,12 @@ from kernelwright.capture.execute import input_device, run_node
 from kernelwright.codegen import gemm_epilogue
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_gemm import gemm_space
-from kernelwright.codegen.triton_group import extent, lower, render_group, transposed_walk
+from kernelwright.codegen.triton_group import extent, lower, render_group, tiled_apply_dims, transposed_walk
 from kernelwright.policy import Policy
 from kernelwright.search.result import RunResult
 from kernelwright.space.config import Config
-from kernelwright.space.group_space import default_config, group_space, seed_configs, tiled_default, tiled_space
+from kernelwright.space.group_space import (default_config, group_space, seed_configs, strided_long_rows, tiled_default,
+                                            tiled_space)
 from kernelwright.verify.compare import excess_reason, poisoned_like
 
 
@@ -179,6 +180,14 @@ class GroupTuner(KernelTuner):
             self.space = tiled_space() + self.space
             self.default = tiled_default()
             self.seeds = [self.default, self.default.replace(BLOCK_Q=16, BLOCK_P=128)] + self.seeds
+        elif not pw and strided_long_rows(self.M, self.R, self.r_contig) and tiled_apply_dims(self.low):
+            # e.g. a group norm over channels-last data returned NCHW: split statistics, then an
+            # apply pass over [BLOCK_Q pixels, channels of a group] tiles (coalesced both ways)
+            tiled = [c.replace(TILED_APPLY=True) for c in self.space
+                     if c.template == "triton.split" and c["BLOCK_M"] == 1]
+            self.space = tiled + self.space
+            first = [c for c in tiled if c["BLOCK_R"] == 2048 and c["num_warps"] == 8]
+            self.seeds = first[:1] + first[-1:] + self.seeds
         self.features = {"log2_M": math.log2(max(self.M, 1)), "log2_R": math.log2(max(self.R, 1)),
                          "log2_bytes": math.log2(max(1, sum(graph.meta(v).nbytes for v in group.inputs))),
                          "n_nodes": len(group.nodes), "n_reduce": sum(1 for s in self.low.stmts if s.kind == "reduce"),
@@ -225,39 +234,46 @@ class NodeTuner(KernelTuner):
 
 
 class GemmTuner(KernelTuner):
-    """A library GEMM node and its pointwise epilogue group as one Triton GEMM (codegen/gemm_epilogue.py).
+    """A library GEMM node and its pointwise epilogue group (and, under bf16, the operand-cast
+    groups it absorbs) as one Triton GEMM (codegen/gemm_epilogue.py).
 
-    The reference to beat is what the program would otherwise run: the library GEMM followed by
-    the group's chosen implementation (`group_impl`)."""
+    The reference to beat is what the program would otherwise run: the absorbed casts' and the
+    epilogue group's chosen implementations around the library GEMM (`impls`: group id -> env ->
+    env, from `group_impl`)."""
 
-    def __init__(self, graph, gemm, group, group_impl, env, policy, device, cache_dir, timed):
-        self.fused = gemm_epilogue.build(graph, gemm, group)
+    def __init__(self, graph, gemm, group, impls, env, policy, device, cache_dir, timed, groups=()):
+        self.fused = f = gemm_epilogue.build(graph, gemm, group, groups)
         self.name = f"{group.id}_gemm"
-        self.group_impl = group_impl
-        ins = self.fused.inputs
-        super().__init__(graph, [gemm.name] + group.nodes, [v for v in dict.fromkeys(gemm.inputs + group.inputs)
-                                                           if v != gemm.name], [(group.outputs[0], None)],
+        self.impls = impls
+        casts = [n for g in f.prologue for n in g.nodes]
+        absorbed = set(casts)
+        ins = [v for v in dict.fromkeys([f.a, f.b] + gemm.inputs + group.inputs)
+               if v != gemm.name and v not in absorbed]
+        super().__init__(graph, casts + [gemm.name] + group.nodes, ins, [(group.outputs[0], None)],
                          env, policy, device, cache_dir, timed)
-        del ins
-        f = self.fused
+        bf16_tensors = graph.meta(f.a).dtype == "bfloat16" and graph.meta(f.b).dtype == "bfloat16"
         self.space = [Config.make("triton.gemm", **c) for c in
-                      gemm_space(policy.name, M=f.M, N=f.N, K=f.K, elem_bytes=4, max_configs=40)]
+                      gemm_space("bf16" if f.cast_bf16 else policy.name, M=f.M, N=f.N, K=f.K,
+                                 elem_bytes=2 if bf16_tensors else 4, max_configs=40, tma=f.k_major(graph))]
         self.seeds = self.space[:4]
         self.default = self.space[0]
         self.features = {"log2_M": math.log2(f.M), "log2_N": math.log2(f.N), "log2_K": math.log2(f.K),
-                         "n_operands": len(f.operands), "kind": "gemm_epilogue"}
-        self.task = f"gemm/{f.M}x{f.N}x{f.K}/{group.id}"
+                         "n_operands": len(f.operands), "kind": "gemm_epilogue",
+                         "cast_operands": len(f.prologue)}
+        self.task = f"gemm/{f.M}x{f.N}x{f.K}/{group.id}" + (f"/casts{len(f.prologue)}" if f.prologue else "")
 
     def library_fn(self):
-        gemm, env, dev = self.fused.gemm, self.env, self.device
-        impl = self.group_impl
-
+        gemm, env, dev, f = self.fused.gemm, self.env, self.device, self.fused
+        before = [self.impls[g.id] for g in f.prologue]
+        after = self.impls[f.group.id]
         ins = self.unit_inputs  # the GEMM's and the epilogue's (e.g. a bias split off an addmm)
 
         def run():
             local = {k: env[k] for k in ins}
+            for impl in before:
+                local = impl(local)
             local[gemm.name] = run_node(gemm, local, dev)
-            return impl(local)
+            return after(local)
 
         return run
 
