@@ -374,3 +374,34 @@ def test_bf16_max_pool_reads_the_bf16_conv_result_and_widens_after():
     assert out.meta.dtype == "float32" and out.meta.shape == (2, 8, 4, 4)
     with torch.no_grad():
         torch.testing.assert_close(run_graph(s, model, [x])[0], model(x), rtol=3e-2, atol=3e-2)
+
+
+def test_bf16_outputs_follow_eager_under_autocast():
+    """With eager's autocast output dtypes, outputs eager returns as bf16 are returned as bf16 (one
+    rounding at the end); a widened bf16 result is returned as it is; float32 outputs stay."""
+    from kernelwright.pipeline import baseline_output_dtypes
+    from kernelwright.policy import get_policy
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.conv = nn.Linear(16, 12), nn.Conv2d(3, 4, 3, bias=False)
+
+        def forward(self, x, y):
+            return torch.relu(self.lin(x)), torch.softmax(self.lin(x), -1), self.conv(y)
+
+    model, x, y = Two(), torch.randn(4, 16), torch.randn(2, 3, 6, 6)
+    p = from_module(model, [x, y])
+    dtypes = baseline_output_dtypes(p, get_policy("bf16"), torch.device("cpu"))
+    assert dtypes[0] == dtypes[2] == torch.bfloat16
+    assert baseline_output_dtypes(p, get_policy("fp32"), torch.device("cpu")) is None
+    s, notes = rewrite(capture(p), "bf16", dtypes)
+    assert [s.meta(o).dtype for o in s.outputs] == [str(d).replace("torch.", "") for d in dtypes]
+    assert s.node(s.outputs[2]).target == "aten.convolution.default"  # the bf16 conv result itself
+    with torch.no_grad():
+        got = run_graph(s, model, [x, y])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want = model(x, y)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)

@@ -79,7 +79,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
                     "capture": "ok"}
     overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
     try:
-        graph, result["rewrites"] = rewrite(capture(problem), policy.name)
+        graph, result["rewrites"] = rewrite(capture(problem), policy.name, baseline_output_dtypes(problem, policy, device))
         plan = plan_graph(graph)
     except CaptureError as e:
         log(f"capture failed: {e}; emitting the original model unchanged")
@@ -113,6 +113,20 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
 
     write_report(out_dir, result)
     return result
+
+
+def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
+    """The dtypes eager returns under the policy's autocast (bf16), output by output; None for the
+    other policies or when the model cannot run here (capture reports that)."""
+    if policy.autocast_dtype is None:
+        return None
+    try:
+        with torch.no_grad(), policy.active(), policy.baseline(device):
+            outs = problem.make_model(device)(*problem.make_inputs(0, device))
+    except Exception:  # noqa: BLE001 - capture and verification say why
+        return None
+    outs = outs if isinstance(outs, (tuple, list)) else [outs]
+    return [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
 
 
 def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, kernels, sources, result, per_trials,

@@ -18,6 +18,7 @@ from kernelwright.codegen.templating import template_text
 from kernelwright.codegen.triton_gemm import precision_kwargs, render_gemm
 from kernelwright.codegen.triton_group import Lowering, Unsupported, lower
 from kernelwright.plan.fusion import Group
+from kernelwright.plan.weights import weight_roots
 
 GEMMS = {"aten.mm.default", "aten.addmm.default"}
 
@@ -71,8 +72,11 @@ def fusable(graph: Graph, gemm: OpNode, group: Group) -> str | None:
 
 def _absorbable_cast(graph: Graph, gemm: OpNode, value: str, groups: list[Group]) -> Group | None:
     """The group that is nothing but the float32 -> bf16 cast producing `value`, when this GEMM
-    is the value's only reader."""
+    is the value's only reader and the value is not a weight's (the forward casts a weight once
+    per parameter version, emit/program.py: the GEMM then reads the bf16 copy)."""
     node = None if graph.is_input(value) else graph.node(value)
+    if node is not None and value in weight_roots(graph):
+        return None
     if node is None or node.target != "aten._to_copy.default" or set(node.kwargs) != {"dtype"} \
             or node.meta is None or node.meta.dtype != "bfloat16" or not isinstance(node.args[0], Ref) \
             or graph.meta(node.args[0].name) is None or graph.meta(node.args[0].name).dtype != "float32" \

@@ -11,7 +11,9 @@ import torch
 
 from kernelwright.capture.execute import CONTIGUOUS_INPUT
 from kernelwright.capture.graph import Graph, Ref
+from kernelwright.analyze.classify import is_view
 from kernelwright.plan.fusion import Plan
+from kernelwright.plan.weights import weight_roots
 
 
 def render_value(v) -> str:
@@ -65,6 +67,21 @@ def node_line(graph: Graph, name: str) -> str:
     return f"{name} = torch.ops.{n.target}({', '.join(args)})"
 
 
+def _weights_only(graph: Graph, unit, roots: dict, outs: list[str]) -> list[str]:
+    """The parameters a unit's outputs are computed from when they depend on nothing else (and
+    the unit launches work: not a bare view, not a value the model returns); else []."""
+    if unit.group is None:
+        node = graph.node(unit.node)
+        if is_view(node) or node.target == "getitem":
+            return []
+        nodes = [node]
+    else:
+        nodes = [graph.node(n) for n in unit.group.nodes]
+    if any(o in graph.outputs or o not in roots for o in outs) or not all(n.name in roots for n in nodes):
+        return []
+    return sorted({r for o in outs for r in roots[o]})
+
+
 def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> list[str]:
     """Body of `forward`. `kernels` maps a group id (or node name) to (module variable, input names,
     output names, whether launch() returns the node's whole tuple) for units that run a generated
@@ -79,6 +96,9 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
     user = g.user_inputs
     if user:
         lines.append(f"_dev = {user[0].name}.device")
+    head = len(lines)
+    roots = weight_roots(g)
+    cache_used = False
     for unit in plan.units:
         key = unit.group.id if unit.group is not None else unit.node
         if key in kernels and kernels[key] is None:
@@ -86,11 +106,28 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
         if key in kernels:
             mod, ins, outs, whole_tuple = kernels[key]
             targets = outs[0] if whole_tuple else ", ".join(outs) + ("," if len(outs) == 1 else "")
-            lines.append(f"{targets} = {mod}.launch({', '.join(ins)})")
+            body = [f"{targets} = {mod}.launch({', '.join(ins)})"]
         elif unit.group is not None:
-            lines += [node_line(g, n) for n in unit.group.nodes]
+            body = [node_line(g, n) for n in unit.group.nodes]
+            outs = list(unit.group.outputs)
         else:
-            lines.append(node_line(g, unit.node))
+            body = [node_line(g, unit.node)]
+            outs = [unit.node]
+        params = _weights_only(g, unit, roots, outs)
+        if params:  # a weight transformed: once per parameter version, not once per call
+            cache_used = True
+            got = ", ".join(outs) + ("," if len(outs) == 1 else "")
+            lines += [f"_stamp = _kw_stamp({', '.join(params)})",
+                      f"_hit = _kw_cache.get({key!r})",
+                      "if _hit is not None and _hit[0] == _stamp:",
+                      f"    {got} = _hit[1]",
+                      "else:"]
+            lines += ["    " + ln for ln in body]
+            lines.append(f"    _kw_cache[{key!r}] = (_stamp, ({got}))")
+        else:
+            lines += body
+    if cache_used:
+        lines.insert(head, "_kw_cache = self.__dict__.setdefault('_kw_cache', {})  # weight-only values, by version")
     if len(g.mutations) == 1:
         (name, fqn), = g.mutations.items()
         lines.append(f"{attr_path(fqn)}.copy_({name})")

@@ -38,7 +38,8 @@ def render_report(result: dict) -> str:
     spec = device_spec()
     lines = [f"# kernelwright report: {result['problem']}", ""]
     lines.append(f"- precision policy: **{result['precision']}** (baselines timed under the same policy"
-                 + ("; eager and torch.compile in bf16 autocast, this module with explicit bf16 GEMM/conv operands)"
+                 + ("; eager and torch.compile in bf16 autocast, this module with explicit bf16 GEMM/conv operands"
+                    " and the output dtypes eager returns)"
                     if result["precision"] == "bf16" else ")"))
     lines.append(f"- device: {result['device']}" + (" (shrunk SMALL shapes)" if result.get("small") else ""))
     if result.get("capture") != "ok":

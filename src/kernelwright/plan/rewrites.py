@@ -575,6 +575,32 @@ def bf16_operands(graph: Graph) -> tuple[Graph, list[str]]:
     return _with_nodes(graph, nodes), notes
 
 
+def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph, list[str]]:
+    """Under the bf16 policy the module returns what the eager baseline returns in bf16 autocast:
+    a float32 output that eager returns as bf16 (a conv / GEMM result and the elementwise ops after
+    it) is rounded to bf16 once at the end (the cast fuses into the kernel that computes it, which
+    then writes half the bytes). `dtypes`: eager-under-autocast dtype of each output, in order."""
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    nodes, outputs, notes = list(graph.nodes), list(graph.outputs), []
+    for k, (out, want) in enumerate(zip(graph.outputs, dtypes)):
+        meta = graph.meta(out)
+        if want != torch.bfloat16 or graph.is_input(out) or meta is None or meta.dtype != "float32" \
+                or out in graph.mutations:
+            continue
+        node = graph.node(out)
+        src = node.args[0].name if _plain_cast(graph, node) else None
+        if src is not None and graph.meta(src).dtype == "bfloat16":  # a widened bf16 result: return it
+            outputs[k] = src
+        else:
+            cast = _cast(_unique(names, f"{out}_bf16"), out, meta, torch.bfloat16)
+            nodes.append(cast)
+            outputs[k] = cast.name
+        notes.append(f"{out}: returned as bf16, as eager returns it under bf16 autocast")
+    if not notes:
+        return graph, []
+    return Graph(graph.name, graph.inputs, nodes, outputs, dict(graph.mutations), graph.exported), notes
+
+
 _IMPURE = ("rand", "bernoulli", "dropout", "normal", "uniform", "empty", "exponential", "multinomial")
 
 
@@ -597,16 +623,20 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
     return _forward_values(graph, find)
 
 
-def rewrite(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
+def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None
+            ) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
     folded, repeated subexpressions merged, convolution and GEMM biases split off, max pools moved
     before non-decreasing elementwise ops, row rewrites. Then the policy's: under bf16 explicit
     bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
-    tensor-core policies (tf32, bf16) channels-last convolutions."""
+    tensor-core policies (tf32, bf16) channels-last convolutions. `out_dtypes` (bf16 only): the
+    dtypes eager returns under the policy's autocast (bf16_outputs)."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites]
     if policy == "bf16":  # then pools move before the widening casts too (they pool bf16 values)
         steps += [bf16_operands, max_pool_first]
+        if out_dtypes:
+            steps.append(lambda g: bf16_outputs(g, out_dtypes))
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
     for step in steps:

@@ -1,0 +1,48 @@
+"""Dev tool (GPU): is a module's forward bound by the CPU issuing its launches or by the GPU?
+
+For eager, torch.compile and an emitted kernelwright module (an optimize output folder), times N
+back-to-back calls: the CPU time to issue them (no synchronisation inside) and the wall time until
+the GPU has finished. Issue time close to wall time means the CPU is the bottleneck.
+
+usage: PYTHONPATH=src python3 scripts/launch_overhead.py PROBLEM.py OPTIMIZE_OUT_DIR [--precision tf32] [--calls 20]
+"""
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from kernelwright.emit.module import import_model_new
+from kernelwright.measure.baselines import make_baselines
+from kernelwright.policy import get_policy
+from kernelwright.problem import load_problem
+
+ap = argparse.ArgumentParser()
+ap.add_argument("problem")
+ap.add_argument("out_dir")
+ap.add_argument("--precision", default="fp32")
+ap.add_argument("--calls", type=int, default=20)
+args = ap.parse_args()
+
+prob, policy = load_problem(args.problem), get_policy(args.precision)
+inputs = prob.make_inputs(0, "cuda")
+with torch.no_grad(), policy.active():
+    impls = dict(make_baselines(prob, policy, "cuda", inputs=inputs))
+    ref = prob.make_model("cuda")
+    new = import_model_new(Path(args.out_dir) / "model_new.py").ModelNew(*prob.get_init_inputs()).cuda()
+    new.load_state_dict(ref.state_dict())
+    impls["kernelwright"] = new
+    print(f"{prob.name} ({args.precision}), {args.calls} calls back to back, per call:")
+    print("| impl | CPU issue us | wall us | GPU-bound? |\n|---|---:|---:|---|")
+    for name, fn in impls.items():
+        for _ in range(10):
+            fn(*inputs)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.calls):
+            fn(*inputs)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        issue, wall = (t1 - t0) / args.calls * 1e6, (t2 - t0) / args.calls * 1e6
+        print(f"| {name} | {issue:.0f} | {wall:.0f} | {'no: CPU-bound' if issue > 0.8 * wall else 'yes'} |")
