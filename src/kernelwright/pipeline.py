@@ -148,7 +148,7 @@ def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, ker
             fused = gemm_epilogue.build(graph, gemm, group, plan.groups)
             impls = {g.id: group_impl(graph, g, kernels.get(g.id), cache_dir, sources.get(g.id), device)
                      for g in (group, *fused.prologue)}
-            tuner = GemmTuner(graph, gemm, group, impls, env, policy, device, cache_dir, timed, plan.groups)
+            tuner = GemmTuner(graph, fused, impls, env, policy, device, cache_dir, timed)
         except Unsupported as e:
             gr.note = f"no template: {e}"
             continue

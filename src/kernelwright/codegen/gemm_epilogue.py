@@ -12,12 +12,13 @@ the float64 reference, never further).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
 from kernelwright.codegen.templating import template_text
 from kernelwright.codegen.triton_gemm import precision_kwargs, render_gemm
 from kernelwright.codegen.triton_group import Lowering, Unsupported, lower
 from kernelwright.plan.fusion import Group
+from kernelwright.plan.rewrites import plain_cast
 from kernelwright.plan.weights import weight_roots
 
 GEMMS = {"aten.mm.default", "aten.addmm.default"}
@@ -70,17 +71,17 @@ def fusable(graph: Graph, gemm: OpNode, group: Group) -> str | None:
     return None
 
 
-def _absorbable_cast(graph: Graph, gemm: OpNode, value: str, groups: list[Group]) -> Group | None:
+def _absorbable_cast(graph: Graph, gemm: OpNode, value: str, groups: list[Group], weights) -> Group | None:
     """The group that is nothing but the float32 -> bf16 cast producing `value`, when this GEMM
-    is the value's only reader and the value is not a weight's (the forward casts a weight once
-    per parameter version, emit/program.py: the GEMM then reads the bf16 copy)."""
-    node = None if graph.is_input(value) else graph.node(value)
-    if node is not None and value in weight_roots(graph):
+    is the value's only reader and the value is not a weight's (`weights`: plan.weights.weight_roots;
+    the forward casts a weight once per parameter version, emit/program.py: the GEMM then reads
+    the bf16 copy)."""
+    if graph.is_input(value) or value in weights or value in graph.outputs:
         return None
-    if node is None or node.target != "aten._to_copy.default" or set(node.kwargs) != {"dtype"} \
-            or node.meta is None or node.meta.dtype != "bfloat16" or not isinstance(node.args[0], Ref) \
-            or graph.meta(node.args[0].name) is None or graph.meta(node.args[0].name).dtype != "float32" \
-            or value in graph.outputs or [u.name for u in graph.users(value)] != [gemm.name]:
+    node = graph.node(value)
+    if not plain_cast(graph, node) or node.meta.dtype != "bfloat16" \
+            or graph.meta(node.args[0].name).dtype != "float32" \
+            or [u.name for u in graph.users(value)] != [gemm.name]:
         return None
     return next((g for g in groups if g.nodes == [value] and g.outputs == [value]), None)
 
@@ -101,8 +102,9 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
     N = graph.meta(b.name).shape[1]
     a_src, b_src, prologue = a.name, b.name, []
     if gemm.meta.dtype == "bfloat16":
+        weights = weight_roots(graph)
         for which, ref in (("a", a), ("b", b)):
-            cast = _absorbable_cast(graph, gemm, ref.name, list(groups))
+            cast = _absorbable_cast(graph, gemm, ref.name, list(groups), weights)
             if cast is not None and cast not in prologue:
                 prologue.append(cast)
                 src = graph.node(ref.name).args[0].name

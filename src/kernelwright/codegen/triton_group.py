@@ -799,11 +799,9 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
         for k, op in enumerate(ops):
             if op.level != "full":
                 continue
-            terms = [t for t, st in (("q", red[0][1][k]), ("p", red[1][1][k])) if st]
-            strides = [st for st in (red[0][1][k], red[1][1][k]) if st]
+            terms = [t if st == 1 else f"{t} * {st}" for t, st in (("q", red[0][1][k]), ("p", red[1][1][k])) if st]
             if terms:
-                apply_index.append(f"or_{op.param} = " + " + ".join(
-                    t if st == 1 else f"{t} * {st}" for t, st in zip(terms, strides)))
+                apply_index.append(f"or_{op.param} = " + " + ".join(terms))
     extra = dict(
         apply_index=apply_index, apply_block=apply_block, apply_tiles=apply_tiles,
         SPLIT=split, CHUNK=chunk, SPLIT_P2=1 << (split - 1).bit_length(), index_m=kept_lines, index_r=red_lines,

@@ -17,6 +17,7 @@ from kernelwright.capture.shapes import channels_last_strides, contiguous_stride
 from kernelwright.codegen.triton_ops import POINTWISE
 from kernelwright.codegen.triton_pool import TARGETS as POOLS
 from kernelwright.plan.fusion import COMPOSITES, EVAL_BN, NORMS, REDUCTIONS, reduction_spec
+from kernelwright.plan.weights import pure
 
 
 def _is_one(v) -> bool:
@@ -473,7 +474,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
                 if src not in converted:
                     m = graph.meta(src)
                     cast = by_name.get(src)
-                    if cast is not None and _plain_cast(graph, cast) and len(graph.users(src)) == 1 \
+                    if cast is not None and plain_cast(graph, cast) and len(graph.users(src)) == 1 \
                             and src not in graph.outputs:
                         # a bf16 operand cast read only here: cast and change layout in one copy
                         conv = OpNode(_unique(names, f"{src}_cl"), cast.target, cast.args,
@@ -529,7 +530,7 @@ def _cast(name: str, src: str, meta: TensorMeta, dtype: torch.dtype) -> OpNode:
                   [TensorMeta(meta.shape, meta.stride, str(dtype).replace("torch.", ""))])
 
 
-def _plain_cast(graph: Graph, n: OpNode) -> bool:
+def plain_cast(graph: Graph, n: OpNode) -> bool:
     """A float-to-float `_to_copy` that changes nothing but the dtype."""
     src = graph.meta(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
     return (n.target == "aten._to_copy.default" and set(n.kwargs) == {"dtype"} and src is not None
@@ -588,7 +589,7 @@ def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph,
                 or out in graph.mutations:
             continue
         node = graph.node(out)
-        src = node.args[0].name if _plain_cast(graph, node) else None
+        src = node.args[0].name if plain_cast(graph, node) else None
         if src is not None and graph.meta(src).dtype == "bfloat16":  # a widened bf16 result: return it
             outputs[k] = src
         else:
@@ -601,9 +602,6 @@ def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph,
     return Graph(graph.name, graph.inputs, nodes, outputs, dict(graph.mutations), graph.exported), notes
 
 
-_IMPURE = ("rand", "bernoulli", "dropout", "normal", "uniform", "empty", "exponential", "multinomial")
-
-
 def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
     """Common subexpressions: a node that repeats an earlier node's op on the same arguments (e.g.
     cross-entropy's three `target != ignore_index` masks) reads the earlier value instead. Random,
@@ -611,8 +609,7 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
     seen: dict[str, str] = {}
 
     def find(n):
-        op = n.target.split(".")
-        if any(w in n.target for w in _IMPURE) or (len(op) > 1 and op[1].endswith("_")):
+        if not pure(n.target):
             return None
         key = repr((n.target, n.args, sorted(n.kwargs.items()), n.outs))
         if key in seen:

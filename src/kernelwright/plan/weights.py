@@ -7,7 +7,14 @@ from __future__ import annotations
 from kernelwright.capture.graph import Graph
 
 # ops whose result is not a function of their arguments alone
-_IMPURE = ("rand", "bernoulli", "dropout", "normal", "uniform", "exponential", "multinomial", "empty")
+_IMPURE = ("rand", "bernoulli", "dropout", "normal", "uniform", "empty", "exponential", "multinomial")
+
+
+def pure(target: str) -> bool:
+    """Whether an ATen op's result is a function of its arguments alone: not random, not an
+    allocation, not in-place (`aten.add_.Tensor`)."""
+    op = target.split(".")
+    return not any(w in target for w in _IMPURE) and not (len(op) > 1 and op[1].endswith("_"))
 
 
 def weight_roots(graph: Graph) -> dict[str, tuple[str, ...]]:
@@ -16,7 +23,7 @@ def weight_roots(graph: Graph) -> dict[str, tuple[str, ...]]:
     roots: dict[str, tuple[str, ...]] = {i.name: (i.name,) for i in graph.inputs if i.kind == "param"}
     roots.update({i.name: () for i in graph.inputs if i.kind == "constant"})
     for n in graph.nodes:
-        if any(w in n.target for w in _IMPURE) or n.target.split(".")[1:2] and n.target.split(".")[1].endswith("_"):
+        if not pure(n.target):
             continue
         ins = n.inputs
         if ins and all(v in roots for v in ins):

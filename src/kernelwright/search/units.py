@@ -241,8 +241,9 @@ class GemmTuner(KernelTuner):
     epilogue group's chosen implementations around the library GEMM (`impls`: group id -> env ->
     env, from `group_impl`)."""
 
-    def __init__(self, graph, gemm, group, impls, env, policy, device, cache_dir, timed, groups=()):
-        self.fused = f = gemm_epilogue.build(graph, gemm, group, groups)
+    def __init__(self, graph, fused: gemm_epilogue.GemmEpilogue, impls, env, policy, device, cache_dir, timed):
+        self.fused = f = fused
+        gemm, group = f.gemm, f.group
         self.name = f"{group.id}_gemm"
         self.impls = impls
         casts = [n for g in f.prologue for n in g.nodes]
