@@ -40,12 +40,33 @@ def substitute(value: Any, env: dict, device: torch.device | None):
 CONTIGUOUS_INPUT = frozenset({"aten.native_group_norm.default"})
 
 
+# ops whose result layout depends on the kernel PyTorch picks (scaled_dot_product_attention's fused
+# kernels return [b, h, s, d] stored as [b, s, h, d], its math fallback a contiguous tensor):
+# planning assumes the first (plan.attention.heads_inner_strides), so every call is followed by
+# this (free when it already holds)
+FIXED_LAYOUT = frozenset({"aten.scaled_dot_product_attention.default"})
+
+
+def layout_suffix(target: str, rank: int) -> str:
+    """Python text appended to a call of `target` (rank of its result) by the emitted forward."""
+    if target not in FIXED_LAYOUT:
+        return ""
+    return ".transpose(1, 2).contiguous().transpose(1, 2)" if rank == 4 else ".contiguous()"
+
+
+def fixed_layout(target: str, out):
+    """`out` in the layout planning assumed for `target` (what layout_suffix's text does)."""
+    if target not in FIXED_LAYOUT or not isinstance(out, torch.Tensor):
+        return out
+    return out.transpose(1, 2).contiguous().transpose(1, 2) if out.dim() == 4 else out.contiguous()
+
+
 def run_node(node: OpNode, env: dict, device: torch.device | None = None):
     fn = resolve(node.target)
     args = substitute(node.args, env, device)
     if node.target in CONTIGUOUS_INPUT and isinstance(args[0], torch.Tensor):
         args = (args[0].contiguous(), *args[1:])
-    return fn(*args, **substitute(node.kwargs, env, device))
+    return fixed_layout(node.target, fn(*args, **substitute(node.kwargs, env, device)))
 
 
 def bind_inputs(graph: Graph, model: torch.nn.Module, inputs: list) -> dict:

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from kernelwright.capture.execute import CONTIGUOUS_INPUT
+from kernelwright.capture.execute import CONTIGUOUS_INPUT, layout_suffix
 from kernelwright.capture.graph import Graph, Ref
 from kernelwright.analyze.classify import is_view
 from kernelwright.plan.fusion import Plan
@@ -64,7 +64,8 @@ def node_line(graph: Graph, name: str) -> str:
     if n.target in CONTIGUOUS_INPUT and isinstance(n.args[0], Ref):
         args[0] += ".contiguous()"  # the CUDA kernel refuses channels-last inputs
     args += [f"{k}={render_value(v)}" for k, v in n.kwargs.items()]
-    return f"{name} = torch.ops.{n.target}({', '.join(args)})"
+    fix = layout_suffix(n.target, len(n.meta.shape)) if n.meta is not None else ""
+    return f"{name} = torch.ops.{n.target}({', '.join(args)}){fix}"
 
 
 def _weights_only(graph: Graph, unit, roots: dict, outs: list[str]) -> list[str]:

@@ -16,7 +16,9 @@ from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
 from kernelwright.codegen.triton_ops import POINTWISE
 from kernelwright.codegen.triton_pool import TARGETS as POOLS
+from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
 from kernelwright.plan.fusion import COMPOSITES, EVAL_BN, NORMS, REDUCTIONS, reduction_spec
+from kernelwright.analyze.classify import is_view
 from kernelwright.plan.weights import pure
 
 
@@ -522,7 +524,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
 
 # tensor-core ops and the argument positions of their tensor operands
 _TENSOR_CORE_OPS = {"aten.mm.default": (0, 1), "aten.bmm.default": (0, 1), "aten.addmm.default": (0, 1, 2),
-                    "aten.baddbmm.default": (0, 1, 2), "aten.convolution.default": (0, 1, 2)}
+                    "aten.baddbmm.default": (0, 1, 2), "aten.convolution.default": (0, 1, 2), SDPA: (0, 1, 2)}
 
 
 def _cast(name: str, src: str, meta: TensorMeta, dtype: torch.dtype) -> OpNode:
@@ -602,6 +604,71 @@ def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph,
     return Graph(graph.name, graph.inputs, nodes, outputs, dict(graph.mutations), graph.exported), notes
 
 
+def _retyped(outs: list, dtype: str) -> list:
+    return [None if m is None else TensorMeta(m.shape, m.stride, dtype) for m in outs]
+
+
+def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
+    """A bf16 value widened to float32, viewed (reshaped, permuted, split) and cast back to bf16
+    is those views of the bf16 value: exact (widening then narrowing is the identity), and the two
+    casts and their memory traffic disappear (e.g. attention's q, k, v taken from a bf16 projection
+    and its bf16 result fed to the next projection). Values left unread are dropped after."""
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    copied: dict[str, str] = {}  # float32 view -> its bf16 twin
+    new_nodes: dict[str, list[OpNode]] = {}  # inserted before the node named
+    mapping: dict[str, str] = {}
+    notes = []
+
+    def twin(name: str) -> str | None:
+        """The bf16 twin of float32 value `name` (views of a widened bf16 value), else None."""
+        if name in copied:
+            return copied[name]
+        if graph.is_input(name):
+            return None
+        n = graph.node(name)
+        if plain_cast(graph, n) and n.meta.dtype == "float32" and graph.meta(n.args[0].name).dtype == "bfloat16":
+            return n.args[0].name
+        if not (is_view(n) and n.args and isinstance(n.args[0], Ref)) or any(
+                isinstance(a, Ref) for a in list(n.args[1:]) + list(n.kwargs.values())):
+            return None
+        src = twin(n.args[0].name)
+        if src is None:
+            return None
+        copy = OpNode(_unique(names, f"{name}_bf16v"), n.target, (Ref(src),) + tuple(n.args[1:]), dict(n.kwargs),
+                      _retyped(n.outs, "bfloat16"), n.fx)
+        new_nodes.setdefault(name, []).append(copy)
+        copied[name] = copy.name
+        return copy.name
+
+    for n in graph.nodes:
+        if plain_cast(graph, n) and n.meta.dtype == "bfloat16" and n.name not in graph.outputs \
+                and n.name not in graph.mutations and graph.meta(n.args[0].name).dtype == "float32":
+            src = twin(n.args[0].name)
+            if src is not None and src != n.args[0].name:
+                mapping[n.name] = src
+                notes.append(f"{n.name}: {src}, the same views of the bf16 value (no float32 round trip)")
+    if not notes:
+        return graph, []
+    nodes = []
+    for n in graph.nodes:
+        nodes += new_nodes.get(n.name, [])
+        if n.name not in mapping:
+            nodes.append(OpNode(n.name, n.target, _replace(n.args, mapping), _replace(n.kwargs, mapping), n.outs, n.fx))
+    return drop_unread(_with_nodes(graph, nodes)), notes
+
+
+def drop_unread(graph: Graph) -> Graph:
+    """`graph` without the pure nodes nothing reads (not outputs, not buffer updates)."""
+    keep = set(graph.outputs) | set(graph.mutations)
+    nodes = list(graph.nodes)
+    while True:
+        read = {name for n in nodes for name in n.inputs}
+        alive = [n for n in nodes if n.name in read or n.name in keep or not pure(n.target)]
+        if len(alive) == len(nodes):
+            return graph if len(nodes) == len(graph.nodes) else _with_nodes(graph, nodes)
+        nodes = alive
+
+
 def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
     """Common subexpressions: a node that repeats an earlier node's op on the same arguments (e.g.
     cross-entropy's three `target != ignore_index` masks) reads the earlier value instead. Random,
@@ -624,14 +691,17 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
             ) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
     folded, repeated subexpressions merged, convolution and GEMM biases split off, max pools moved
-    before non-decreasing elementwise ops, row rewrites. Then the policy's: under bf16 explicit
+    before non-decreasing elementwise ops, row rewrites, by-hand attention as one fused call (fp32 and
+    bf16: plan.attention). Then the policy's: under bf16 explicit
     bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
     tensor-core policies (tf32, bf16) channels-last convolutions. `out_dtypes` (bf16 only): the
     dtypes eager returns under the policy's autocast (bf16_outputs)."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites]
+    if policy in ATTENTION_POLICIES:  # the fused attention kernel is fp32 / bf16 only (plan.attention)
+        steps += [attention, simplify]
     if policy == "bf16":  # then pools move before the widening casts too (they pool bf16 values)
-        steps += [bf16_operands, max_pool_first]
+        steps += [bf16_operands, narrow_through_views, max_pool_first]
         if out_dtypes:
             steps.append(lambda g: bf16_outputs(g, out_dtypes))
     if policy in ("tf32", "bf16"):

@@ -78,10 +78,12 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -
     rp = next_pow2(R)
     if needs_split(M, R) or strided_long_rows(M, R, r_contiguous):
         split = min(1024, max(32, next_pow2(1056 // max(M, 1))))
-        if not r_contiguous:  # neighbouring rows are contiguous: read 32 of them side by side
-            bm = min(32, next_pow2(M))
-            split = min(1024, max(32, next_pow2(1056 * bm // max(M, 1))))
-            return Config.make("triton.split", BLOCK_M=bm, BLOCK_R=128, SPLIT=split, one_pass=False, num_warps=8,
+        if not r_contiguous:  # neighbouring rows are contiguous: read 64 of them side by side
+            # 64 x 64 tiles, 4 warps, ~256 programs: the fastest of 192 configs for training BN
+            # over NHWC (M=128, R=200704) on the H200, 1.75x the former 32 x 128, 8 warps, 1056 programs
+            bm = min(64, next_pow2(M))
+            split = min(1024, max(32, next_pow2(256 * bm // max(M, 1))))
+            return Config.make("triton.split", BLOCK_M=bm, BLOCK_R=64, SPLIT=split, one_pass=False, num_warps=4,
                                num_stages=1)
         return Config.make("triton.split", BLOCK_M=1, BLOCK_R=2048, SPLIT=split, one_pass=False, num_warps=8, num_stages=1)
     if not r_contiguous:
@@ -111,6 +113,9 @@ def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> 
     if base.template == "triton.split":
         variants = [base.replace(SPLIT=base["SPLIT"] // 2), base.replace(SPLIT=base["SPLIT"] * 2),
                     base.replace(BLOCK_R=4096), base.replace(num_warps=4)]
+        if not r_contiguous:  # the runners-up of the same measurement
+            variants = [base.replace(BLOCK_M=base["BLOCK_M"] // 2), base.replace(BLOCK_R=128, BLOCK_M=base["BLOCK_M"] // 2),
+                        base.replace(BLOCK_M=base["BLOCK_M"] * 2, num_warps=8), base.replace(SPLIT=base["SPLIT"] * 2)]
         return out + [c for c in variants if c in space and c not in out]
     # long chunks streamed by 16 warps: the fastest softmax over 65536-wide rows measured on the H200
     chunk = min(4096, base["BLOCK_R"] // 2 if base["one_pass"] else 4096)

@@ -1,0 +1,215 @@
+"""Attention written by hand — bmm(q, kᵀ), a scale, softmax over keys, bmm with v — becomes one
+`scaled_dot_product_attention` call (exact in real arithmetic: the same softmax(q kᵀ · scale) v,
+computed by a fused kernel that never writes the [.., S, L] scores).
+
+Matched precision, as measured on the H200 (scripts/attention_probe.py, docs/benchmarks.md):
+under `fp32` PyTorch runs it with the memory-efficient kernel in float32 SIMT arithmetic (error
+against float64 below the by-hand fp32 path's, 1.5x faster); under `bf16` with cuDNN's flash
+kernel on bf16 q, k, v (fp32 softmax, as autocast's by-hand path; 15x faster). Under `tf32` the
+fused kernel has no TF32 path and ran slower than cuBLAS's TF32 bmms, so the rewrite is not made.
+
+The result's layout is fixed to what the fused kernels return, [b, h, s, d] indexed with
+[b, s, h, d] in memory (capture.execute.fixed_layout), so the usual transpose(1, 2).reshape(b, s,
+h * d) after attention is a free view.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernelwright.analyze.classify import is_view
+from kernelwright.capture.execute import resolve
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
+from kernelwright.capture.shapes import contiguous_strides
+
+SDPA = "aten.scaled_dot_product_attention.default"
+POLICIES = ("fp32", "bf16")
+
+_VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+_CLONE = "aten.clone.default"
+
+
+def heads_inner_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a [b, h, s, d] result stored as [b, s, h, d] (3-D and other ranks: contiguous)."""
+    if len(shape) != 4:
+        return contiguous_strides(shape)
+    b, h, s, d = shape
+    return (s * h * d, d, h * d, 1)
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+class _Matcher:
+    def __init__(self, graph: Graph):
+        self.g = graph
+        self.keep = set(graph.outputs) | set(graph.mutations)
+        self.users: dict[str, int] = {}
+        for n in graph.nodes:
+            for name in n.inputs:
+                self.users[name] = self.users.get(name, 0) + 1
+
+    def only_user(self, name: str) -> OpNode | None:
+        """The single node reading `name` (None when it has several readers or is kept)."""
+        if self.users.get(name) != 1 or name in self.keep:
+            return None
+        return next(n for n in self.g.nodes if name in n.inputs)
+
+    def source(self, name: str, batch: int, tail: tuple[int, ...], passed: list[str]) -> str | None:
+        """Walk back from a bmm operand through views and contiguous clones; the last value met of
+        rank >= 3 whose leading dims flatten to `batch` and whose last two dims are `tail` (the
+        [b, h, s, d] tensor before the copies that made it [b*h, s, d]), else None."""
+        best = None
+        while True:
+            m = self.g.meta(name)
+            if m is None or m.dtype != "float32":
+                return best
+            if len(m.shape) >= 3 and tuple(m.shape[-2:]) == tail and _prod(m.shape[:-2]) == batch:
+                best = name
+            if self.g.is_input(name):
+                return best
+            n = self.g.node(name)
+            fmt = str(n.kwargs.get("memory_format", "torch.contiguous_format"))
+            if n.target not in _VIEWS and not (n.target == _CLONE and fmt == "torch.contiguous_format"):
+                return best
+            passed.append(name)
+            name = n.args[0].name
+
+    def untransposed(self, name: str) -> str | None:
+        """k when `name` is k with its last two dims swapped (permute or transpose)."""
+        if self.g.is_input(name):
+            return None
+        n = self.g.node(name)
+        m = self.g.meta(name)
+        r = len(m.shape)
+        if n.target == "aten.permute.default":
+            perm = list(n.args[1])
+            want = list(range(r - 2)) + [r - 1, r - 2]
+            return n.args[0].name if [p % r for p in perm] == want else None
+        if n.target == "aten.transpose.int":
+            dims = sorted(d % r for d in n.args[1:3])
+            return n.args[0].name if dims == [r - 2, r - 1] else None
+        return None
+
+    def match(self, bmm1: OpNode) -> tuple[list[str], OpNode, str] | None:
+        """(nodes made dead, the SDPA node, note) for an attention rooted at `bmm1`, else None."""
+        g = self.g
+        if bmm1.target != "aten.bmm.default" or bmm1.meta is None or bmm1.meta.dtype != "float32":
+            return None
+        bh, s, ell = bmm1.meta.shape
+        passed: list[str] = []
+        a, b = bmm1.args[0].name, bmm1.args[1].name
+        q = self.source(a, bh, (s, g.meta(a).shape[-1]), passed)
+        kt = self.source(b, bh, tuple(g.meta(b).shape[1:]), passed)
+        k = self.untransposed(kt) if kt is not None else None
+        passed.append(kt)
+        if q is None or k is None or tuple(g.meta(k).shape) != tuple(g.meta(q).shape[:-2]) + (ell, g.meta(q).shape[-1]):
+            return None
+        lead = tuple(g.meta(q).shape[:-2])
+        chain = [bmm1.name]
+        cur = self.only_user(bmm1.name)
+        if cur is not None and cur.target in _VIEWS and tuple(cur.meta.shape) == lead + (s, ell):
+            chain.append(cur.name)
+            cur = self.only_user(cur.name)
+        scale = 1.0
+        if cur is not None and cur.target in ("aten.div.Tensor", "aten.mul.Tensor") and len(cur.args) == 2 \
+                and isinstance(cur.args[1], (int, float)) and not isinstance(cur.args[1], bool) and cur.args[1] != 0:
+            scale = 1.0 / cur.args[1] if cur.target == "aten.div.Tensor" else float(cur.args[1])
+            chain.append(cur.name)
+            cur = self.only_user(cur.name)
+        if cur is None or cur.target != "aten._softmax.default" or cur.args[2] \
+                or cur.args[1] % len(cur.meta.shape) != len(cur.meta.shape) - 1:
+            return None
+        chain.append(cur.name)
+        cur = self.only_user(cur.name)
+        if cur is not None and cur.target in _VIEWS and tuple(cur.meta.shape) == (bh, s, ell):
+            chain.append(cur.name)
+            cur = self.only_user(cur.name)
+        if cur is None or cur.target != "aten.bmm.default" or cur.args[0].name != chain[-1]:
+            return None
+        bmm2 = cur
+        vf = bmm2.args[1].name
+        dv = g.meta(vf).shape[-1]
+        v = self.source(vf, bh, (ell, dv), passed)
+        if v is None or tuple(g.meta(v).shape[:-2]) != lead:
+            return None
+        chain.append(bmm2.name)
+        out = bmm2
+        after = self.only_user(bmm2.name)
+        if len(lead) > 1 and after is not None and after.target in _VIEWS and tuple(after.meta.shape) == lead + (s, dv):
+            out = after
+        elif len(lead) > 1:
+            return None  # the [b*h, s, d] result itself is read: keep the graph as it is
+        shape = lead + (s, dv)
+        node = OpNode(out.name, SDPA, (Ref(q), Ref(k), Ref(v), None, 0.0, False), {"scale": scale},
+                      [TensorMeta(shape, heads_inner_strides(shape), "float32")], out.fx)
+        dead = [c for c in chain if c != out.name] + passed
+        note = (f"{out.name}: bmm / scale / softmax / bmm over {'x'.join(map(str, shape))} is "
+                f"scaled_dot_product_attention({q}, {k}, {v}, scale={scale:.6g}): one fused kernel, no scores in memory")
+        return dead, node, note
+
+
+def _drop_unused(graph: Graph, nodes: list[OpNode], candidates: set[str]) -> list[OpNode]:
+    """`nodes` without the candidates nothing reads any more (views and clones the match passed
+    through may still feed other readers: those stay)."""
+    keep = set(graph.outputs) | set(graph.mutations)
+    while True:
+        read = {name for n in nodes for name in n.inputs}
+        gone = {n.name for n in nodes if n.name in candidates and n.name not in read and n.name not in keep}
+        if not gone:
+            return nodes
+        nodes = [n for n in nodes if n.name not in gone]
+
+
+def _refresh_views(graph: Graph, nodes: list[OpNode], changed: set[str]) -> list[OpNode] | None:
+    """`nodes` with the strides of every view of a value whose layout changed recomputed (on meta
+    tensors, as PyTorch would); None when such a view cannot be taken of the new layout."""
+    metas = {i.name: i.meta for i in graph.inputs}
+    out = []
+    for n in nodes:
+        if any(i in changed for i in n.inputs) and (is_view(n) or n.target == "getitem"):
+            def meta_tensor(v):
+                if isinstance(v, Ref):
+                    m = metas[v.name]
+                    return torch.empty_strided(m.shape, m.stride, dtype=getattr(torch, m.dtype), device="meta")
+                return [meta_tensor(x) for x in v] if isinstance(v, (list, tuple)) else v
+            try:
+                t = resolve(n.target)(*meta_tensor(list(n.args)), **n.kwargs)
+            except RuntimeError:
+                return None
+            if not isinstance(t, torch.Tensor):
+                return None
+            n = OpNode(n.name, n.target, n.args, dict(n.kwargs), [TensorMeta(tuple(t.shape), tuple(t.stride()), n.meta.dtype)], n.fx)
+            changed.add(n.name)
+        metas[n.name] = n.meta
+        out.append(n)
+    return out
+
+
+def attention(graph: Graph) -> tuple[Graph, list[str]]:
+    """Every by-hand attention of `graph` as one scaled_dot_product_attention node (on a simplified
+    graph: the no-op expands matmul leaves around its bmms already removed)."""
+    m = _Matcher(graph)
+    replace: dict[str, OpNode] = {}
+    dead: set[str] = set()
+    notes: list[str] = []
+    for n in graph.nodes:
+        hit = m.match(n) if n.name not in dead else None
+        if hit is None:
+            continue
+        gone, node, note = hit
+        dead.update(gone)
+        replace[node.name] = node
+        notes.append(note)
+    if not notes:
+        return graph, []
+    # the SDPA node sits where the result was; its q, k, v are all defined before the first bmm,
+    # hence before it
+    nodes = _drop_unused(graph, [replace.get(n.name, n) for n in graph.nodes], dead)
+    nodes = _refresh_views(graph, nodes, set(replace))
+    if nodes is None:  # a reader views the result in a way its new layout does not allow
+        return graph, []
+    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes

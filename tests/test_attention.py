@@ -1,0 +1,136 @@
+"""By-hand attention becomes one scaled_dot_product_attention call (plan/attention.py), and bf16
+values reach the next GEMM without a float32 round trip (rewrites.narrow_through_views)."""
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kernelwright.capture import capture
+from kernelwright.capture.execute import fixed_layout, layout_suffix, run_graph
+from kernelwright.emit.program import node_line
+from kernelwright.plan.attention import SDPA, attention
+from kernelwright.plan.rewrites import narrow_through_views, rewrite
+from kernelwright.problem import from_module, load_problem
+
+ROOT = Path(__file__).resolve().parents[1] / "problems"
+
+
+class Heads(nn.Module):
+    """q, k, v heads of one projection; scores scaled by a division, optionally returned too."""
+
+    def __init__(self, d=32, h=4, return_scores=False):
+        super().__init__()
+        self.h, self.return_scores = h, return_scores
+        self.qkv = nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (t.reshape(b, s, self.h, d // self.h).transpose(1, 2) for t in self.qkv(x).split(d, -1))
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d // self.h)
+        out = torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).reshape(b, s, d)
+        return (out, scores) if self.return_scores else out
+
+
+class Plain(nn.Module):
+    """3-D attention (no heads), the scale as a multiplication, the result returned as is."""
+
+    def forward(self, q, k, v):
+        return torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)) * 0.25, dim=-1), v)
+
+
+def _targets(g):
+    return [n.target for n in g.nodes]
+
+
+def test_heads_attention_is_one_sdpa_call_with_the_same_values():
+    torch.manual_seed(0)
+    model, x = Heads().eval(), torch.randn(2, 8, 32)
+    g = capture(from_module(model, [x]))
+    r, notes = rewrite(g, "fp32")
+    assert _targets(r).count(SDPA) == 1 and "aten.bmm.default" not in _targets(r)
+    assert "aten._softmax.default" not in _targets(r)
+    assert any("scaled_dot_product_attention" in n for n in notes)
+    sdpa = next(n for n in r.nodes if n.target == SDPA)
+    assert sdpa.kwargs["scale"] == pytest.approx(1 / math.sqrt(8))
+    assert sdpa.meta.stride == (256, 8, 32, 1)  # [b, h, s, d] stored [b, s, h, d]
+    # the transpose(1, 2).reshape after it became a free view (the copy is gone)
+    assert "aten.clone.default" not in _targets(r)
+    with torch.no_grad():
+        torch.testing.assert_close(run_graph(r, model, [x])[0], model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_no_rewrite_under_tf32_or_when_the_scores_are_read():
+    model, x = Heads(), torch.randn(2, 8, 32)
+    g = capture(from_module(model, [x]))
+    assert SDPA not in _targets(rewrite(g, "tf32")[0])
+    scored = Heads(return_scores=True)
+    g2 = capture(from_module(scored, [x]))
+    r, notes = attention(g2)
+    assert r is g2 and notes == []
+
+
+def test_three_dim_attention_with_a_multiplied_scale():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(3, 5, 8), torch.randn(3, 7, 8), torch.randn(3, 7, 6)
+    g = capture(from_module(Plain(), [q, k, v]))
+    r, notes = attention(g)
+    sdpa = next(n for n in r.nodes if n.target == SDPA)
+    assert sdpa.kwargs["scale"] == 0.25 and sdpa.meta.shape == (3, 5, 6) and sdpa.meta.stride == (30, 6, 1)
+    torch.testing.assert_close(run_graph(r, Plain(), [q, k, v])[0], Plain()(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+def test_emitted_layout_fix_matches_the_reference_run():
+    t = torch.randn(2, 3, 5, 4)  # as the math fallback returns it: contiguous [b, h, s, d]
+    fixed = fixed_layout(SDPA, t)
+    assert torch.equal(fixed, t) and fixed.stride() == (60, 4, 12, 1)
+    emitted = eval("t" + layout_suffix(SDPA, 4))
+    assert emitted.stride() == fixed.stride()
+    assert fixed_layout(SDPA, fixed).data_ptr() == fixed.data_ptr()  # already so: no copy
+    assert layout_suffix("aten.bmm.default", 3) == ""
+    r, _ = rewrite(capture(from_module(Heads(), [torch.randn(2, 8, 32)])), "fp32")
+    line = node_line(r, next(n.name for n in r.nodes if n.target == SDPA))
+    assert line.endswith(layout_suffix(SDPA, 4)) and "scale=" in line
+
+
+def test_bf16_attention_reads_views_of_the_bf16_projection():
+    torch.manual_seed(2)
+    prob = load_problem(ROOT / "level3" / "transformer_block.py", small=True)
+    g = capture(prob)
+    r, notes = rewrite(g, "bf16")
+    sdpa = next(n for n in r.nodes if n.target == SDPA)
+    assert sdpa.meta.dtype == "bfloat16"
+    # q, k, v are views of the bf16 qkv GEMM: no float32 copy of it, no casts back
+    for a in sdpa.args[:3]:
+        node = r.node(a.name)
+        assert node.target == "aten.permute.default" and node.meta.dtype == "bfloat16"
+    assert any("no float32 round trip" in n for n in notes)
+    qkv = next(n for n in r.nodes if n.target == "aten.addmm.default")
+    assert all(u.target != "aten._to_copy.default" for u in r.users(qkv.name))
+    model, inputs = prob.make_model("cpu"), prob.make_inputs(0, "cpu")
+    with torch.no_grad():
+        out = run_graph(r, model, inputs)[0]
+        ref = model(*inputs)
+    torch.testing.assert_close(out, ref, rtol=5e-2, atol=5e-2)
+
+
+def test_narrowing_is_exact():
+    """widen -> views -> narrow is the views of the bf16 value, bit for bit."""
+
+    class M(nn.Module):
+        def forward(self, a, b, c):
+            return torch.mm(torch.mm(a, b).t(), c)
+
+    a, b, c = torch.randn(6, 5), torch.randn(5, 4), torch.randn(6, 3)
+    g = capture(from_module(M(), [a, b, c]))
+    low, notes = rewrite(g, "bf16")
+    assert any("no float32 round trip" in n for n in notes)
+    first = next(n for n in low.nodes if n.target == "aten.mm.default")
+    assert [u.target for u in low.users(first.name)] == ["aten.permute.default"]  # no widening cast
+    with torch.no_grad():
+        out = run_graph(low, M(), [a, b, c])[0]
+    bf = torch.bfloat16
+    assert torch.equal(out, torch.mm(torch.mm(a.to(bf), b.to(bf)).t(), c.to(bf)).float())
+    again, more = narrow_through_views(low)
+    assert again is low and more == []  # nothing left to narrow
