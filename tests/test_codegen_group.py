@@ -65,6 +65,10 @@ CASES = {
     "normalize": (Fn(lambda s, x: F.normalize(x, dim=1)), [(6, 40)]),
     # a per-channel add (a conv's split-off bias) read through group norm's [N, G, C/G, H*W] view
     "bias_group_norm": (Fn(lambda s, x, b: torch.tanh(F.group_norm(x + b.view(-1, 1, 1), 2))), [(2, 8, 3, 5), (8,)]),
+    # reshapes between elementwise ops and into a norm (a GEMM's [B*S, N] result as [B, S, N])
+    "reshaped_chain": (Fn(lambda s, x, r: F.gelu((x * 2).view(2, 4, 10)).view(8, 10) + r), [(8, 10), (8, 10)]),
+    "reshaped_layer_norm": (Fn(lambda s, x, res: F.layer_norm(x.view(2, 3, 40) * 0.5 + res, (40,)).view(6, 40) * 2),
+                            [(6, 40), (2, 3, 40)]),
 }
 
 ONE_PASS = {"BLOCK_M": 2, "BLOCK_R": 512, "one_pass": True, "num_warps": 4, "num_stages": 1}
@@ -100,6 +104,12 @@ def _compare(k, outs, env):
             assert torch.equal(out, ref), name
         else:
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_reshapes_do_not_split_groups():
+    for name in ("reshaped_chain", "reshaped_layer_norm"):
+        _, plan, _ = _setup(name)
+        assert len(plan.groups) == 1, [g.nodes for g in plan.groups]
 
 
 @pytest.mark.parametrize("name", list(CASES))

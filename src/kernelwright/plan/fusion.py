@@ -31,6 +31,7 @@ NORMS = {"aten.native_layer_norm.default", "aten.native_group_norm.default", "at
 COMPOSITES = {"aten._softmax.default", "aten._log_softmax.default"} | NORMS
 EVAL_BN = "aten._native_batch_norm_legit_no_training.default"  # elementwise with per-channel statistics
 FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
+_RESHAPES = ("aten.view.default", "aten._unsafe_view.default")
 FREE_VIEWS = {"aten.expand.default", "aten.squeeze.dims", "aten.squeeze.dim", "aten.unsqueeze.default",
               "aten.view.default", "aten._unsafe_view.default"}
 
@@ -233,7 +234,7 @@ class _Builder:
         add before a group norm over [N, G, C/G, H*W]): b's values are read through that view."""
         regroup = (a.domain != b.domain and a.rdims is not None and b.rdims is None
                    and all(v == "full" for v in b.levels.values()) and _views_domain(b.domain, a.domain)
-                   and all(self.g.node(n).target in POINTWISE for n in b.nodes))
+                   and all(self.g.node(n).target in POINTWISE or self.g.node(n).target in _RESHAPES for n in b.nodes))
         if regroup:
             return self._acyclic(a, b)
         if a.domain != b.domain or (a.rdims is not None and b.rdims is not None and a.rdims != b.rdims):
@@ -287,6 +288,11 @@ class _Builder:
         if level == "row" and rows and shape in rows and src_shape in rows:
             return "row"
         if level == "full" and shape == src_shape == g.domain:
+            return "full"
+        if level == "full" and n.target in _RESHAPES \
+                and (src_shape == g.domain or _views_domain(src_shape, g.domain)) and _views_domain(shape, g.domain):
+            # a reshape between two views of the domain (a GEMM's [B*S, N] result and its [B, S, N]
+            # form): element i of one is element i of the other in row-major order, as in the domain
             return "full"
         return None
 

@@ -1,5 +1,6 @@
 # Launcher helpers appended to every generated kernel module (see codegen/templating.launch_helpers).
 import torch
+import triton
 
 
 def _alloc(shape, dtype, device, stride=None):
@@ -16,6 +17,8 @@ def _expect(t, shape, stride, name, dtype=None):
     Shape (and dtype, when given) must match. Other strides are copied into the expected layout
     first (correct, one extra copy), except where the kernel expects a broadcast (stride 0), which
     a copy cannot produce."""
+    if t.stride() == stride and t.shape == shape and (dtype is None or t.dtype == dtype):
+        return t  # the usual case, checked in one comparison
     if tuple(t.shape) != tuple(shape) or (dtype is not None and t.dtype != dtype):
         raise ValueError(f"{name}: expected {dtype or t.dtype} shape {tuple(shape)}, got {t.dtype} {tuple(t.shape)}")
     if any(n != 1 and s != e for n, s, e in zip(shape, t.stride(), stride)):
@@ -23,3 +26,35 @@ def _expect(t, shape, stride, name, dtype=None):
             raise ValueError(f"{name}: expected a broadcast (stride 0) layout {stride}, got strides {t.stride()}")
         t = torch.empty_strided(shape, stride, dtype=t.dtype, device=t.device).copy_(t)
     return t
+
+
+_COMPILED = {}
+
+
+def _launch(kernel, grid, *args, **meta):
+    """kernel[grid](*args, **meta), for less CPU time: the first call for a device and an argument
+    signature goes through Triton's JIT (which compiles or finds the kernel); later ones call that
+    compiled kernel's launcher directly, skipping the JIT's argument binding, specialisation and
+    cache lookup (most of a launch's CPU time, measured with scripts/cpu_profile.py). The signature
+    is what Triton specialises on: each pointer's 16-byte alignment, each integer's being 1 or a
+    multiple of 16, so any call the JIT would compile differently takes the JIT path again. With
+    Triton launch hooks set (a profiler), or in the interpreter, every call takes the JIT path."""
+    if not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):  # the interpreter's CPU tensors
+        kernel[grid](*args, **meta)
+        return
+    dev = torch._C._cuda_getDevice()  # the JIT launches on the current device too
+    key = (kernel, dev) + tuple((a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+                                 else (a == 1, a % 16 == 0) if isinstance(a, int) and not isinstance(a, bool)
+                                 else type(a) for a in args)
+    hit = _COMPILED.get(key)
+    if hit is not None and triton.knobs.runtime.launch_enter_hook is None \
+            and triton.knobs.runtime.launch_exit_hook is None:
+        compiled, tail = hit
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        compiled.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(dev), compiled.function,
+                     compiled.packed_metadata, None, None, None, *args, *tail)
+        return
+    compiled = kernel[grid](*args, **meta)
+    if getattr(compiled, "packed_metadata", None) is not None and hasattr(kernel, "arg_names"):
+        # the JIT passes every parameter, constexprs included, in declaration order
+        _COMPILED[key] = (compiled, tuple(meta[name] for name in kernel.arg_names[len(args):]))
