@@ -724,7 +724,7 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
         at = f"{part} + m * {split} + split"
         if s.op == "welford":
             part_docs.append(f"partial count, mean and M2 per (row, split): [3, {M}, {split}]")
-            allocs.append(f"{part} = torch.empty((3, {M}, {split}), dtype=torch.float32, device=out0.device)")
+            allocs.append(f"{part} = _scratch('{part}', (3, {M}, {split}), out0.device)")
             init += [f"n{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)", f"mu{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
                      f"q{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)"]
             body += [f"n{k} = n{k} + tl.where(mask, 1.0, 0.0)", f"d{k} = tl.where(mask, {src} - mu{k}, 0.0)",
@@ -743,7 +743,7 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
         else:
             comb, fn = _COMBINE[s.op]
             part_docs.append(f"partial {s.op} per (row, split): [{M}, {split}]")
-            allocs.append(f"{part} = torch.empty(({M}, {split}), dtype=torch.float32, device=out0.device)")
+            allocs.append(f"{part} = _scratch('{part}', ({M}, {split}), out0.device)")
             init.append(f"acc{k} = tl.full([BLOCK_M, BLOCK_R], {NEUTRAL[s.op]}, tl.float32)")
             body.append(f"acc{k} = " + comb.format(k=k, x=src))
             post_a.append(f"tl.store({at}, {fn}(acc{k}, axis=1)[:, None], mask=mmask)")
@@ -772,7 +772,7 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
                 continue
             bufs.append(f"rb{j}")
             buf_docs.append(f"per-row value {v}: [{M}]")
-            allocs.append(f"rb{j} = torch.empty(({M},), dtype=torch.float32, device=out0.device)")
+            allocs.append(f"rb{j} = _scratch('rb{j}', ({M},), out0.device)")
             finish.append(f"tl.store(rb{j} + m, {v}, mask=mmask)")
             apply.append(f"{v} = tl.load(rb{j} + m, mask=mmask, other=0.0)")
         for st in need:

@@ -38,7 +38,7 @@ def _launch(kernel, grid, *args, **meta):
     cache lookup (most of a launch's CPU time, measured with scripts/cpu_profile.py). The signature
     is what Triton specialises on: each pointer's 16-byte alignment, each integer's being 1 or a
     multiple of 16, so any call the JIT would compile differently takes the JIT path again. With
-    Triton launch hooks set (a profiler), or in the interpreter, every call takes the JIT path."""
+    Triton launch hooks installed (a profiler), or in the interpreter, every call takes the JIT path."""
     if not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):  # the interpreter's CPU tensors
         kernel[grid](*args, **meta)
         return
@@ -47,8 +47,8 @@ def _launch(kernel, grid, *args, **meta):
                                  else (a == 1, a % 16 == 0) if isinstance(a, int) and not isinstance(a, bool)
                                  else type(a) for a in args)
     hit = _COMPILED.get(key)
-    if hit is not None and triton.knobs.runtime.launch_enter_hook is None \
-            and triton.knobs.runtime.launch_exit_hook is None:
+    if hit is not None and not _hooked(triton.knobs.runtime.launch_enter_hook) \
+            and not _hooked(triton.knobs.runtime.launch_exit_hook):
         compiled, tail = hit
         g = tuple(grid) + (1,) * (3 - len(grid))
         compiled.run(g[0], g[1], g[2], torch._C._cuda_getCurrentRawStream(dev), compiled.function,
@@ -58,3 +58,24 @@ def _launch(kernel, grid, *args, **meta):
     if getattr(compiled, "packed_metadata", None) is not None and hasattr(kernel, "arg_names"):
         # the JIT passes every parameter, constexprs included, in declaration order
         _COMPILED[key] = (compiled, tuple(meta[name] for name in kernel.arg_names[len(args):]))
+
+
+def _hooked(hook):
+    """Whether a Triton launch hook is installed (Triton 3.6 keeps an empty HookChain otherwise)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+_SCRATCH = {}
+
+
+def _scratch(name, shape, device):
+    """A float32 work buffer of this module (a split reduction's partial results, its per-row
+    values), allocated once per name, device and stream and reused by later calls: each launch
+    writes it before reading it, and launches on one stream run in order (another stream gets
+    its own buffer)."""
+    stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
+    key = (name, device, stream)
+    buf = _SCRATCH.get(key)
+    if buf is None:
+        buf = _SCRATCH[key] = torch.empty(shape, dtype=torch.float32, device=device)
+    return buf
