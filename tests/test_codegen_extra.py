@@ -272,8 +272,8 @@ def test_original_forward_fallback_keeps_the_policy(tmp_path, policy, dtype):
     torch.testing.assert_close(out, want)
 
 
-@pytest.mark.parametrize("block_r", [64, 16])
-def test_group_norm_over_channels_last_tiled_apply(block_r):
+@pytest.mark.parametrize("block_m,block_r", [(1, 64), (1, 16), (2, 16), (4, 8), (8, 16)])
+def test_group_norm_over_channels_last_tiled_apply(block_m, block_r):
     """tf32 group norm after a channels-last convolution, returned NCHW: the split schedule's
     apply pass walks [pixels, channels of a group] tiles (reads along channels, writes along
     pixels) and computes the same values as the library."""
@@ -289,11 +289,10 @@ def test_group_norm_over_channels_last_tiled_apply(block_r):
     model = p.make_model()
     with torch.no_grad():
         env = run_graph(g, model, p.make_inputs(2), keep=True)
-    cfg = {"BLOCK_M": 1, "BLOCK_R": block_r, "SPLIT": 4, "one_pass": False, "num_warps": 4, "TILED_APPLY": True}
+    # BLOCK_M > 1: neighbouring groups' channels side by side in one tile (8: more rows than M=4)
+    cfg = {"BLOCK_M": block_m, "BLOCK_R": block_r, "SPLIT": 4, "one_pass": False, "num_warps": 4, "TILED_APPLY": True}
     k = render_group(g, grp, cfg, low)
     assert "tiled walk" in k.source
-    mod = load_module_from_source(k.source, grp.id + f"_tiled{block_r}", os.path.join(ROOT, ".pytest_kw_cache"))
+    mod = load_module_from_source(k.source, grp.id + f"_tiled{block_m}x{block_r}", os.path.join(ROOT, ".pytest_kw_cache"))
     for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
         torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)
-    with pytest.raises(Unsupported, match="tiled apply"):
-        render_group(g, grp, dict(cfg, BLOCK_M=2), low)

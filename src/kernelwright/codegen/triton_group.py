@@ -784,17 +784,21 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
     apply_index, apply_block, apply_tiles = [], BLOCK_R, f"triton.cdiv({R}, {BLOCK_R})"
     if config.get("TILED_APPLY"):
         dims = tiled_apply_dims(low)
-        if dims is None or not apply or BLOCK_M != 1:
-            raise Unsupported("a tiled apply pass needs BLOCK_M == 1 and two reduced dims an output walks "
-                              "in the other order")
+        if dims is None or not apply:
+            raise Unsupported("a tiled apply pass needs two reduced dims an output walks in the other order")
         Q, P = dims
         P2 = 1 << (P - 1).bit_length()
-        apply_block = max(1, BLOCK_R // P2)  # BLOCK_Q: the tile is [BLOCK_Q, P] elements
+        apply_block = max(1, BLOCK_R // P2)  # BLOCK_Q: the tile is [BLOCK_Q, BLOCK_M * P] elements
         apply_tiles = f"triton.cdiv({Q}, {apply_block})"
         _, red = _layout(low)
-        apply_index = [f"q = tl.program_id(1).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]",
-                       f"p = tl.arange(0, {P2})[None, :]",
-                       f"mask = mmask & (q < {Q}) & (p < {P})"]
+        q_line = "q = tl.program_id(1).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]"
+        if BLOCK_M == 1:
+            apply_index = [q_line, f"p = tl.arange(0, {P2})[None, :]"]
+        else:  # BLOCK_M rows side by side along the tile's columns: neighbouring groups' channels
+            W = BLOCK_M * P2
+            apply_index = [f"m = tl.program_id(0).to(tl.int64) * BLOCK_M + (tl.arange(0, {W}) // {P2})[None, :]",
+                           f"mmask = m < {M}", q_line, f"p = (tl.arange(0, {W}) % {P2})[None, :]"]
+        apply_index.append(f"mask = mmask & (q < {Q}) & (p < {P})")
         ops = low.inputs + low.outputs
         for k, op in enumerate(ops):
             if op.level != "full":

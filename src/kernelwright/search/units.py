@@ -182,12 +182,15 @@ class GroupTuner(KernelTuner):
             self.seeds = [self.default, self.default.replace(BLOCK_Q=16, BLOCK_P=128)] + self.seeds
         elif not pw and strided_long_rows(self.M, self.R, self.r_contig) and tiled_apply_dims(self.low):
             # e.g. a group norm over channels-last data returned NCHW: split statistics, then an
-            # apply pass over [BLOCK_Q pixels, channels of a group] tiles (coalesced both ways)
+            # apply pass over [BLOCK_Q pixels, channels of BLOCK_M groups] tiles (coalesced both ways)
             tiled = [c.replace(TILED_APPLY=True) for c in self.space
-                     if c.template == "triton.split" and c["BLOCK_M"] == 1]
+                     if c.template == "triton.split" and c["BLOCK_M"] <= 16]
             self.space = tiled + self.space
-            first = [c for c in tiled if c["BLOCK_R"] == 2048 and c["num_warps"] == 8]
-            self.seeds = first[:1] + first[-1:] + self.seeds
+            first = [c for c in tiled if c["BLOCK_M"] == 1 and c["BLOCK_R"] == 2048 and c["num_warps"] == 8]
+            # 8 or 16 groups side by side: 64-channel (256-byte) rows for 8-channel groups
+            wide = [c for c in tiled if c["BLOCK_M"] * c["BLOCK_R"] == 2048 and c["BLOCK_M"] in (8, 16)
+                    and c["SPLIT"] == 256 and c["num_warps"] == 8]
+            self.seeds = first[:1] + wide + first[-1:] + self.seeds
         self.features = {"log2_M": math.log2(max(self.M, 1)), "log2_R": math.log2(max(self.R, 1)),
                          "log2_bytes": math.log2(max(1, sum(graph.meta(v).nbytes for v in group.inputs))),
                          "n_nodes": len(group.nodes), "n_reduce": sum(1 for s in self.low.stmts if s.kind == "reduce"),
