@@ -187,8 +187,9 @@ class GroupTuner(KernelTuner):
                      if c.template == "triton.split" and c["BLOCK_M"] <= 16]
             self.space = tiled + self.space
             first = [c for c in tiled if c["BLOCK_M"] == 1 and c["BLOCK_R"] == 2048 and c["num_warps"] == 8]
-            # 8 or 16 groups side by side: 64-channel (256-byte) rows for 8-channel groups
-            wide = [c for c in tiled if c["BLOCK_M"] * c["BLOCK_R"] == 2048 and c["BLOCK_M"] in (8, 16)
+            # 8 or 16 groups side by side: 64-channel (256-byte) rows for 8-channel groups; the
+            # 8 x 512 tile also writes 64-pixel (128-byte) runs of a bf16 output
+            wide = [c for c in tiled if (c["BLOCK_M"], c["BLOCK_R"]) in ((8, 256), (16, 128), (8, 512))
                     and c["SPLIT"] == 256 and c["num_warps"] == 8]
             self.seeds = first[:1] + wide + first[-1:] + self.seeds
         self.features = {"log2_M": math.log2(max(self.M, 1)), "log2_R": math.log2(max(self.R, 1)),

@@ -21,7 +21,7 @@ def _split_space(M: int, R: int) -> list[Config]:
     # wide BLOCK_M with short BLOCK_R: rows side by side, for channels-last (strided) reductions
     # (64 / 128 rows: whole 128-byte lines of bf16 channels)
     return Space("triton.split", [Axis("BLOCK_M", [1, 2, 4, 8, 16, 32, 64, 128]),
-                                  Axis("BLOCK_R", [32, 64, 128, 256, 1024, 2048, 4096]),
+                                  Axis("BLOCK_R", [32, 64, 128, 256, 512, 1024, 2048, 4096]),
                                   Axis("SPLIT", [32, 64, 128, 256, 512, 1024]), Axis("num_warps", [4, 8])],
                  [lambda c: 132 <= M * c["SPLIT"] // c["BLOCK_M"] <= 16384 and c["BLOCK_M"] <= mp, _warps_fit],
                  fixed={"one_pass": False, "num_stages": 1}).configs()
