@@ -198,9 +198,9 @@ def main():
                 r = run_gemm_case(case, "fp32", 4096, torch.float32, mods["gemm"], n, deadline, log)
             elif case == "gemm_tf32":
                 r = run_gemm_case(case, "tf32", 4096, torch.float32, mods["gemm"], n, deadline, log)
-            elif case == "gemm_tf32_kmajor":  # B copied to K-major inside the launcher (timed)
+            elif case in ("gemm_tf32_kmajor", "gemm_tf32_kmajor_tma"):  # B copied K-major in the launcher (timed)
                 r = run_gemm_case(case, "tf32", 4096, torch.float32, mods["gemm"], n, deadline, log,
-                                  extra=dict(KMAJOR=True))
+                                  extra=dict(KMAJOR=True, TMA=case.endswith("_tma")))
             elif case in ("gemm_tf32_linear", "gemm_tf32_linear_tma"):  # B = W.T (K-major), no copy
                 r = run_gemm_case(case, "tf32", 4096, torch.float32, mods["gemm"], n, deadline, log,
                                   extra=dict(TMA=case.endswith("_tma")), b_kmajor=True)

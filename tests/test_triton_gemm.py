@@ -80,6 +80,25 @@ def test_plain_gemm_ieee_and_transposes(cache):
     _close(mod.launch(at.T, b, **TILE, KMAJOR=True), at.T @ b)  # copies both to K-major
 
 
+def test_kmajor_relayout_is_a_tiled_transpose(cache):
+    """KMAJOR copies go through the template's tiled relayout kernel: same values, unit stride
+    along K (B's rows, A's columns), 2-D and batched, sizes that are not multiples of the tile."""
+    g = _gen(7)
+    mod = _load(render_gemm(IDENTITY), "gemm_plain", cache)
+    b = _rand(70, 90, g=g)  # row-major [K, N]
+    kb = mod._relayout(b, k_rows=True)
+    assert kb.stride() == (1, 70) and torch.equal(kb, b)
+    a_cm = _rand(90, 70, g=g).T  # [M, K] column-major
+    ka = mod._relayout(a_cm, k_rows=False)
+    assert ka.is_contiguous() and torch.equal(ka, a_cm)
+    bb = _rand(3, 20, 33, g=g)
+    kbb = mod._relayout(bb, k_rows=True)
+    assert kbb.stride() == (660, 1, 20) and torch.equal(kbb, bb)
+    bmm = _load(render_gemm(IDENTITY, batched=True), "bmm", cache)
+    a3 = _rand(3, 17, 20, g=g)
+    _close(bmm.launch(a3, bb, **TILE, KMAJOR=True), a3 @ bb)
+
+
 def test_split_k(cache):
     g = _gen(2)
     a, b, bias = _rand(24, 96, g=g), _rand(96, 20, g=g), _rand(20, g=g)
@@ -301,3 +320,5 @@ def test_tma_path(cache, M, N, K, split_k):
     _close(plain.launch(a, w.bfloat16().t(), **cfg, **precision_kwargs("bf16")), ref, tol=1e-3)
     with pytest.raises(ValueError, match="K-major"):
         plain.launch(a, w.t().contiguous(), **cfg)  # B row-major: B^T is not K-major
+    # ... unless KMAJOR copies it K-major first (the tf32 search offers that for row-major B)
+    _close(plain.launch(a, w.t().contiguous(), **cfg, KMAJOR=True), a @ w.t())

@@ -159,7 +159,7 @@ def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages",
-                                 "TMA") if k in config}
+                                 "TMA", "KMAJOR") if k in config}
     kw.update(precision_kwargs("bf16" if fused.cast_bf16 else precision))
     call = ", ".join([arg[fused.a], arg[fused.b]] + [arg[v] for v in fused.operands]
                      + [f"out_dtype=torch.{fused.out_dtype}"] + [f"{k}={v!r}" for k, v in kw.items()])
