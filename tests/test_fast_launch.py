@@ -52,3 +52,4 @@ def test_cached_launch_matches_and_respecialises_on_alignment(tmp_path):
         torch.testing.assert_close(out, Act()(x))
     # one compiled kernel per alignment signature; the repeats went straight to the launcher
     assert len(mod._COMPILED) == 2
+    assert all(k[2][0] == torch.float32 for k in mod._COMPILED)  # the dtype is part of the signature

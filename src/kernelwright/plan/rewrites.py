@@ -629,8 +629,8 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         if plain_cast(graph, n) and n.meta.dtype == "float32" and graph.meta(n.args[0].name).dtype == "bfloat16":
             return n.args[0].name
         if not (is_view(n) and n.args and isinstance(n.args[0], Ref)) or any(
-                isinstance(a, Ref) for a in list(n.args[1:]) + list(n.kwargs.values())):
-            return None
+                isinstance(a, (Ref, torch.dtype)) for a in list(n.args[1:]) + list(n.kwargs.values())):
+            return None  # (a view with a dtype reinterprets bits: not the same view of a bf16 value)
         src = twin(n.args[0].name)
         if src is None:
             return None

@@ -36,14 +36,14 @@ def _launch(kernel, grid, *args, **meta):
     signature goes through Triton's JIT (which compiles or finds the kernel); later ones call that
     compiled kernel's launcher directly, skipping the JIT's argument binding, specialisation and
     cache lookup (most of a launch's CPU time, measured with scripts/cpu_profile.py). The signature
-    is what Triton specialises on: each pointer's 16-byte alignment, each integer's being 1 or a
-    multiple of 16, so any call the JIT would compile differently takes the JIT path again. With
+    is what Triton specialises on: each tensor's dtype and 16-byte alignment, each integer's being
+    1 or a multiple of 16, so any call the JIT would compile differently takes the JIT path again. With
     Triton launch hooks installed (a profiler), or in the interpreter, every call takes the JIT path."""
     if not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):  # the interpreter's CPU tensors
         kernel[grid](*args, **meta)
         return
     dev = torch._C._cuda_getDevice()  # the JIT launches on the current device too
-    key = (kernel, dev) + tuple((a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+    key = (kernel, dev) + tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
                                  else (a == 1, a % 16 == 0) if isinstance(a, int) and not isinstance(a, bool)
                                  else type(a) for a in args)
     hit = _COMPILED.get(key)
