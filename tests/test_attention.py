@@ -134,3 +134,52 @@ def test_narrowing_is_exact():
     assert torch.equal(out, torch.mm(torch.mm(a.to(bf), b.to(bf)).t(), c.to(bf)).float())
     again, more = narrow_through_views(low)
     assert again is low and more == []  # nothing left to narrow
+
+
+class Causal(nn.Module):
+    """minGPT's causal self-attention: scores masked by a lower-triangular buffer, dropout p=0."""
+
+    def __init__(self, d=32, h=4, max_len=16, fill=float("-inf")):
+        super().__init__()
+        self.h, self.fill = h, fill
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.drop = nn.Dropout(0.0)
+        self.register_buffer("bias", torch.tril(torch.ones(max_len, max_len)).view(1, 1, max_len, max_len))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in self.c_attn(x).split(c, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, self.fill)
+        y = self.drop(torch.softmax(att, dim=-1)) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+def test_causal_mask_becomes_the_attn_mask():
+    torch.manual_seed(3)
+    model, x = Causal(), torch.randn(2, 8, 32)
+    g = capture(from_module(model, [x]))
+    r, notes = rewrite(g, "fp32")
+    sdpa = next(n for n in r.nodes if n.target == SDPA)
+    keep = r.node(sdpa.args[3].name)  # SDPA's mask: True where a score takes part
+    assert keep.target == "aten.logical_not.default" and keep.meta.dtype == "bool"
+    assert "aten._softmax.default" not in _targets(r) and any("attn_mask" in n for n in notes)
+    with torch.no_grad():
+        torch.testing.assert_close(run_graph(r, model, [x])[0], model(x), rtol=1e-5, atol=1e-6)
+    # a finite fill is not -inf: softmax differs from a mask (slightly), no rewrite
+    finite = Causal(fill=-1e9)
+    assert SDPA not in _targets(rewrite(capture(from_module(finite, [x])), "fp32")[0])
+
+
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+def test_causal_attention_end_to_end(policy, tmp_path):
+    """optimize emits a module that calls SDPA with the mask and passes verification."""
+    from kernelwright.pipeline import Options, optimize_problem
+
+    torch.manual_seed(4)
+    prob = from_module(Causal(), [torch.randn(2, 8, 32)], name="causal")
+    result = optimize_problem(prob, tmp_path / "out", Options(device="cpu", budget_trials=1, precision=policy,
+                                                               db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    text = (tmp_path / "out" / "model_new.py").read_text()
+    assert "scaled_dot_product_attention" in text and "logical_not" in text

@@ -1,6 +1,9 @@
-"""Attention written by hand — bmm(q, kᵀ), a scale, softmax over keys, bmm with v — becomes one
+"""Attention written by hand — bmm(q, kᵀ), a scale, optionally scores set to -inf where a boolean
+mask holds (minGPT's causal mask), softmax over keys, bmm with v — becomes one
 `scaled_dot_product_attention` call (exact in real arithmetic: the same softmax(q kᵀ · scale) v,
-computed by a fused kernel that never writes the [.., S, L] scores).
+computed by a fused kernel that never writes the [.., S, L] scores; the mask becomes SDPA's
+boolean `attn_mask`, its negation. A row masked entirely is NaN in eager; what the fused kernels
+return for it is not checked, so such masks are assumed not to occur).
 
 Matched precision, as measured on the H200 (scripts/attention_probe.py, docs/benchmarks.md):
 under `fp32` PyTorch runs it with the memory-efficient kernel in float32 SIMT arithmetic (error
@@ -47,6 +50,7 @@ class _Matcher:
     def __init__(self, graph: Graph):
         self.g = graph
         self.keep = set(graph.outputs) | set(graph.mutations)
+        self.names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
         self.users: dict[str, int] = {}
         for n in graph.nodes:
             for name in n.inputs:
@@ -120,6 +124,10 @@ class _Matcher:
             scale = 1.0 / cur.args[1] if cur.target == "aten.div.Tensor" else float(cur.args[1])
             chain.append(cur.name)
             cur = self.only_user(cur.name)
+        masked = self.mask(cur, chain[-1], lead + (s, ell)) if cur is not None else None
+        if masked is not None:  # scores where a mask says so set to -inf (a causal mask)
+            chain.append(cur.name)
+            cur = self.only_user(cur.name)
         if cur is None or cur.target != "aten._softmax.default" or cur.args[2] \
                 or cur.args[1] % len(cur.meta.shape) != len(cur.meta.shape) - 1:
             return None
@@ -144,12 +152,43 @@ class _Matcher:
         elif len(lead) > 1:
             return None  # the [b*h, s, d] result itself is read: keep the graph as it is
         shape = lead + (s, dv)
-        node = OpNode(out.name, SDPA, (Ref(q), Ref(k), Ref(v), None, 0.0, False), {"scale": scale},
-                      [TensorMeta(shape, heads_inner_strides(shape), "float32")], out.fx)
+        nodes, keep = [], None
+        if masked is not None:  # SDPA's boolean mask says which scores take part: the negation
+            mm = g.meta(masked)
+            name = f"{out.name}_keep"
+            while name in self.names:
+                name += "_"
+            self.names.add(name)
+            keep = OpNode(name, "aten.logical_not.default", (Ref(masked),), {},
+                          [TensorMeta(tuple(mm.shape), contiguous_strides(tuple(mm.shape)), "bool")])
+            nodes.append(keep)
+        node = OpNode(out.name, SDPA, (Ref(q), Ref(k), Ref(v), None if keep is None else Ref(keep.name), 0.0, False),
+                      {"scale": scale}, [TensorMeta(shape, heads_inner_strides(shape), "float32")], out.fx)
         dead = [c for c in chain if c != out.name] + passed
-        note = (f"{out.name}: bmm / scale / softmax / bmm over {'x'.join(map(str, shape))} is "
-                f"scaled_dot_product_attention({q}, {k}, {v}, scale={scale:.6g}): one fused kernel, no scores in memory")
-        return dead, node, note
+        what = "bmm / scale / softmax / bmm" if keep is None else "bmm / scale / -inf where masked / softmax / bmm"
+        note = (f"{out.name}: {what} over {'x'.join(map(str, shape))} is scaled_dot_product_attention({q}, {k}, {v}"
+                + ("" if keep is None else f", attn_mask=~{masked}") + f", scale={scale:.6g}): one fused kernel, "
+                "no scores in memory")
+        return dead, nodes + [node], note
+
+    def mask(self, n: OpNode, scores: str, shape: tuple[int, ...]) -> str | None:
+        """The boolean mask when `n` sets the scores to -inf where it holds
+        (`masked_fill(scores, mask, -inf)`, or `where(mask, -inf, scores)` as captured), and the
+        mask broadcasts to the scores' [.., S, L] shape; else None."""
+        if n.target == "aten.where.ScalarSelf" and len(n.args) == 3:
+            m, fill, x = n.args
+        elif n.target == "aten.masked_fill.Scalar" and len(n.args) == 3:
+            x, m, fill = n.args
+        else:
+            return None
+        if not (isinstance(m, Ref) and isinstance(x, Ref) and x.name == scores and isinstance(fill, float)
+                and fill == float("-inf")):
+            return None
+        mm = self.g.meta(m.name)
+        if mm is None or mm.dtype != "bool" or len(mm.shape) > len(shape) or any(
+                a not in (1, b) for a, b in zip(reversed(mm.shape), reversed(shape))):
+            return None
+        return m.name
 
 
 def _drop_unused(graph: Graph, nodes: list[OpNode], candidates: set[str]) -> list[OpNode]:
@@ -200,16 +239,16 @@ def attention(graph: Graph) -> tuple[Graph, list[str]]:
         hit = m.match(n) if n.name not in dead else None
         if hit is None:
             continue
-        gone, node, note = hit
+        gone, new_nodes, note = hit
         dead.update(gone)
-        replace[node.name] = node
+        replace[new_nodes[-1].name] = new_nodes
         notes.append(note)
     if not notes:
         return graph, []
-    # the SDPA node sits where the result was; its q, k, v are all defined before the first bmm,
-    # hence before it
-    nodes = _drop_unused(graph, [replace.get(n.name, n) for n in graph.nodes], dead)
-    nodes = _refresh_views(graph, nodes, set(replace))
+    # the SDPA node (after its mask's negation) sits where the result was; its q, k, v and mask
+    # are all defined before the first bmm or the masking, hence before it
+    nodes = _drop_unused(graph, [x for n in graph.nodes for x in replace.get(n.name, [n])], dead)
+    nodes = _refresh_views(graph, nodes, {n[-1].name for n in replace.values()})
     if nodes is None:  # a reader views the result in a way its new layout does not allow
         return graph, []
     return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
