@@ -53,3 +53,13 @@ def test_cached_launch_matches_and_respecialises_on_alignment(tmp_path):
     # one compiled kernel per alignment signature; the repeats went straight to the launcher
     assert len(mod._COMPILED) == 2
     assert all(k[2][0] == torch.float32 for k in mod._COMPILED)  # the dtype is part of the signature
+
+
+def test_scratch_buffers_are_reused_per_name(tmp_path):
+    """Split reductions' work buffers: allocated once per name (and device, stream), then reused."""
+    mod = _module(64, tmp_path)
+    dev = torch.device("cpu")
+    a = mod._scratch("part0", (3, 4, 8), dev)
+    assert a.shape == (3, 4, 8) and a.dtype == torch.float32
+    assert mod._scratch("part0", (3, 4, 8), dev) is a
+    assert mod._scratch("rb0", (4,), dev) is not a
