@@ -55,9 +55,13 @@ def _launch(kernel, grid, *args, **meta):
                      compiled.packed_metadata, None, None, None, *args, *tail)
         return
     compiled = kernel[grid](*args, **meta)
-    if getattr(compiled, "packed_metadata", None) is not None and hasattr(kernel, "arg_names"):
-        # the JIT passes every parameter, constexprs included, in declaration order
-        _COMPILED[key] = (compiled, tuple(meta[name] for name in kernel.arg_names[len(args):]))
+    names = getattr(kernel, "arg_names", None)
+    rest = names[len(args):] if names is not None else None
+    if getattr(compiled, "packed_metadata", None) is not None and rest is not None \
+            and all(name in meta for name in rest):
+        # the JIT passes every parameter, constexprs included, in declaration order (a parameter
+        # left to its default is not cached: the JIT path stays)
+        _COMPILED[key] = (compiled, tuple(meta[name] for name in rest))
 
 
 def _hooked(hook):
