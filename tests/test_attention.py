@@ -183,3 +183,34 @@ def test_causal_attention_end_to_end(policy, tmp_path):
     assert result["verify"]["passed"], result["verify"]
     text = (tmp_path / "out" / "model_new.py").read_text()
     assert "scaled_dot_product_attention" in text and "logical_not" in text
+
+
+class Cross(nn.Module):
+    """Cross-attention: queries from x (5 positions), keys and values from y (7 positions)."""
+
+    def __init__(self, d=16, h=2):
+        super().__init__()
+        self.h, self.q, self.kv = h, nn.Linear(d, d), nn.Linear(d, 2 * d)
+
+    def forward(self, x, y):
+        b, s, d = x.shape
+        q = self.q(x).view(b, s, self.h, d // self.h).transpose(1, 2)
+        k, v = (t.view(b, y.shape[1], self.h, d // self.h).transpose(1, 2) for t in self.kv(y).split(d, -1))
+        att = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)
+        return (att @ v).transpose(1, 2).reshape(b, s, d)
+
+
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+def test_cross_attention_with_different_lengths(policy):
+    torch.manual_seed(5)
+    model, x, y = Cross(), torch.randn(3, 5, 16), torch.randn(3, 7, 16)
+    g = capture(from_module(model, [x, y]))
+    r, _ = rewrite(g, policy)
+    sdpa = next(n for n in r.nodes if n.target == SDPA)
+    assert sdpa.meta.shape == (3, 2, 5, 8) and sdpa.kwargs["scale"] == 0.5
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=policy == "bf16"):
+        ref = model(x, y)
+    with torch.no_grad():
+        out = run_graph(r, model, [x, y])[0]
+    tol = 1e-5 if policy == "fp32" else 3e-2
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
