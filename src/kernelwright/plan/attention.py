@@ -23,6 +23,7 @@ from kernelwright.analyze.classify import is_view
 from kernelwright.capture.execute import resolve
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import contiguous_strides
+from kernelwright.plan.dead_code import drop_unread
 
 SDPA = "aten.scaled_dot_product_attention.default"
 POLICIES = ("fp32", "bf16")
@@ -191,18 +192,6 @@ class _Matcher:
         return m.name
 
 
-def _drop_unused(graph: Graph, nodes: list[OpNode], candidates: set[str]) -> list[OpNode]:
-    """`nodes` without the candidates nothing reads any more (views and clones the match passed
-    through may still feed other readers: those stay)."""
-    keep = set(graph.outputs) | set(graph.mutations)
-    while True:
-        read = {name for n in nodes for name in n.inputs}
-        gone = {n.name for n in nodes if n.name in candidates and n.name not in read and n.name not in keep}
-        if not gone:
-            return nodes
-        nodes = [n for n in nodes if n.name not in gone]
-
-
 def _refresh_views(graph: Graph, nodes: list[OpNode], changed: set[str]) -> list[OpNode] | None:
     """`nodes` with the strides of every view of a value whose layout changed recomputed (on meta
     tensors, as PyTorch would); None when such a view cannot be taken of the new layout."""
@@ -247,7 +236,7 @@ def attention(graph: Graph) -> tuple[Graph, list[str]]:
         return graph, []
     # the SDPA node (after its mask's negation) sits where the result was; its q, k, v and mask
     # are all defined before the first bmm or the masking, hence before it
-    nodes = _drop_unused(graph, [x for n in graph.nodes for x in replace.get(n.name, [n])], dead)
+    nodes = drop_unread(graph, [x for n in graph.nodes for x in replace.get(n.name, [n])], among=dead)
     nodes = _refresh_views(graph, nodes, {n[-1].name for n in replace.values()})
     if nodes is None:  # a reader views the result in a way its new layout does not allow
         return graph, []

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from kernelwright.analyze.classify import is_view
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
 from kernelwright.codegen.triton_ops import POINTWISE
 from kernelwright.codegen.triton_pool import TARGETS as POOLS
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
+from kernelwright.plan.dead_code import drop_unread
 from kernelwright.plan.fusion import COMPOSITES, EVAL_BN, NORMS, REDUCTIONS, reduction_spec
-from kernelwright.analyze.classify import is_view
 from kernelwright.plan.weights import pure
 
 
@@ -654,19 +655,7 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         nodes += new_nodes.get(n.name, [])
         if n.name not in mapping:
             nodes.append(OpNode(n.name, n.target, _replace(n.args, mapping), _replace(n.kwargs, mapping), n.outs, n.fx))
-    return drop_unread(_with_nodes(graph, nodes)), notes
-
-
-def drop_unread(graph: Graph) -> Graph:
-    """`graph` without the pure nodes nothing reads (not outputs, not buffer updates)."""
-    keep = set(graph.outputs) | set(graph.mutations)
-    nodes = list(graph.nodes)
-    while True:
-        read = {name for n in nodes for name in n.inputs}
-        alive = [n for n in nodes if n.name in read or n.name in keep or not pure(n.target)]
-        if len(alive) == len(nodes):
-            return graph if len(nodes) == len(graph.nodes) else _with_nodes(graph, nodes)
-        nodes = alive
+    return _with_nodes(graph, drop_unread(graph, nodes)), notes
 
 
 def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
