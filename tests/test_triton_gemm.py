@@ -295,6 +295,12 @@ def test_config_spaces():
     assert any(c["SPLIT_K"] > 1 for c in skinny) and all(c["BLOCK_M"] <= 64 for c in skinny)
     tiny = gemm_space("fp32", M=8, N=8, K=8)
     assert tiny and all(c["BLOCK_M"] == 16 for c in tiny)
+    # K-major operands: each tile with TMA loads first; row-major ones: copied K-major first
+    plain = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=10)
+    tma = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=10, tma=True)
+    copy = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=10, kmajor_copy=True)
+    assert tma[0::2] == [dict(c, TMA=True) for c in plain[:5]] and tma[1::2] == plain[:5]
+    assert copy[0::2] == [dict(c, TMA=True, KMAJOR=True) for c in plain[:5]] and copy[1::2] == plain[:5]
     cs = conv_space("tf32", batch=32, Cin=256, Cout=256, OH=56, OW=56)
     assert 5 <= len(cs) <= 60 and all(c["SPLIT_K"] == 1 for c in cs)
     assert all(c["BLOCK_K"] <= 16 for c in conv_space("tf32", Cin=3, Cout=64))

@@ -310,17 +310,21 @@ def gemm_space(
     smem_limit: int = H200_SMEM_PER_BLOCK,
     num_sms: int = H200_NUM_SMS,
     tma: bool = False,
+    kmajor_copy: bool = False,
 ) -> list[dict]:
     """Candidate GEMM configs for a precision policy (fp32 / tf32 / bf16) and, optionally, a
     problem shape (limits tiles to the shape, enables split-K when the output has too few tiles
     to fill the GPU).  elem_bytes: operand bytes as loaded (default 2 for bf16, else 4; pass 4
     for float32 tensors cast to bf16 in the kernel).  tma: the operands are K-major, so each tile
-    config is offered with TMA loads first, then with pointer loads."""
+    config is offered with TMA loads first, then with pointer loads.  kmajor_copy: they are not,
+    but TF32 wgmma wants them so: each tile is offered first with the operands copied K-major in
+    the launcher (a tiled transpose) and TMA loads, then with strided pointer loads."""
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=max_configs,
                         split_k=True, smem_limit=smem_limit, num_sms=num_sms)
-    if not tma:
+    if not (tma or kmajor_copy):
         return space
-    return [v for c in space for v in (dict(c, TMA=True), c)][:max_configs]
+    first = dict(TMA=True, KMAJOR=True) if kmajor_copy else dict(TMA=True)
+    return [v for c in space for v in (dict(c, **first), c)][:max_configs]
 
 
 def rowreduce_space(

@@ -129,21 +129,18 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
             lines += body
     if cache_used:
         lines.insert(head, "_kw_cache = self.__dict__.setdefault('_kw_cache', {})  # weight-only values, by version")
-    if len(g.mutations) == 1:
-        (name, fqn), = g.mutations.items()
-        lines.append(f"{attr_path(fqn)}.copy_({name})")
-    elif g.mutations:  # buffer updates (e.g. BatchNorm running stats): one launch per dtype, not one
-        # each (_foreach_copy_ falls back to a copy per tensor when its tensors' dtypes differ)
-        by_dtype: dict[str, list[tuple[str, str]]] = {}
-        for name, fqn in g.mutations.items():
-            meta = g.meta(name)
-            by_dtype.setdefault(meta.dtype if meta is not None else "", []).append((name, fqn))
-        for pairs in by_dtype.values():
-            if len(pairs) == 1:
-                lines.append(f"{attr_path(pairs[0][1])}.copy_({pairs[0][0]})")
-                continue
-            dst = ", ".join(attr_path(fqn) for _, fqn in pairs)
-            lines.append(f"torch._foreach_copy_([{dst}], [{', '.join(name for name, _ in pairs)}])")
+    # buffer updates (e.g. BatchNorm running stats): one launch per dtype, not one each
+    # (_foreach_copy_ falls back to a copy per tensor when its tensors' dtypes differ)
+    by_dtype: dict[str, list[tuple[str, str]]] = {}
+    for name, fqn in g.mutations.items():
+        meta = g.meta(name)
+        by_dtype.setdefault(meta.dtype if meta is not None else "", []).append((name, fqn))
+    for pairs in by_dtype.values():
+        if len(pairs) == 1:
+            lines.append(f"{attr_path(pairs[0][1])}.copy_({pairs[0][0]})")
+            continue
+        dst = ", ".join(attr_path(fqn) for _, fqn in pairs)
+        lines.append(f"torch._foreach_copy_([{dst}], [{', '.join(name for name, _ in pairs)}])")
     if single_output and len(g.outputs) == 1:
         lines.append(f"return {g.outputs[0]}")
     else:

@@ -258,13 +258,10 @@ class GemmTuner(KernelTuner):
                          env, policy, device, cache_dir, timed)
         bf16_tensors = graph.meta(f.a).dtype == "bfloat16" and graph.meta(f.b).dtype == "bfloat16"
         k_major = f.k_major(graph)
-        space = gemm_space("bf16" if f.cast_bf16 else policy.name, M=f.M, N=f.N, K=f.K,
-                           elem_bytes=2 if bf16_tensors else 4, max_configs=40, tma=k_major)
-        if not k_major and policy.name == "tf32" and not f.cast_bf16:
-            # TF32 wgmma wants K-major operands: each tile also with the operands copied K-major
-            # first (a tiled transpose in the launcher) and TMA loads, before the strided loads
-            space = [v for c in space for v in (dict(c, KMAJOR=True, TMA=True), c)][:40]
-        self.space = [Config.make("triton.gemm", **c) for c in space]
+        self.space = [Config.make("triton.gemm", **c) for c in
+                      gemm_space("bf16" if f.cast_bf16 else policy.name, M=f.M, N=f.N, K=f.K,
+                                 elem_bytes=2 if bf16_tensors else 4, max_configs=40, tma=k_major,
+                                 kmajor_copy=not k_major and policy.name == "tf32" and not f.cast_bf16)]
         self.seeds = self.space[:4]
         self.default = self.space[0]
         self.features = {"log2_M": math.log2(f.M), "log2_N": math.log2(f.N), "log2_K": math.log2(f.K),
