@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from kernelwright.emit.module import import_model_new
+from kernelwright.emit.module import import_model_new, model_new_like
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
 
@@ -30,8 +30,7 @@ prob, policy = load_problem(args.problem), get_policy(args.precision)
 inputs = prob.make_inputs(0, "cuda")
 with torch.no_grad(), policy.active():
     ref = prob.make_model("cuda")
-    new = import_model_new(Path(args.out_dir) / "model_new.py").ModelNew(*prob.get_init_inputs()).cuda()
-    new.load_state_dict(ref.state_dict())
+    new = model_new_like(import_model_new(Path(args.out_dir) / "model_new.py"), prob, ref, "cuda")
     for _ in range(10):
         new(*inputs)
     torch.cuda.synchronize()

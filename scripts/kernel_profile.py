@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from kernelwright.emit.module import import_model_new
+from kernelwright.emit.module import import_model_new, model_new_like
 from kernelwright.measure.baselines import make_baselines
 from kernelwright.measure.profile import format_kernel_table, kernel_times
 from kernelwright.pipeline import Options, optimize_problem
@@ -39,12 +39,8 @@ for path in args.problems:
     with torch.no_grad(), policy.active():
         model = prob.make_model("cuda")
         base = make_baselines(prob, policy, "cuda", inputs=inputs, model=model)  # under bf16: autocast wrappers
-        mod = import_model_new(out / prob.name / "model_new.py")
-        with torch.device("cuda"):
-            new = mod.ModelNew(*prob.get_init_inputs())
-        new.load_state_dict(model.state_dict())
         impls = dict(base)
-        impls["kernelwright"] = new.cuda()
+        impls["kernelwright"] = model_new_like(import_model_new(out / prob.name / "model_new.py"), prob, model, "cuda")
         text.write(f"##### {prob.name} ({args.precision}; verify {res['verify']['passed']})\n")
         for name, fn in impls.items():
             kt = kernel_times(lambda: fn(*inputs), calls=args.calls)

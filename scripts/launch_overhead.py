@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from kernelwright.emit.module import import_model_new
+from kernelwright.emit.module import import_model_new, model_new_like
 from kernelwright.measure.baselines import make_baselines
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
@@ -29,8 +29,7 @@ inputs = prob.make_inputs(0, "cuda")
 with torch.no_grad(), policy.active():
     impls = dict(make_baselines(prob, policy, "cuda", inputs=inputs))
     ref = prob.make_model("cuda")
-    new = import_model_new(Path(args.out_dir) / "model_new.py").ModelNew(*prob.get_init_inputs()).cuda()
-    new.load_state_dict(ref.state_dict())
+    new = model_new_like(import_model_new(Path(args.out_dir) / "model_new.py"), prob, ref, "cuda")
     impls["kernelwright"] = new
     print(f"{prob.name} ({args.precision}), {args.calls} calls back to back, per call:")
     print("| impl | CPU issue us | wall us | GPU-bound? |\n|---|---:|---:|---|")

@@ -153,3 +153,28 @@ def test_weight_only_values_are_recomputed_when_a_weight_changes(monkeypatch, tm
         new.fc.weight = torch.nn.Parameter(torch.zeros_like(new.fc.weight))  # replaced
         torch.testing.assert_close(new(*x).float(), torch.relu(new.fc.bias).expand_as(got).float(),
                                    rtol=1e-2, atol=1e-2)
+
+
+def test_final_timing_runs_the_emitted_module(monkeypatch, tmp_path):
+    """optimize's last step on a GPU: the verified ModelNew (the reference's weights) is timed
+    beside eager; here with a fake time_problem that calls every candidate once."""
+    from kernelwright.measure import baselines
+    from kernelwright.measure.timer import Timing
+    from kernelwright.pipeline import _final_checks
+
+    problem, plan, _, kernels, sources = _run(monkeypatch, tmp_path, "level2/gemm_bias_relu.py", 1.0, 0.5)
+    text = render_model_new(problem, plan, kernels, sources, "fp32", [], None)
+    path = write_module(tmp_path / "out", text, sources)
+    called = {}
+
+    def fake_time_problem(problem, policy, device, candidates, **kw):
+        x = problem.make_inputs(0, device)
+        called.update({k: fn(*x) for k, fn in candidates.items()})
+        t = baselines.Timings(eager=Timing.from_samples([2.0]), kernelwright=Timing.from_samples([1.0]))
+        return t
+
+    monkeypatch.setattr(baselines, "time_problem", fake_time_problem)
+    v, timing = _final_checks(problem, path, get_policy("fp32"), torch.device("cpu"), True, lambda s: None)
+    assert v["passed"] and set(called) == {"kernelwright"}
+    torch.testing.assert_close(called["kernelwright"], problem.make_model("cpu")(*problem.make_inputs(0, "cpu")))
+    assert timing["speedup_vs_eager"] == 2.0

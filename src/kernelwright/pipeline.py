@@ -21,7 +21,7 @@ from kernelwright.codegen import cuda_unit, gemm_epilogue
 from kernelwright.codegen.cuda_kernels import runtime_source
 from kernelwright.codegen.node_kernels import template_for
 from kernelwright.codegen.triton_group import Unsupported
-from kernelwright.emit.module import import_model_new, render_model_new, write_module
+from kernelwright.emit.module import import_model_new, model_new_like, render_model_new, write_module
 from kernelwright.plan import Plan, plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
@@ -358,18 +358,7 @@ def _final_checks(problem, path, policy, device, timed, log):
     from kernelwright.verify import verify
 
     mod = import_model_new(path)
-
-    def factory(reference):
-        if not hasattr(mod, "ModelNew"):  # Python-API problem: the new forward on a copy of the module
-            import copy
-
-            return mod.attach(copy.deepcopy(reference))
-        with torch.device(device):
-            m = mod.ModelNew(*problem.get_init_inputs())
-        m.load_state_dict(reference.state_dict())
-        return m.to(device)
-
-    v = verify(problem, factory, policy, device)
+    v = verify(problem, lambda reference: model_new_like(mod, problem, reference, device), policy, device)
     log(f"verify: {'PASS' if v.passed else 'FAIL'} excess {v.excess:.3g} (eager {v.eager_excess:.3g}, threshold {v.threshold:.3g})"
         + (f" - {v.reason}" if v.reason else ""))
     timing = None
@@ -377,7 +366,7 @@ def _final_checks(problem, path, policy, device, timed, log):
         from kernelwright.measure.baselines import time_problem
 
         ref = problem.make_model(device)
-        cand = factory(ref)
+        cand = model_new_like(mod, problem, ref, device)
         t = time_problem(problem, policy, device, candidates={"kernelwright": cand}, profile_calls=PROFILE_CALLS)
         timing = {k: v.to_json() for k, v in t.items()}
         timing["errors"] = dict(t.errors)

@@ -6,6 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import torch
+
 from kernelwright import __version__
 from kernelwright.codegen.templating import template_env
 from kernelwright.emit.program import forward_lines
@@ -73,3 +75,17 @@ def import_model_new(path: Path):
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def model_new_like(mod, problem: Problem, reference: torch.nn.Module, device) -> torch.nn.Module:
+    """The emitted module `mod`'s ModelNew, built from `problem`'s init inputs on `device`, with
+    `reference`'s weights; for a Python-API problem (no ModelNew) the new forward attached to a
+    copy of `reference`."""
+    if not hasattr(mod, "ModelNew"):
+        import copy
+
+        return mod.attach(copy.deepcopy(reference))
+    with torch.device(device):
+        m = mod.ModelNew(*problem.get_init_inputs())
+    m.load_state_dict(reference.state_dict())
+    return m.to(device)
