@@ -605,10 +605,6 @@ def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph,
     return Graph(graph.name, graph.inputs, nodes, outputs, dict(graph.mutations), graph.exported), notes
 
 
-def _retyped(outs: list, dtype: str) -> list:
-    return [None if m is None else TensorMeta(m.shape, m.stride, dtype) for m in outs]
-
-
 def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
     """A bf16 value widened to float32, viewed (reshaped, permuted, split) and cast back to bf16
     is those views of the bf16 value: exact (widening then narrowing is the identity), and the two
@@ -636,7 +632,7 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         if src is None:
             return None
         copy = OpNode(_unique(names, f"{name}_bf16v"), n.target, (Ref(src),) + tuple(n.args[1:]), dict(n.kwargs),
-                      _retyped(n.outs, "bfloat16"), n.fx)
+                      [None if m is None else _with_dtype(m, "bfloat16") for m in n.outs], n.fx)
         new_nodes.setdefault(name, []).append(copy)
         copied[name] = copy.name
         return copy.name
