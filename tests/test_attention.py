@@ -171,18 +171,68 @@ def test_causal_mask_becomes_the_attn_mask():
     assert SDPA not in _targets(rewrite(capture(from_module(finite, [x])), "fp32")[0])
 
 
-@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+@pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
 def test_causal_attention_end_to_end(policy, tmp_path):
-    """optimize emits a module that calls SDPA with the mask and passes verification."""
+    """optimize emits a module that calls SDPA with is_causal=True while the registered mask is the
+    lower-triangular one, checked once per buffer version: changed in place, the mask is used."""
+    from kernelwright.emit.module import import_model_new, model_new_like
     from kernelwright.pipeline import Options, optimize_problem
 
     torch.manual_seed(4)
-    prob = from_module(Causal(), [torch.randn(2, 8, 32)], name="causal")
+    model, x = Causal(), torch.randn(2, 8, 32)
+    prob = from_module(model, [x], name="causal")
     result = optimize_problem(prob, tmp_path / "out", Options(device="cpu", budget_trials=1, precision=policy,
                                                                db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
     assert result["verify"]["passed"], result["verify"]
-    text = (tmp_path / "out" / "model_new.py").read_text()
-    assert "scaled_dot_product_attention" in text and "logical_not" in text
+    path = tmp_path / "out" / "model_new.py"
+    text = path.read_text()
+    assert "scaled_dot_product_attention" in text and "logical_not" in text and "*_kw_causal_or_mask(" in text
+    mod = import_model_new(path)
+    new = model_new_like(mod, prob, model, "cpu")
+    seen = []
+    check = mod._kw_causal_or_mask
+    mod._kw_causal_or_mask = lambda *a: seen.append(check(*a)) or seen[-1]
+    tol = dict(rtol=3e-2, atol=3e-2) if policy == "bf16" else dict(rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(new(x).float(), model(x), **tol)
+        assert [s[0] is None and s[2] for s in seen] == [True, True]  # causal: no mask tensor
+        model.bias[..., 0, 1] = 1.0  # the first query now sees the second key too
+        new.bias[..., 0, 1] = 1.0
+        torch.testing.assert_close(new(x).float(), model(x), **tol)
+        assert seen[-1][2] is False and seen[-1][0].dtype == torch.bool
+
+
+def test_causal_check_once_per_version(tmp_path):
+    """The emitted helper compares the mask with the causal one once per tensor and version."""
+    from kernelwright.emit.module import import_model_new, render_model_new, write_module
+
+    prob = from_module(Plain(), [torch.randn(1, 4, 8)] * 3, name="plain")
+    mod = import_model_new(write_module(tmp_path, render_model_new(prob, None, {}, {}, "fp32", [], None), {}))
+    q, k = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 6, 4)
+    keep = torch.ones(5, 6, dtype=torch.bool).tril()
+    assert mod._kw_causal_or_mask(keep, q, k, 0.0) == (None, 0.0, True)
+    calls = []
+    real = torch.equal
+    torch.equal = lambda *a: calls.append(1) or real(*a)
+    try:
+        assert mod._kw_causal_or_mask(keep, q, k, 0.0)[2] and calls == []  # cached
+        keep[0, 1] = True  # in place: the version moves
+        m, p, causal = mod._kw_causal_or_mask(keep, q, k, 0.0)
+        assert m is keep and not causal and calls == [1]
+    finally:
+        torch.equal = real
+    wrong_len = torch.ones(5, 5, dtype=torch.bool).tril()  # not [L, S]: never is_causal
+    assert mod._kw_causal_or_mask(wrong_len, q, k, 0.0)[0] is wrong_len
+
+
+def test_tf32_rewrites_weight_masked_attention_only():
+    """Under tf32 the fused kernel has no TF32 path: unmasked attention keeps its TF32 bmms."""
+    torch.manual_seed(6)
+    x = torch.randn(2, 8, 32)
+    assert SDPA in _targets(rewrite(capture(from_module(Causal(), [x])), "tf32")[0])
+    assert SDPA not in _targets(rewrite(capture(from_module(Heads(), [x])), "tf32")[0])
+    assert SDPA in _targets(rewrite(capture(from_module(Heads(), [x])), "fp32")[0])
 
 
 class Cross(nn.Module):
@@ -214,3 +264,24 @@ def test_cross_attention_with_different_lengths(policy):
         out = run_graph(r, model, [x, y])[0]
     tol = 1e-5 if policy == "fp32" else 3e-2
     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+def test_buffers_the_forward_writes_are_not_weights():
+    """weight_roots: a registered mask counts as a weight (its transforms are cached per version),
+    batch norm's running statistics, which the training forward updates, do not."""
+    from kernelwright.plan.weights import weight_roots
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(4)
+            self.register_buffer("scale", torch.full((4,), 2.0))
+
+        def forward(self, x):
+            return self.bn(x) * (self.scale + 1)
+
+    g = capture(from_module(M().train(), [torch.randn(3, 4)]))
+    roots = weight_roots(g)
+    buffers = {i.fqn: i.name for i in g.inputs if i.kind == "buffer"}
+    assert buffers["scale"] in roots and buffers["bn.running_mean"] not in roots
+    assert any(roots.get(n.name) == (buffers["scale"],) for n in g.nodes)  # scale + 1

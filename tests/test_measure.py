@@ -34,7 +34,9 @@ def test_timing_stats_from_samples():
     t = Timing.from_samples(xs)
     assert t.median_ms == 3.0 and t.mean_ms == 4.0 and t.min_ms == 1.0 and t.runs == 5
     assert t.std_ms == pytest.approx(statistics.stdev(xs))
-    assert t.to_json() == {"median_ms": 3.0, "mean_ms": 4.0, "min_ms": 1.0, "std_ms": t.std_ms, "runs": 5}
+    assert t.to_json() == {"median_ms": 3.0, "mean_ms": 4.0, "min_ms": 1.0, "std_ms": t.std_ms, "runs": 5,
+                           "issue_ms": None}
+    assert Timing.from_samples(xs, [0.5, 0.1, 0.2]).issue_ms == 0.2  # median host time per call
     assert Timing.from_samples([2.0]).std_ms == 0.0
     with pytest.raises(ValueError):
         Timing.from_samples([])
@@ -129,6 +131,23 @@ def test_time_problem_interleaves_baselines_and_candidates():
     assert "compile" in res or "compile" in res.errors
     for t in res.values():
         assert t.runs >= 50 and t.median_ms > 0
+        assert 0 < t.issue_ms < 50 * t.median_ms  # host time to issue one call, recorded too
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+def test_first_sync_names_where_a_call_waits_for_the_gpu():
+    from kernelwright.measure.baselines import first_sync
+
+    x = torch.randn(1024, device="cuda")
+    assert first_sync(lambda: torch.relu(x)) is None
+
+    def waits():
+        return torch.relu(x).sum().item()
+
+    where = first_sync(waits)
+    assert where is not None and "waits" in where
+    assert torch.cuda.get_sync_debug_mode() == 0  # restored
 
 
 def test_report_lists_each_implementations_kernels_per_call():
@@ -136,9 +155,12 @@ def test_report_lists_each_implementations_kernels_per_call():
 
     rows = [{"name": f"k{i}", "us_per_call": 100.0 - i, "launches_per_call": 1.0} for i in range(10)]
     result = {"problem": "p", "precision": "tf32", "device": "cuda", "capture": "ok", "groups": [],
-              "timing": {"eager": {"median_ms": 1.0, "mean_ms": 1.0, "runs": 50},
-                         "kernels_per_call": {"eager": rows[:2], "kernelwright": rows}}}
+              "timing": {"eager": {"median_ms": 1.0, "mean_ms": 1.0, "runs": 50, "issue_ms": 0.25},
+                         "kernels_per_call": {"eager": rows[:2], "kernelwright": rows},
+                         "syncs": {"kernelwright": "model_new.py:12 forward: synchronizing op"}}}
     text = render_report(result)
+    assert "| eager | 1.000 | 1.000 | 50 | 0.250 |" in text
+    assert "kernelwright makes the host wait for the GPU within a call, at model_new.py:12 forward" in text
     assert "## Kernels per call" in text
     assert "**eager**: 199.0 us in 2 launches" in text
     assert "| 100.0 | 1 | `k0` |" in text and "`k8`" not in text  # the 8 longest, then the rest summed

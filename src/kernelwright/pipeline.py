@@ -374,6 +374,8 @@ def _final_checks(problem, path, policy, device, timed, log):
             timing["kernels_per_call"] = {k: [asdict(x) for x in v] for k, v in t.kernels.items()}
         if t.kernels_error:
             timing["errors"]["profile"] = t.kernels_error
+        if t.syncs:
+            timing["syncs"] = dict(t.syncs)
         kw = t.get("kernelwright")
         parts = [f"{k} {t[k].median_ms:.3f} ms" for k in t]
         log("timing (median): " + ", ".join(parts))

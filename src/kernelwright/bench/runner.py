@@ -30,6 +30,7 @@ def _one(path: str, opts: dict) -> dict:
 
             t = time_problem(p, policy, "cuda", compile_mode=opts["compile_mode"])
             row["times"] = {k: v.median_ms for k, v in t.items()}
+            row["issue"] = {k: v.issue_ms for k, v in t.items()}
             row["errors"] = dict(t.errors)
             row["correct"] = None
         else:
@@ -41,6 +42,8 @@ def _one(path: str, opts: dict) -> dict:
                                                    log=lambda s: None))
             t = res.get("timing") or {}
             row["times"] = {k: v["median_ms"] for k, v in t.items() if isinstance(v, dict) and "median_ms" in v}
+            row["issue"] = {k: v.get("issue_ms") for k, v in t.items() if isinstance(v, dict) and "median_ms" in v}
+            row["syncs"] = t.get("syncs", {})
             row["errors"] = t.get("errors", {})
             row["correct"] = bool((res.get("verify") or {}).get("passed"))
             row["groups"] = [(g["id"], g["kind"], g["strategy"]) for g in res.get("groups", [])]

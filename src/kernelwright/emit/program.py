@@ -56,11 +56,25 @@ def attr_path(fqn: str) -> str:
     return out
 
 
+SDPA = "aten.scaled_dot_product_attention.default"
+
+
+def weight_masked_sdpa(graph: Graph, n) -> bool:
+    """Whether `n` is an SDPA call whose boolean attn_mask is computed from weights alone (a
+    registered causal mask): the emitted call then asks `_kw_causal_or_mask` (model_new.py.j2),
+    which checks the mask once per version and passes is_causal=True for the lower-triangular one."""
+    return (n.target == SDPA and len(n.args) == 6 and isinstance(n.args[3], Ref) and n.args[5] is False
+            and not n.kwargs.get("is_causal") and graph.meta(n.args[3].name) is not None
+            and graph.meta(n.args[3].name).dtype == "bool" and n.args[3].name in weight_roots(graph))
+
+
 def node_line(graph: Graph, name: str) -> str:
     n = graph.node(name)
     if n.target == "getitem":
         return f"{name} = {n.args[0].name}[{n.args[1]}]"
     args = [render_value(a) for a in n.args]
+    if weight_masked_sdpa(graph, n):  # (mask, dropout_p, is_causal) from the once-per-version check
+        args = args[:3] + [f"*_kw_causal_or_mask({args[3]}, {args[0]}, {args[1]}, {args[4]})"]
     if n.target in CONTIGUOUS_INPUT and isinstance(n.args[0], Ref):
         args[0] += ".contiguous()"  # the CUDA kernel refuses channels-last inputs
     args += [f"{k}={render_value(v)}" for k, v in n.kwargs.items()]

@@ -57,10 +57,15 @@ def render_report(result: dict) -> str:
     lines.append("")
     lines.append("## Whole model")
     if t:
-        lines += ["", "| implementation | median ms | mean ms | runs |", "|---|---:|---:|---:|"]
+        lines += ["", "| implementation | median ms | mean ms | runs | host issue ms |", "|---|---:|---:|---:|---:|"]
         for k, row in t.items():
             if isinstance(row, dict) and "median_ms" in row:
-                lines.append(f"| {k} | {_ms(row['median_ms'])} | {_ms(row.get('mean_ms'))} | {row.get('runs', '-')} |")
+                lines.append(f"| {k} | {_ms(row['median_ms'])} | {_ms(row.get('mean_ms'))} | {row.get('runs', '-')} "
+                             f"| {_ms(row.get('issue_ms'))} |")
+        lines.append("\n(host issue: CPU time to issue one call, no synchronisation; close to the median, the "
+                     "implementation is CPU-bound.)")
+        for k, where in (t.get("syncs") or {}).items():
+            lines.append(f"\n{k} makes the host wait for the GPU within a call, at {where}")
         for base in ("eager", "compile"):
             if f"speedup_vs_{base}" in t:
                 lines.append(f"\nspeedup over {base}: **{t[f'speedup_vs_{base}']:.2f}x**")

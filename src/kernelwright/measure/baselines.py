@@ -30,6 +30,7 @@ class Timings(dict):
         self.errors: dict[str, str] = {}
         self.kernels: dict[str, list] = {}  # name -> [KernelTime], when profiled
         self.kernels_error: str | None = None
+        self.syncs: dict[str, str] = {}  # name -> where one call first waits for the GPU, when it does
 
     def to_json(self) -> dict:
         return {"timings": {k: v.to_json() for k, v in self.items()}, "errors": dict(self.errors)}
@@ -137,7 +138,31 @@ def time_problem(
                 timings.kernels = {name: kernel_times(fn, calls=profile_calls, device=dev) for name, fn in fns.items()}
             except Exception as e:  # noqa: BLE001 - profiling is a diagnostic; timing stands without it
                 timings.kernels_error = _line(e)
+            timings.syncs = {name: where for name, fn in fns.items() if (where := first_sync(fn))}
     return timings
+
+
+def first_sync(fn: Callable[[], Any]) -> str | None:
+    """Where one call of `fn` makes the host wait for the GPU (an .item(), a copy to pageable host
+    memory, ...): 'file:line function' of the innermost frame outside torch; None when it never
+    does. A forward that waits cannot run ahead of the GPU, so its launch overhead is not hidden."""
+    import traceback
+
+    torch.cuda.synchronize()
+    mode = torch.cuda.get_sync_debug_mode()
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        fn()
+        return None
+    except RuntimeError as e:
+        if "synchroniz" not in str(e):
+            return None  # failed for another reason: not this check's business
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if "/torch/" not in f.filename]
+        f = frames[-1] if frames else traceback.extract_tb(e.__traceback__)[-1]
+        return f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}: {_line(e)[:120]}"
+    finally:
+        torch.cuda.set_sync_debug_mode(mode)
+        torch.cuda.synchronize()
 
 
 def _bind(fn: Callable, inputs: list) -> Callable[[], Any]:

@@ -3,7 +3,9 @@
 Each implementation is warmed up by time (its first call, which compiles and autotunes, is not
 counted), then all are timed in interleaved rounds whose order rotates each round, with an L2
 flush before each timed run (outside the event pair) and one event pair around each call, on the
-current stream. Without a GPU nothing is timed: `RuntimeError("timing needs a CUDA GPU")`.
+current stream; the host time each call takes to issue (no synchronisation) is kept beside it, so
+a CPU-bound implementation shows as one whose issue time nears its median. Without a GPU nothing
+is timed: `RuntimeError("timing needs a CUDA GPU")`.
 """
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ class Timing:
     min_ms: float
     std_ms: float
     runs: int
+    issue_ms: float | None = None  # median host time to issue one call (no sync): near median_ms = CPU-bound
 
     @classmethod
-    def from_samples(cls, samples_ms: Sequence[float]) -> "Timing":
+    def from_samples(cls, samples_ms: Sequence[float], issue_ms: Sequence[float] = ()) -> "Timing":
         xs = [float(x) for x in samples_ms]
         if not xs:
             raise ValueError("no samples")
@@ -39,6 +42,7 @@ class Timing:
             min_ms=min(xs),
             std_ms=statistics.stdev(xs) if len(xs) > 1 else 0.0,
             runs=len(xs),
+            issue_ms=statistics.median(issue_ms) if issue_ms else None,
         )
 
     def to_json(self) -> dict:
@@ -114,6 +118,7 @@ def time_interleaved(
 
     events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                      for _ in range(n)] for name in names}
+    issue = {name: [] for name in names}
     with torch.cuda.device(device):
         for r in range(n):
             for name in round_order(names, r):
@@ -121,10 +126,12 @@ def time_interleaved(
                     flusher.flush()
                 start, end = events[name][r]
                 start.record()
+                t0 = time.perf_counter()
                 fns[name]()
+                issue[name].append((time.perf_counter() - t0) * 1e3)
                 end.record()
             torch.cuda.synchronize(device)  # keep the host from running far ahead
-    return {name: Timing.from_samples([s.elapsed_time(e) for s, e in events[name]]) for name in names}
+    return {name: Timing.from_samples([s.elapsed_time(e) for s, e in events[name]], issue[name]) for name in names}
 
 
 __all__.append("NO_GPU")

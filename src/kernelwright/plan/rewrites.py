@@ -677,14 +677,14 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
     folded, repeated subexpressions merged, convolution and GEMM biases split off, max pools moved
     before non-decreasing elementwise ops, row rewrites, by-hand attention as one fused call (fp32 and
-    bf16: plan.attention). Then the policy's: under bf16 explicit
+    bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
     bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
     tensor-core policies (tf32, bf16) channels-last convolutions. `out_dtypes` (bf16 only): the
     dtypes eager returns under the policy's autocast (bf16_outputs)."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites]
-    if policy in ATTENTION_POLICIES:  # the fused attention kernel is fp32 / bf16 only (plan.attention)
-        steps += [attention, simplify]
+    if policy in ATTENTION_POLICIES:  # under tf32 causal-masked attention only (plan.attention)
+        steps += [lambda g: attention(g, policy), simplify]
     if policy == "bf16":  # then pools move before the widening casts too (they pool bf16 values)
         steps += [bf16_operands, narrow_through_views, max_pool_first]
         if out_dtypes:

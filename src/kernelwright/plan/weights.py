@@ -1,5 +1,6 @@
 """Values that depend on the model's parameters alone (a weight transposed, cast to bf16, copied
-channels-last): the emitted forward computes them once per parameter version and reuses them
+channels-last; a causal mask taken from a buffer the forward never writes): the emitted forward
+computes them once per parameter version and reuses them
 (emit/program.py), as autocast's cast cache does within one region, and a fused kernel reads such
 a value rather than redoing its cast on every tile (codegen/gemm_epilogue.py)."""
 from __future__ import annotations
@@ -19,8 +20,12 @@ def pure(target: str) -> bool:
 
 def weight_roots(graph: Graph) -> dict[str, tuple[str, ...]]:
     """value -> the parameters (graph input names) it is computed from, for every node computed
-    from parameters and constants only through pure ops; parameters map to themselves."""
-    roots: dict[str, tuple[str, ...]] = {i.name: (i.name,) for i in graph.inputs if i.kind == "param"}
+    from parameters and constants only through pure ops; parameters map to themselves. Buffers the
+    forward does not update (a registered mask) count as parameters; those it writes (running
+    statistics) do not."""
+    written = set(graph.mutations.values())
+    roots: dict[str, tuple[str, ...]] = {i.name: (i.name,) for i in graph.inputs
+                                         if i.kind == "param" or (i.kind == "buffer" and i.fqn not in written)}
     roots.update({i.name: () for i in graph.inputs if i.kind == "constant"})
     for n in graph.nodes:
         if not pure(n.target):
