@@ -27,6 +27,8 @@ ap.add_argument("problem")
 ap.add_argument("--precision", default="tf32")
 ap.add_argument("--top", type=int, default=10)
 ap.add_argument("--groups", default="")
+ap.add_argument("--block-m", default="16,32,64,128")
+ap.add_argument("--split", default="128,256,512,1024")
 args = ap.parse_args()
 
 prob, policy = load_problem(args.problem), get_policy(args.precision)
@@ -42,9 +44,12 @@ for group in plan.groups:
     if not any(c.template == "triton.split" for c in t.space):
         continue
     base = [c for c in t.space if c.template == "triton.split"]
-    grid = [Config.make("triton.split", BLOCK_M=bm, BLOCK_R=br, SPLIT=sp, one_pass=False, num_warps=nw, num_stages=ns)
-            for bm, br, sp, nw, ns in itertools.product([16, 32, 64, 128], [16, 32, 64, 128], [128, 256, 512, 1024],
-                                                        [4, 8], [1, 3])
+    extra = {k: v for k, v in t.default.as_dict().items()  # e.g. TILED_APPLY, kept as the default has it
+             if k not in ("BLOCK_M", "BLOCK_R", "SPLIT", "one_pass", "num_warps", "num_stages")}
+    grid = [Config.make("triton.split", BLOCK_M=bm, BLOCK_R=br, SPLIT=sp, one_pass=False, num_warps=nw, num_stages=ns,
+                        **extra)
+            for bm, br, sp, nw, ns in itertools.product([int(v) for v in args.block_m.split(",")], [16, 32, 64, 128],
+                                                        [int(v) for v in args.split.split(",")], [4, 8], [1, 3])
             if 1024 <= bm * br <= 8192 and bm <= t.M]
     res = []
     for k in range(0, len(grid), 64):

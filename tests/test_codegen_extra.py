@@ -83,6 +83,29 @@ def test_instance_norm_and_var_use_welford_passes():
     assert checked >= 2
 
 
+def test_welford_step_reciprocal_keeps_the_variance_exact_with_masked_tails():
+    """The Welford loops multiply by one reciprocal per step (triton_group.WELFORD_STEP): rows of
+    1000 elements (a masked tail in the last step, a split whose last chunk is partly and one wholly
+    past the end) around a mean of 1000 still give the float64 variance to float32 accuracy."""
+    torch.manual_seed(1)
+
+    class Var(nn.Module):
+        def forward(self, x):
+            return x.var(dim=1, keepdim=True)
+
+    x = torch.randn(3, 1000) * 2 + 1000
+    g = capture(from_module(Var(), [x]))
+    (grp,) = plan_graph(g).groups
+    ref = x.double().var(dim=1, keepdim=True)
+    for cfg in (MULTI, dict(MULTI, BLOCK_R=64), {"BLOCK_M": 2, "BLOCK_R": 16, "SPLIT": 10, "one_pass": False, "num_warps": 4}):
+        k = render_group(g, grp, cfg)
+        assert "1.0 / ((r0 - " in k.source
+        assert "delta / tl.maximum" not in k.source and "d0 / tl.maximum" not in k.source
+        mod = load_module_from_source(k.source, grp.id, os.path.join(ROOT, ".pytest_kw_cache"))
+        (out,) = mod.launch(*[x if v == g.user_inputs[0].name else None for v in k.inputs])
+        torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=0)
+
+
 def test_split_reduction_matches_and_refuses_domain_outputs():
     torch.manual_seed(0)
     p = load_problem(os.path.join(ROOT, "problems/level1/mse_loss.py"), small=True)

@@ -147,11 +147,14 @@ def first_sync(fn: Callable[[], Any]) -> str | None:
     memory, ...): 'file:line function' of the innermost frame outside torch; None when it never
     does. A forward that waits cannot run ahead of the GPU, so its launch overhead is not hidden."""
     import traceback
+    import warnings
 
     torch.cuda.synchronize()
     mode = torch.cuda.get_sync_debug_mode()
     try:
-        torch.cuda.set_sync_debug_mode("error")
+        with warnings.catch_warnings():  # "a prototype feature" (it is: a None here is not a proof)
+            warnings.simplefilter("ignore", UserWarning)
+            torch.cuda.set_sync_debug_mode("error")
         fn()
         return None
     except RuntimeError as e:
