@@ -398,6 +398,8 @@ def test_bf16_outputs_follow_eager_under_autocast():
     s, notes = rewrite(capture(p), "bf16", dtypes)
     assert [s.meta(o).dtype for o in s.outputs] == [str(d).replace("torch.", "") for d in dtypes]
     assert s.node(s.outputs[2]).target == "aten.convolution.default"  # the bf16 conv result itself
+    widen = [n for n in s.nodes if n.inputs == [s.outputs[2]]]
+    assert widen == []  # its float32 widening, read by nothing now, is gone
     with torch.no_grad():
         got = run_graph(s, model, [x, y])
         with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -68,6 +68,37 @@ def weight_masked_sdpa(graph: Graph, n) -> bool:
             and graph.meta(n.args[3].name).dtype == "bool" and n.args[3].name in weight_roots(graph))
 
 
+# ATen overloads the emitted forward calls through the Python API instead of torch.ops: the same
+# op, reached through the generated bindings in about half the host time (torch.ops' OpOverload
+# path costs ~2-4 us more per call, measured on the CPU); these sit on the host-bound path of small
+# models. (method or function, name, keyword arguments the public API takes under the same names)
+FAST_CALLS = {
+    "aten.view.default": ("method", "view", ()),
+    "aten.reshape.default": ("method", "reshape", ()),
+    "aten.permute.default": ("method", "permute", ()),
+    "aten.transpose.int": ("method", "transpose", ()),
+    "aten.unsqueeze.default": ("method", "unsqueeze", ()),
+    "aten.squeeze.dim": ("method", "squeeze", ()),
+    "aten.expand.default": ("method", "expand", ()),
+    "aten.split_with_sizes.default": ("method", "split_with_sizes", ()),
+    "aten.mm.default": ("function", "mm", ()),
+    "aten.bmm.default": ("function", "bmm", ()),
+    "aten.addmm.default": ("function", "addmm", ("beta", "alpha")),
+    "aten.convolution.default": ("function", "convolution", ()),
+}
+
+
+def _call(n, args: list[str]) -> str:
+    """`args` (rendered, keywords last) applied to node `n`'s op."""
+    fast = FAST_CALLS.get(n.target)
+    if fast is not None and isinstance(n.args[0], Ref) and set(n.kwargs) <= set(fast[2]):
+        kind, fn, _ = fast
+        if kind == "method":
+            return f"{args[0]}.{fn}({', '.join(args[1:])})"
+        return f"torch.{fn}({', '.join(args)})"
+    return f"torch.ops.{n.target}({', '.join(args)})"
+
+
 def node_line(graph: Graph, name: str) -> str:
     n = graph.node(name)
     if n.target == "getitem":
@@ -79,28 +110,48 @@ def node_line(graph: Graph, name: str) -> str:
         args[0] += ".contiguous()"  # the CUDA kernel refuses channels-last inputs
     args += [f"{k}={render_value(v)}" for k, v in n.kwargs.items()]
     fix = layout_suffix(n.target, len(n.meta.shape)) if n.meta is not None else ""
-    return f"{name} = torch.ops.{n.target}({', '.join(args)}){fix}"
+    return f"{name} = {_call(n, args)}{fix}"
 
 
-def _weights_only(graph: Graph, unit, roots: dict, outs: list[str]) -> list[str]:
-    """The parameters a unit's outputs are computed from when they depend on nothing else (and
-    the unit launches work: not a bare view, not a value the model returns); else []."""
-    if unit.group is None:
-        node = graph.node(unit.node)
-        if is_view(node) or node.target == "getitem":
-            return []
-        nodes = [node]
-    else:
-        nodes = [graph.node(n) for n in unit.group.nodes]
-    if any(o in graph.outputs or o not in roots for o in outs) or not all(n.name in roots for n in nodes):
-        return []
-    return sorted({r for o in outs for r in roots[o]})
+def counter_increments(graph: Graph) -> dict[str, tuple[str, object]]:
+    """Buffer updates that are `buffer + constant` read by nothing else (batch norm's
+    num_batches_tracked += 1): node name -> (buffer fqn, constant). The forward adds them in place
+    with one `_foreach_add_` instead of computing each sum and copying it back."""
+    out = {}
+    for name, fqn in graph.mutations.items():
+        if graph.is_input(name) or name in graph.outputs or graph.users(name):
+            continue
+        n = graph.node(name)
+        src = n.args[0] if n.args else None
+        if n.target == "aten.add.Tensor" and len(n.args) == 2 and not n.kwargs and isinstance(src, Ref) \
+                and graph.is_input(src.name) and graph.input(src.name).fqn == fqn \
+                and isinstance(n.args[1], (int, float)) and not isinstance(n.args[1], bool):
+            out[name] = (fqn, n.args[1])
+    return out
+
+
+def _unit_nodes(unit) -> list[str]:
+    return unit.group.nodes if unit.group is not None else [unit.node]
+
+
+def _unit_inputs(graph: Graph, unit, kernel) -> list[str]:
+    """Values a unit reads (a generated kernel: its launch inputs)."""
+    if kernel is not None:
+        return list(kernel[1])
+    names = _unit_nodes(unit)
+    inside = set(names)
+    return [v for n in names for v in graph.node(n).inputs if v not in inside]
 
 
 def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> list[str]:
     """Body of `forward`. `kernels` maps a group id (or node name) to (module variable, input names,
     output names, whether launch() returns the node's whole tuple) for units that run a generated
-    kernel; other units run their ATen ops."""
+    kernel; other units run their ATen ops.
+
+    Units computed from parameters alone (a weight transposed, cast to bf16, copied channels-last;
+    plan.weights) run first, in one block cached by the parameters' identity and version: one check
+    per call however many weights the model has, recomputed when a parameter is replaced or changed
+    in place."""
     g = plan.graph
     lines = []
     for inp in g.inputs:
@@ -111,15 +162,20 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
     user = g.user_inputs
     if user:
         lines.append(f"_dev = {user[0].name}.device")
-    head = len(lines)
     roots = weight_roots(g)
-    cache_used = False
+    counters = counter_increments(g)
+    skipped = {n for u in plan.units if (u.group.id if u.group is not None else u.node) not in kernels
+               and all(n in counters for n in _unit_nodes(u)) for n in _unit_nodes(u)}
+    prologue, main, cached, hoisted, work = [], [], [], set(), False
     for unit in plan.units:
         key = unit.group.id if unit.group is not None else unit.node
         if key in kernels and kernels[key] is None:
             continue  # computed inside another unit's fused kernel
-        if key in kernels:
-            mod, ins, outs, whole_tuple = kernels[key]
+        if all(n in skipped for n in _unit_nodes(unit)):
+            continue  # counters: added in place with the buffer updates below
+        kernel = kernels.get(key)
+        if kernel is not None:
+            mod, ins, outs, whole_tuple = kernel
             targets = outs[0] if whole_tuple else ", ".join(outs) + ("," if len(outs) == 1 else "")
             body = [f"{targets} = {mod}.launch({', '.join(ins)})"]
         elif unit.group is not None:
@@ -128,25 +184,42 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
         else:
             body = [node_line(g, unit.node)]
             outs = [unit.node]
-        params = _weights_only(g, unit, roots, outs)
-        if params:  # a weight transformed: once per parameter version, not once per call
-            cache_used = True
-            got = ", ".join(outs) + ("," if len(outs) == 1 else "")
-            lines += [f"_stamp = _kw_stamp({', '.join(params)})",
-                      f"_hit = _kw_cache.get({key!r})",
-                      "if _hit is not None and _hit[0] == _stamp:",
-                      f"    {got} = _hit[1]",
-                      "else:"]
-            lines += ["    " + ln for ln in body]
-            lines.append(f"    _kw_cache[{key!r}] = (_stamp, ({got}))")
+        weight_only = bool(outs) and all(o in roots and o not in g.outputs for o in outs) and all(
+            g.is_input(v) or v in hoisted for v in _unit_inputs(g, unit, kernel))
+        if weight_only:
+            prologue += body
+            hoisted.update(outs)
+            work = work or kernel is not None or not all(
+                is_view(g.node(n)) or g.node(n).target == "getitem" for n in _unit_nodes(unit))
+            cached += outs
         else:
-            lines += body
-    if cache_used:
-        lines.insert(head, "_kw_cache = self.__dict__.setdefault('_kw_cache', {})  # weight-only values, by version")
+            main += body
+    if work:  # one check per call; views of weights are cached with the rest (they alias them)
+        params = sorted({r for o in cached for r in roots[o]})
+        got = ", ".join(cached) + ("," if len(cached) == 1 else "")
+        lines += ["_kw_cache = self.__dict__.setdefault('_kw_cache', {})  # weight-only values, by version",
+                  f"_stamp = _kw_stamp({', '.join(params)})",
+                  "_hit = _kw_cache.get('weights')",
+                  "if _hit is not None and _hit[0] == _stamp:",
+                  f"    {got} = _hit[1]",
+                  "else:"]
+        lines += ["    " + ln for ln in prologue]
+        lines.append(f"    _kw_cache['weights'] = (_stamp, ({got}))")
+    else:  # only views of weights: cheaper than a cache check
+        lines += prologue
+    lines += main
     # buffer updates (e.g. BatchNorm running stats): one launch per dtype, not one each
     # (_foreach_copy_ falls back to a copy per tensor when its tensors' dtypes differ)
+    by_step: dict[object, list[str]] = {}  # counters: buffer += step, in place, one launch per step
+    for name in g.mutations:
+        if name in skipped:
+            by_step.setdefault(counters[name][1], []).append(counters[name][0])
+    for step, fqns in by_step.items():
+        lines.append(f"torch._foreach_add_([{', '.join(attr_path(f) for f in sorted(fqns))}], {step!r})")
     by_dtype: dict[str, list[tuple[str, str]]] = {}
     for name, fqn in g.mutations.items():
+        if name in skipped:
+            continue
         meta = g.meta(name)
         by_dtype.setdefault(meta.dtype if meta is not None else "", []).append((name, fqn))
     for pairs in by_dtype.values():

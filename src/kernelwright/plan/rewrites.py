@@ -585,7 +585,7 @@ def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph,
     it) is rounded to bf16 once at the end (the cast fuses into the kernel that computes it, which
     then writes half the bytes). `dtypes`: eager-under-autocast dtype of each output, in order."""
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
-    nodes, outputs, notes = list(graph.nodes), list(graph.outputs), []
+    nodes, outputs, notes, widened = list(graph.nodes), list(graph.outputs), [], set()
     for k, (out, want) in enumerate(zip(graph.outputs, dtypes)):
         meta = graph.meta(out)
         if want != torch.bfloat16 or graph.is_input(out) or meta is None or meta.dtype != "float32" \
@@ -595,6 +595,7 @@ def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph,
         src = node.args[0].name if plain_cast(graph, node) else None
         if src is not None and graph.meta(src).dtype == "bfloat16":  # a widened bf16 result: return it
             outputs[k] = src
+            widened.add(out)  # the widening itself is dropped below if nothing else reads it
         else:
             cast = _cast(_unique(names, f"{out}_bf16"), out, meta, torch.bfloat16)
             nodes.append(cast)
@@ -602,7 +603,11 @@ def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph,
         notes.append(f"{out}: returned as bf16, as eager returns it under bf16 autocast")
     if not notes:
         return graph, []
-    return Graph(graph.name, graph.inputs, nodes, outputs, dict(graph.mutations), graph.exported), notes
+    out = Graph(graph.name, graph.inputs, nodes, outputs, dict(graph.mutations), graph.exported)
+    if widened:
+        out = Graph(graph.name, graph.inputs, drop_unread(out, nodes, among=widened), outputs,
+                    dict(graph.mutations), graph.exported)
+    return out, notes
 
 
 def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
