@@ -130,15 +130,11 @@ def counter_increments(graph: Graph) -> dict[str, tuple[str, object]]:
     return out
 
 
-def _unit_nodes(unit) -> list[str]:
-    return unit.group.nodes if unit.group is not None else [unit.node]
-
-
 def _unit_inputs(graph: Graph, unit, kernel) -> list[str]:
     """Values a unit reads (a generated kernel: its launch inputs)."""
     if kernel is not None:
         return list(kernel[1])
-    names = _unit_nodes(unit)
+    names = unit.nodes
     inside = set(names)
     return [v for n in names for v in graph.node(n).inputs if v not in inside]
 
@@ -164,14 +160,14 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
         lines.append(f"_dev = {user[0].name}.device")
     roots = weight_roots(g)
     counters = counter_increments(g)
-    skipped = {n for u in plan.units if (u.group.id if u.group is not None else u.node) not in kernels
-               and all(n in counters for n in _unit_nodes(u)) for n in _unit_nodes(u)}
+    skipped = {n for u in plan.units if u.name not in kernels and all(n in counters for n in u.nodes)
+               for n in u.nodes}
     prologue, main, cached, hoisted, work = [], [], [], set(), False
     for unit in plan.units:
-        key = unit.group.id if unit.group is not None else unit.node
+        key = unit.name
         if key in kernels and kernels[key] is None:
             continue  # computed inside another unit's fused kernel
-        if all(n in skipped for n in _unit_nodes(unit)):
+        if all(n in skipped for n in unit.nodes):
             continue  # counters: added in place with the buffer updates below
         kernel = kernels.get(key)
         if kernel is not None:
@@ -190,7 +186,7 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
             prologue += body
             hoisted.update(outs)
             work = work or kernel is not None or not all(
-                is_view(g.node(n)) or g.node(n).target == "getitem" for n in _unit_nodes(unit))
+                is_view(g.node(n)) or g.node(n).target == "getitem" for n in unit.nodes)
             cached += outs
         else:
             main += body

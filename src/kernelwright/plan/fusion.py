@@ -71,6 +71,11 @@ class Unit:
     def name(self) -> str:
         return self.group.id if self.group else self.node
 
+    @property
+    def nodes(self) -> list[str]:
+        """The graph nodes this unit runs."""
+        return self.group.nodes if self.group else [self.node]
+
 
 @dataclass
 class Plan:
