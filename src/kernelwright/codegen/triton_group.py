@@ -47,13 +47,22 @@ class Stmt:
     op: str = ""  # reduction kind
 
 
-
 # The per-lane Welford update's 1 / count as one reciprocal per loop step. The loop walks r0 up
 # from `start` in BLOCK_R steps and masks only r >= R (or rows >= M, whose delta is 0): a lane
 # unmasked at step j was unmasked at every earlier step, so its count is j + 1 there, and a masked
 # lane's delta is 0 whatever it is multiplied by. (A division per element made the statistics pass
 # of a norm over bf16 data ALU-bound.)
 WELFORD_STEP = "(1.0 / ((r0 - {start}) // BLOCK_R + 1))"
+
+
+def welford_update(n: str, mean: str, m2: str, delta: str, x: str, start: str) -> list[str]:
+    """One loop step of the per-lane Welford accumulators `n`, `mean`, `m2` ([BLOCK_M, BLOCK_R]
+    tiles) over the masked values `x`, in a loop whose r0 starts at `start` (WELFORD_STEP)."""
+    return [f"{n} = {n} + tl.where(mask, 1.0, 0.0)",
+            f"{delta} = tl.where(mask, {x} - {mean}, 0.0)",
+            f"{mean} = {mean} + {delta} * " + WELFORD_STEP.format(start=start),
+            f"{m2} = {m2} + {delta} * tl.where(mask, {x} - {mean}, 0.0)"]
+
 
 def written_stride(meta: TensorMeta, domain_rank: int) -> tuple[int, ...]:
     """The layout a group kernel writes an output in (and allocates it with): the recorded one
@@ -594,14 +603,10 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
                 lines = [ln for st in closure([src]) for ln in render(st, last_read=not again)]
                 if s.op == "welford":
                     # per-lane running count, mean and M2; lanes merged with Chan's formula after the loop
-                    # (WELFORD_STEP: one reciprocal per step instead of a division per element)
                     init = ["acc_n = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
                             "acc = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
                             "acc_m2 = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)"]
-                    lines += ["acc_n = acc_n + tl.where(mask, 1.0, 0.0)",
-                              f"delta = tl.where(mask, {src} - acc, 0.0)",
-                              "acc = acc + delta * " + WELFORD_STEP.format(start="0"),
-                              f"acc_m2 = acc_m2 + delta * tl.where(mask, {src} - acc, 0.0)"]
+                    lines += welford_update("acc_n", "acc", "acc_m2", "delta", src, start="0")
                     post = [f"{s.code} = tl.sum(acc * acc_n, axis=1)[:, None] / {R}",
                             f"{s.var} = tl.sum(acc_m2 + acc_n * (acc - {s.code}) * (acc - {s.code}), axis=1)[:, None]"]
                 elif s.op == "online_softmax":
@@ -736,9 +741,7 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
             allocs.append(f"{part} = _scratch('{part}', (3, {M}, {split}), out0.device)")
             init += [f"n{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)", f"mu{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)",
                      f"q{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)"]
-            body += [f"n{k} = n{k} + tl.where(mask, 1.0, 0.0)", f"d{k} = tl.where(mask, {src} - mu{k}, 0.0)",
-                     f"mu{k} = mu{k} + d{k} * " + WELFORD_STEP.format(start=f"split * {chunk}"),
-                     f"q{k} = q{k} + d{k} * tl.where(mask, {src} - mu{k}, 0.0)"]
+            body += welford_update(f"n{k}", f"mu{k}", f"q{k}", f"d{k}", src, start=f"split * {chunk}")
             post_a += [f"rn{k} = tl.sum(n{k}, axis=1)[:, None]",
                        f"rmu{k} = tl.sum(mu{k} * n{k}, axis=1)[:, None] / tl.maximum(rn{k}, 1.0)",
                        f"rq{k} = tl.sum(q{k} + n{k} * (mu{k} - rmu{k}) * (mu{k} - rmu{k}), axis=1)[:, None]",
