@@ -186,7 +186,7 @@ def test_weight_only_units_run_first_under_one_version_check(monkeypatch, tmp_pa
     the Python API (emit.program.FAST_CALLS), not torch.ops."""
     problem, plan, result, kernels, sources = _run(monkeypatch, tmp_path, "level3/mlp.py", 0.5, 1.0, "bf16")
     path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "bf16", [], None), sources)
-    body = path.read_text().split("class ModelNew", 1)[1]
+    body = path.read_text().split("def _kw_forward", 1)[1]
     assert body.count("_kw_stamp(") == 1 and body.count("_kw_cache.get(") == 1
     stamp = next(ln for ln in body.splitlines() if "_kw_stamp(" in ln)
     assert stamp.count("weight") >= 3

@@ -110,7 +110,9 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
              device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda when a GPU is present)"),
              backend: str = typer.Option("all", "--backend", help="triton | cuda | all"),
              small: bool = typer.Option(False, "--small", help="Apply the problem's SMALL size overrides (CPU tests, demos)."),
-             db: Optional[Path] = typer.Option(None, "--db", help="Trial database (default $KERNELWRIGHT_DB or ~/.cache/kernelwright/trials.jsonl)")):
+             db: Optional[Path] = typer.Option(None, "--db", help="Trial database (default $KERNELWRIGHT_DB or ~/.cache/kernelwright/trials.jsonl)"),
+             cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
+                                              help="Also time the forward replayed as CUDA graphs; ship it when faster.")):
     """Generate, verify, time and choose kernels; write a drop-in ModelNew and a report."""
     from kernelwright.policy import get_policy
 
@@ -130,7 +132,8 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder")
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
-                   db_path=str(db) if db else None, small=small, log=lambda s: typer.echo(s, err=True))
+                   db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs,
+                   log=lambda s: typer.echo(s, err=True))
     result = optimize_problem(p, out, opts)
     typer.echo(f"{out}/model_new.py written; report: {out}/report.md")
     if not (result.get("verify") or {}).get("passed"):
@@ -146,7 +149,10 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
           json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON here."),
           out: Path = typer.Option(Path("kw_runs"), "--out", help="Folder for per-problem optimize outputs."),
           small: bool = typer.Option(False, "--small"),
-          compile_mode: str = typer.Option("default", "--compile-mode", help="torch.compile mode (default | max-autotune)")):
+          compile_mode: str = typer.Option("default", "--compile-mode",
+                                           help="torch.compile mode of the baseline (default | reduce-overhead | max-autotune)"),
+          cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
+                                           help="Let kernelwright ship CUDA-graph replay where it measures faster.")):
     """Time eager, torch.compile (and kernelwright) over problems; per-level geometric means."""
     from kernelwright.bench.runner import run_bench
     from kernelwright.policy import get_policy
@@ -161,7 +167,7 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
         raise UserError("bench times kernels and needs a CUDA GPU; none is visible (try `kernelwright optimize --device cpu`)")
     run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
               seconds=seconds, json_out=json_out, out_dir=out, small=small, compile_mode=compile_mode,
-              echo=lambda s: typer.echo(s))
+              cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s))
 
 
 @app.command()

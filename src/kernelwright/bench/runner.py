@@ -39,6 +39,7 @@ def _one(path: str, opts: dict) -> dict:
             out = Path(opts["out_dir"]) / f"level{p.level}" / p.name
             res = optimize_problem(p, out, Options(budget_trials=opts["trials"], budget_s=opts["seconds"],
                                                    precision=opts["precision"], device="cuda", small=opts["small"],
+                                                   cuda_graphs=opts.get("cuda_graphs", True),
                                                    log=lambda s: None))
             t = res.get("timing") or {}
             row["times"] = {k: v["median_ms"] for k, v in t.items() if isinstance(v, dict) and "median_ms" in v}
@@ -46,6 +47,7 @@ def _one(path: str, opts: dict) -> dict:
             row["syncs"] = t.get("syncs", {})
             row["errors"] = t.get("errors", {})
             row["correct"] = bool((res.get("verify") or {}).get("passed"))
+            row["cuda_graphs"] = t.get("cuda_graphs")
             row["groups"] = [(g["id"], g["kind"], g["strategy"]) for g in res.get("groups", [])]
     except Exception as e:  # noqa: BLE001
         row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
@@ -88,11 +90,13 @@ def summarise(rows: list[dict], baseline_only: bool) -> dict:
     return out
 
 
-def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_dir, small, compile_mode, echo):
+def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_dir, small, compile_mode, echo,
+              cuda_graphs=True):
     import torch
 
     opts = dict(baseline_only=baseline_only, precision=precision, trials=trials, seconds=seconds,
-                out_dir=str(out_dir), small=small, compile_mode=compile_mode)
+                out_dir=str(out_dir), small=small, compile_mode=compile_mode,
+                cuda_graphs=cuda_graphs)
     n_gpu = max(1, torch.cuda.device_count())
     paths = [str(f) for f in files]
     rows: list[dict] = []

@@ -10,7 +10,7 @@ import torch
 
 from kernelwright import __version__
 from kernelwright.codegen.templating import template_env
-from kernelwright.emit.program import forward_lines
+from kernelwright.emit.program import forward_lines, state_reads
 from kernelwright.plan.fusion import Plan
 from kernelwright.problem import Problem
 
@@ -27,11 +27,14 @@ def single_output(plan: Plan) -> bool:
 
 def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tuple],
                      kernel_sources: dict[str, str], policy: str, summary: list[str], overrides: dict | None,
-                     support: dict[str, str] | None = None) -> str:
+                     support: dict[str, str] | None = None, cuda_graphs: bool = False) -> str:
     """The text of model_new.py. With no plan (capture failed) ModelNew is the original Model.
-    `support` files (e.g. the CUDA runtime) sit beside the kernels and are embedded too."""
+    `support` files (e.g. the CUDA runtime) sit beside the kernels and are embedded too.
+    `cuda_graphs`: the forward replays CUDA graphs (under no_grad, on CUDA inputs)."""
     has_model = bool(problem.source)
+    state: list[str] = []
     if plan is None:
+        cuda_graphs = False
         args = "*args"
         call = "return super().forward(*args)" if has_model else "return type(self).forward(self, *args)"
         body = [call]
@@ -42,11 +45,12 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
         args = ", ".join(i.name for i in plan.graph.user_inputs)
         mods = {key: (None if k is None else (f"_k_{k[0]}", k[1], k[2], k[3])) for key, k in kernels.items()}
         body = forward_lines(plan, mods, single_output(plan))
+        state = state_reads(plan)
     return template_env("kernelwright.emit", "templates").get_template("model_new.py.j2").render(
         version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
         summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
         kernel_sources=sorted(kernel_sources.items()), support=sorted((support or {}).items()), args=args, body=body,
-        has_model=has_model)
+        has_model=has_model, cuda_graphs=bool(cuda_graphs), state=state)
 
 
 def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str], support: dict[str, str] | None = None) -> Path:

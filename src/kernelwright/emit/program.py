@@ -139,6 +139,12 @@ def _unit_inputs(graph: Graph, unit, kernel) -> list[str]:
     return [v for n in names for v in graph.node(n).inputs if v not in inside]
 
 
+def state_reads(plan: Plan) -> list[str]:
+    """The parameters and buffers the forward reads, as attribute accesses on `self`: their
+    addresses and versions identify a CUDA graph capture of the forward (model_new.py.j2)."""
+    return [attr_path(i.fqn) for i in plan.graph.inputs if i.kind in ("param", "buffer")]
+
+
 def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> list[str]:
     """Body of `forward`. `kernels` maps a group id (or node name) to (module variable, input names,
     output names, whether launch() returns the node's whole tuple) for units that run a generated

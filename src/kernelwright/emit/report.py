@@ -64,6 +64,10 @@ def render_report(result: dict) -> str:
                              f"| {_ms(row.get('issue_ms'))} |")
         lines.append("\n(host issue: CPU time to issue one call, no synchronisation; close to the median, the "
                      "implementation is CPU-bound.)")
+        if "cuda_graphs" in t:
+            lines.append("\nModelNew replays its forward as CUDA graphs (kernelwright:graphs measured faster than "
+                         "kernelwright:plain)" if t["cuda_graphs"] else
+                         "\nModelNew runs its forward as it is (replaying it as CUDA graphs was not clearly faster)")
         for k, where in (t.get("syncs") or {}).items():
             lines.append(f"\n{k} makes the host wait for the GPU within a call, at {where}")
         for base in ("eager", "compile"):

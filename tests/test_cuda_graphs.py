@@ -1,0 +1,167 @@
+"""The emitted forward replayed as CUDA graphs (model_new.py.j2 `_kw_graphed`) and optimize's
+choice between it and the plain forward (pipeline.pick_forward).
+
+CPU tests check the rendering, the plain path a graphs-on module takes off the GPU and the choice;
+the GPU tests check the replay itself: same results as the plain forward over new inputs, outputs
+that the next call does not overwrite, running statistics updated once per call, a recapture after
+a weight changes in place, and a forward that cannot be captured running as it is. Run the GPU
+tests alone, without TRITON_INTERPRET (the kernels must be compiled for the GPU):
+`python -m pytest tests/test_cuda_graphs.py`.
+"""
+import os
+
+import pytest
+import torch
+
+from kernelwright.capture import capture
+from kernelwright.emit.module import import_model_new, render_model_new, write_module
+from kernelwright.pipeline import GRAPHS, PLAIN, Options, _tune_groups, pick_forward
+from kernelwright.plan import plan_graph
+from kernelwright.plan.rewrites import rewrite
+from kernelwright.policy import get_policy
+from kernelwright.problem import load_problem
+from kernelwright.search import units
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+gpu = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                         reason="needs a CUDA GPU (and compiled Triton kernels, not the interpreter)")
+
+
+def _emit(monkeypatch, tmp_path, name, device, cuda_graphs=True, precision="fp32"):
+    """The problem's model_new.py with every generated kernel chosen (a fake clock makes them
+    faster than the library), imported; returns (problem, module, plan)."""
+    def time_fns(fns, device):  # calls each once, as the real clock does; kernels always win
+        for fn in fns.values():
+            fn()
+        return {k: 5.0 if k == "__library__" else 1.0 for k in fns}
+
+    monkeypatch.setattr(units, "_time_fns", time_fns)
+    if torch.device(device).type != "cuda":  # the timed path names the GPU its trials ran on
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake-gpu")
+    problem = load_problem(os.path.join(ROOT, "problems", name), small=True)
+    plan = plan_graph(rewrite(capture(problem), precision)[0])
+    opts = Options(device=str(device), budget_trials=2, db_path=str(tmp_path / "db.jsonl"), log=lambda s: None)
+    summary, kernels, sources, support = _tune_groups(problem, plan, get_policy(precision), torch.device(device), True,
+                                                      tmp_path / ".build", opts, {"groups": []})
+    text = render_model_new(problem, plan, kernels, sources, precision, summary, None, support, cuda_graphs=cuda_graphs)
+    return problem, import_model_new(write_module(tmp_path / "out", text, sources, support)), plan
+
+
+def _pair(problem, mod, device):
+    """(plain, graphed) ModelNew instances with the same weights and buffers."""
+    ref = problem.make_model(device)
+    out = []
+    for graphs in (False, True):
+        with torch.device(device):
+            m = mod.ModelNew(*problem.get_init_inputs())
+        m.load_state_dict(ref.state_dict())
+        m = m.to(device).train(ref.training)
+        m._kw_cuda_graphs = graphs
+        out.append(m)
+    return out
+
+
+# --- CPU ---------------------------------------------------------------------------------------
+
+@pytest.mark.interpreter
+def test_rendering_names_every_parameter_and_buffer_and_the_switch(monkeypatch, tmp_path):
+    problem, mod, plan = _emit(monkeypatch, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cpu")
+    text = (tmp_path / "out" / "model_new.py").read_text()
+    assert "_kw_cuda_graphs = True" in text
+    state = text.split("def _kw_state", 1)[1].split("def _kw_forward", 1)[0]
+    model = problem.make_model()
+    for fqn, _ in [*model.named_parameters(), *model.named_buffers()]:
+        assert f"self.{fqn}" in state, fqn  # running stats and num_batches_tracked included
+    plain = render_model_new(problem, plan, {}, {}, "fp32", [], None)
+    assert "_kw_cuda_graphs = False" in plain
+
+
+@pytest.mark.interpreter
+def test_off_the_gpu_a_graphs_on_module_runs_its_forward_as_it_is(monkeypatch, tmp_path):
+    problem, mod, _ = _emit(monkeypatch, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cpu")
+    plain, graphed = _pair(problem, mod, "cpu")
+    for seed in (1, 2):
+        x = problem.make_inputs(seed)
+        with torch.no_grad():
+            torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
+    assert not graphed.__dict__.get("_kw_graphs")  # CPU inputs: nothing captured
+    assert mod._kw_signature([torch.zeros(3)]) is None
+
+
+def _t(ms):
+    return {"median_ms": ms, "mean_ms": ms, "runs": 10}
+
+
+def test_pick_forward_takes_the_replay_only_when_clearly_faster():
+    timing = {"kernelwright": _t(1.0), GRAPHS: _t(0.5), "eager": _t(2.0)}
+    assert pick_forward(timing) is True
+    assert timing["kernelwright"]["median_ms"] == 0.5 and timing[PLAIN]["median_ms"] == 1.0 and timing["cuda_graphs"]
+    tie = {"kernelwright": _t(1.0), GRAPHS: _t(0.99)}
+    assert pick_forward(tie) is False
+    assert tie["kernelwright"]["median_ms"] == 1.0 and tie["cuda_graphs"] is False
+    alone = {"kernelwright": _t(1.0)}
+    assert pick_forward(alone) is False and alone == {"kernelwright": _t(1.0)}
+
+
+# --- GPU ---------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@gpu
+def test_replay_matches_the_plain_forward_and_updates_running_stats_once_per_call(monkeypatch, tmp_path):
+    problem, mod, _ = _emit(monkeypatch, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cuda")
+    plain, graphed = _pair(problem, mod, "cuda")
+    held = []
+    with torch.no_grad():
+        for seed in range(4):
+            x = problem.make_inputs(seed, "cuda")
+            want, got = plain(*x), graphed(*x)
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+            held.append((got, got.clone()))
+    assert len(graphed._kw_graphs) == 1 and next(iter(graphed._kw_graphs.values())).graph is not None
+    for out, copy in held:  # later replays did not overwrite what earlier calls returned
+        torch.testing.assert_close(out, copy, rtol=0, atol=0)
+    for (name, a), (_, b) in zip(plain.named_buffers(), graphed.named_buffers()):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6, msg=name)  # running stats: 4 updates each
+    assert int(graphed.bn.num_batches_tracked) == 4
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_weight_changed_in_place_or_a_new_shape_is_captured_again(monkeypatch, tmp_path):
+    problem, mod, _ = _emit(monkeypatch, tmp_path, "level2/gemm_gelu_scale.py", "cuda", precision="bf16")
+    plain, graphed = _pair(problem, mod, "cuda")
+    x = problem.make_inputs(0, "cuda")
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
+        first = next(iter(graphed._kw_graphs.values()))
+        for m in (plain, graphed):  # the bf16 copy of this weight is cached: it must be redone
+            next(m.parameters()).mul_(-2)
+        torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
+        torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
+        assert next(iter(graphed._kw_graphs.values())) is not first
+        half = [t[: t.shape[0] // 2].contiguous() for t in x]
+        torch.testing.assert_close(graphed(*half), plain(*half), rtol=0, atol=0)
+        assert len(graphed._kw_graphs) == 2
+    y = graphed(*x)  # autograd on: the forward runs as it is, nothing new is captured
+    assert len(graphed._kw_graphs) == 2 and y.shape == plain(*x).shape
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_forward_that_waits_for_the_gpu_is_not_captured(monkeypatch, tmp_path):
+    _, mod, _ = _emit(monkeypatch, tmp_path, "level2/gemm_gelu_scale.py", "cuda")
+    holder = torch.nn.Module()
+    state = lambda: ()  # noqa: E731
+    calls = []
+
+    def forward(x):
+        calls.append(1)
+        return x * float(x.sum().item())  # .item() waits: not capturable
+
+    x = torch.randn(8, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(mod._kw_graphed(holder, forward, (x,), state), x * float(x.sum()))
+    assert next(iter(holder._kw_graphs.values())).graph is None
+    assert len(calls) == 4  # three calls plus the failed capture's one trace, never retried
