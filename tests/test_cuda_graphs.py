@@ -117,12 +117,46 @@ def test_replay_matches_the_plain_forward_and_updates_running_stats_once_per_cal
             want, got = plain(*x), graphed(*x)
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
             held.append((got, got.clone()))
-    assert len(graphed._kw_graphs) == 1 and next(iter(graphed._kw_graphs.values())).graph is not None
+    entry = next(iter(graphed._kw_graphs.values()))
+    assert len(graphed._kw_graphs) == 1 and entry.graph is not None
+    assert entry.owned and not entry.lend  # new input tensors each call, results kept: copies in and out
     for out, copy in held:  # later replays did not overwrite what earlier calls returned
         torch.testing.assert_close(out, copy, rtol=0, atol=0)
     for (name, a), (_, b) in zip(plain.named_buffers(), graphed.named_buffers()):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6, msg=name)  # running stats: 4 updates each
     assert int(graphed.bn.num_batches_tracked) == 4
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_it_keeps_one(monkeypatch, tmp_path):
+    problem, mod, _ = _emit(monkeypatch, tmp_path, "level2/gemm_gelu_scale.py", "cuda")
+    plain, graphed = _pair(problem, mod, "cuda")
+    x = problem.make_inputs(0, "cuda")
+    with torch.no_grad():
+        graphed(*x)  # runs the forward, then captures it on x itself
+        entry = next(iter(graphed._kw_graphs.values()))
+        assert entry.graph is not None and not entry.owned and entry.lend
+        ptr = graphed(*x).data_ptr()  # replayed; the result is dropped at once
+        y = graphed(*x)
+        assert y.data_ptr() == ptr  # the graph's own output, lent again
+        torch.testing.assert_close(y, plain(*x), rtol=0, atol=0)
+        del y
+        x[0].mul_(0.5)  # changed in place: the replay reads it where it is
+        torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
+        assert next(iter(graphed._kw_graphs.values())) is entry
+        kept = graphed(*x)
+        before = kept.clone()
+        x[0].mul_(-1)
+        again = graphed(*x)  # `kept` is still held: the graph must not write it again
+        torch.testing.assert_close(kept, before, rtol=0, atol=0)
+        torch.testing.assert_close(again, plain(*x), rtol=0, atol=0)
+        entry = next(iter(graphed._kw_graphs.values()))
+        assert entry.graph is not None and not entry.lend  # copies from now on for this caller
+        third = graphed(*x)
+        assert third.data_ptr() != entry.outputs[0].data_ptr()
+        torch.testing.assert_close(third, again, rtol=0, atol=0)
+        torch.testing.assert_close(kept, before, rtol=0, atol=0)
 
 
 @pytest.mark.gpu
