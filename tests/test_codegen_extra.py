@@ -295,8 +295,9 @@ def test_original_forward_fallback_keeps_the_policy(tmp_path, policy, dtype):
     torch.testing.assert_close(out, want)
 
 
-@pytest.mark.parametrize("block_m,block_r", [(1, 64), (1, 16), (2, 16), (4, 8), (8, 16)])
-def test_group_norm_over_channels_last_tiled_apply(block_m, block_r):
+@pytest.mark.parametrize("block_m,block_r,apply_q", [(1, 64, None), (1, 16, None), (2, 16, None), (4, 8, None),
+                                                     (8, 16, None), (2, 16, 4), (4, 8, 64)])
+def test_group_norm_over_channels_last_tiled_apply(block_m, block_r, apply_q):
     """tf32 group norm after a channels-last convolution, returned NCHW: the split schedule's
     apply pass walks [pixels, channels of a group] tiles (reads along channels, writes along
     pixels) and computes the same values as the library."""
@@ -313,9 +314,15 @@ def test_group_norm_over_channels_last_tiled_apply(block_m, block_r):
     with torch.no_grad():
         env = run_graph(g, model, p.make_inputs(2), keep=True)
     # BLOCK_M > 1: neighbouring groups' channels side by side in one tile (8: more rows than M=4)
+    # APPLY_Q: the apply tile's height set apart from BLOCK_R (4: fewer pixels than one tile of 64)
     cfg = {"BLOCK_M": block_m, "BLOCK_R": block_r, "SPLIT": 4, "one_pass": False, "num_warps": 4, "TILED_APPLY": True}
+    if apply_q:
+        cfg["APPLY_Q"] = apply_q
     k = render_group(g, grp, cfg, low)
     assert "tiled walk" in k.source
-    mod = load_module_from_source(k.source, grp.id + f"_tiled{block_m}x{block_r}", os.path.join(ROOT, ".pytest_kw_cache"))
+    if apply_q:
+        assert f"BLOCK_R={apply_q}, num_warps" in k.source.split("_apply, (", 1)[1]
+    mod = load_module_from_source(k.source, grp.id + f"_tiled{block_m}x{block_r}q{apply_q}",
+                                  os.path.join(ROOT, ".pytest_kw_cache"))
     for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
         torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)

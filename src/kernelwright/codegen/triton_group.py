@@ -801,7 +801,9 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
             raise Unsupported("a tiled apply pass needs two reduced dims an output walks in the other order")
         Q, P = dims
         P2 = 1 << (P - 1).bit_length()
-        apply_block = max(1, BLOCK_R // P2)  # BLOCK_Q: the tile is [BLOCK_Q, BLOCK_M * P] elements
+        # the tile is [APPLY_Q pixels, BLOCK_M * P channels] (APPLY_Q: BLOCK_R // P unless set): a
+        # taller tile writes longer runs of an NCHW output, independently of the partial pass's tile
+        apply_block = int(config.get("APPLY_Q") or max(1, BLOCK_R // P2))
         apply_tiles = f"triton.cdiv({Q}, {apply_block})"
         _, red = _layout(low)
         q_line = "q = tl.program_id(1).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]"

@@ -185,12 +185,18 @@ class GroupTuner(KernelTuner):
             # apply pass over [BLOCK_Q pixels, channels of BLOCK_M groups] tiles (coalesced both ways)
             tiled = [c.replace(TILED_APPLY=True) for c in self.space
                      if c.template == "triton.split" and c["BLOCK_M"] <= 16]
-            self.space = tiled + self.space
+            # the apply tile's height, set apart from the partial pass's BLOCK_R (a taller one
+            # writes longer runs of the NCHW output)
+            tall = [c.replace(APPLY_Q=q) for c in tiled for q in (32, 64) if c["BLOCK_M"] >= 8]
+            self.space = tiled + tall + self.space
             first = [c for c in tiled if c["BLOCK_M"] == 1 and c["BLOCK_R"] == 2048 and c["num_warps"] == 8]
             # 8 or 16 groups side by side: 64-channel (256-byte) rows for 8-channel groups; the
-            # 8 x 512 tile also writes 64-pixel (128-byte) runs of a bf16 output
-            wide = [c for c in tiled if (c["BLOCK_M"], c["BLOCK_R"]) in ((8, 256), (16, 128), (8, 512))
-                    and c["SPLIT"] == 256 and c["num_warps"] == 8]
+            # 8 x 512 tile also writes 64-pixel (128-byte) runs of a bf16 output, as the 16 x 128
+            # one does with a 64-pixel apply tile
+            order = [(16, 128, 64), (8, 256, 64), (8, 256, None), (16, 128, None), (8, 512, None)]
+            wide = sorted((c for c in tiled + tall if (c["BLOCK_M"], c["BLOCK_R"], c.get("APPLY_Q")) in order
+                           and c["SPLIT"] == 256 and c["num_warps"] == 8),
+                          key=lambda c: order.index((c["BLOCK_M"], c["BLOCK_R"], c.get("APPLY_Q"))))
             self.seeds = first[:1] + wide + first[-1:] + self.seeds
         self.features = {"log2_M": math.log2(max(self.M, 1)), "log2_R": math.log2(max(self.R, 1)),
                          "log2_bytes": math.log2(max(1, sum(graph.meta(v).nbytes for v in group.inputs))),
