@@ -326,3 +326,24 @@ def test_group_norm_over_channels_last_tiled_apply(block_m, block_r, apply_q):
                                   os.path.join(ROOT, ".pytest_kw_cache"))
     for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
         torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)
+
+
+def test_pointwise_group_writes_a_view_of_its_domain():
+    """transformer_block's last residual add under bf16: the fc2 GEMM's [B*T, C] result (bf16,
+    widened), viewed [B, T, C] and added to x; the group's domain is the GEMM's 2-D shape and
+    its output the 3-D view, which one kernel now writes (it was left to two library launches)."""
+    from kernelwright.plan.rewrites import rewrite
+
+    p = load_problem(os.path.join(ROOT, "problems", "level3", "transformer_block.py"), small=True)
+    g = rewrite(capture(p), "bf16")[0]
+    grp = next(x for x in plan_graph(g).groups if x.rdims is None and "aten.add.Tensor" in
+               [g.node(n).target for n in x.nodes] and len(g.meta(x.outputs[0]).shape) > len(x.domain))
+    with torch.no_grad():
+        env = run_graph(g, p.make_model(), p.make_inputs(3), keep=True)
+    k = render_group(g, grp, {"BLOCK_M": 64, "BLOCK_R": 1, "num_warps": 4, "num_stages": 1, "one_pass": False})
+    mod = load_module_from_source(k.source, grp.id + "_viewout", os.path.join(ROOT, ".pytest_kw_cache"))
+    outs = mod.launch(*[env[v] for v in k.inputs])
+    outs = outs if isinstance(outs, (tuple, list)) else [outs]
+    for name, out in zip(k.outputs, outs):
+        assert out.shape == env[name].shape
+        torch.testing.assert_close(out, env[name], rtol=0, atol=0)

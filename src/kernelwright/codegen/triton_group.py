@@ -183,7 +183,9 @@ class Lowering:
             if tuple(meta.shape) == self.D and (level != "row" or self.grp.rdims is None or self.rd):
                 level = "full" if level == "row" and tuple(meta.shape) != row_shapes(self.D, self.rd)[0] else level
             lay = TensorMeta(meta.shape, written_stride(meta, len(self.D)), meta.dtype)
-            if level == "full":
+            if level == "full" or (self.grp.rdims is None and len(meta.shape) != len(self.D)):
+                # a pointwise group's output may be any view of its domain (e.g. [B, T, C] of a
+                # GEMM's [B*T, C] epilogue)
                 strides = refine_strides(tuple(meta.shape), lay.stride, self.D)
                 if strides is None:
                     raise Unsupported(f"output {name} shape {meta.shape} is not a view of the domain")
