@@ -9,6 +9,7 @@ tests alone, without TRITON_INTERPRET (the kernels must be compiled for the GPU)
 `python -m pytest tests/test_cuda_graphs.py`.
 """
 import os
+import weakref
 
 import pytest
 import torch
@@ -119,7 +120,7 @@ def test_replay_matches_the_plain_forward_and_updates_running_stats_once_per_cal
             held.append((got, got.clone()))
     entry = next(iter(graphed._kw_graphs.values()))
     assert len(graphed._kw_graphs) == 1 and entry.graph is not None
-    assert entry.owned and not entry.lend  # new input tensors each call, results kept: copies in and out
+    assert entry.inputs is not None and not entry.lend  # new input tensors each call, results kept: copies in and out
     for out, copy in held:  # later replays did not overwrite what earlier calls returned
         torch.testing.assert_close(out, copy, rtol=0, atol=0)
     for (name, a), (_, b) in zip(plain.named_buffers(), graphed.named_buffers()):
@@ -136,7 +137,7 @@ def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_i
     with torch.no_grad():
         graphed(*x)  # runs the forward, then captures it on x itself
         entry = next(iter(graphed._kw_graphs.values()))
-        assert entry.graph is not None and not entry.owned and entry.lend
+        assert entry.graph is not None and entry.inputs is None and entry.lend  # reads x where it is
         ptr = graphed(*x).data_ptr()  # replayed; the result is dropped at once
         y = graphed(*x)
         assert y.data_ptr() == ptr  # the graph's own output, lent again
@@ -157,6 +158,12 @@ def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_i
         assert third.data_ptr() != entry.outputs[0].data_ptr()
         torch.testing.assert_close(third, again, rtol=0, atol=0)
         torch.testing.assert_close(kept, before, rtol=0, atol=0)
+        gone = weakref.ref(x[0])  # the capture holds no reference to the caller's inputs
+        x = [t.clone() for t in x]
+        assert gone() is None
+        torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)  # elsewhere: copied into buffers
+        assert next(iter(graphed._kw_graphs.values())).inputs is not None
+        torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
 
 
 @pytest.mark.gpu
@@ -199,3 +206,22 @@ def test_a_forward_that_waits_for_the_gpu_is_not_captured(monkeypatch, tmp_path)
             torch.testing.assert_close(mod._kw_graphed(holder, forward, (x,), state), x * float(x.sum()))
     assert next(iter(holder._kw_graphs.values())).graph is None
     assert len(calls) == 4  # three calls plus the failed capture's one trace, never retried
+
+
+@pytest.mark.gpu
+@gpu
+def test_work_buffers_are_new_inside_a_capture():
+    """Split reductions keep their partial results in a per-stream buffer (launch_helpers
+    `_scratch`); a capture gets its own, so graphs replayed on two streams never share one."""
+    from kernelwright.codegen.templating import launch_helpers
+
+    ns = {"torch": torch}
+    exec(compile(launch_helpers(), "launch_helpers", "exec"), ns)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    a = ns["_scratch"]("part", (4, 8), dev)
+    assert ns["_scratch"]("part", (4, 8), dev) is a
+    graph, inside = torch.cuda.CUDAGraph(), []
+    with torch.cuda.graph(graph):
+        inside += [ns["_scratch"]("part", (4, 8), dev), ns["_scratch"]("part", (4, 8), dev)]
+    assert all(b is not a for b in inside) and inside[0] is not inside[1]
+    assert ns["_scratch"]("part", (4, 8), dev) is a

@@ -76,7 +76,10 @@ def _scratch(name, shape, device):
     """A float32 work buffer of this module (a split reduction's partial results, its per-row
     values), allocated once per name, device and stream and reused by later calls: each launch
     writes it before reading it, and launches on one stream run in order (another stream gets
-    its own buffer)."""
+    its own buffer). While a CUDA graph is being captured the buffer is a new one, from that
+    graph's memory: two graphs replayed on two streams at once never share one."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.empty(shape, dtype=torch.float32, device=device)
     stream = torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0
     key = (name, device, stream)
     buf = _SCRATCH.get(key)
