@@ -36,14 +36,23 @@ def table(path: str) -> str:
     for lvl, s in data["summary"].items():
         out.append(f"| {lvl} | {s['n']} | {fmt(s.get('correct'), 2)} | {fmt(s.get('kw_over_compile'))} | {fmt(s.get('kw_over_eager'))} | "
                    f"{fmt(s.get('compile_over_eager'))} | {fmt(s.get('fast_1_compile'), 2)} | {fmt(s.get('fast_2_compile'), 2)} |")
-    out += ["", "| problem | eager ms | compile ms | kernelwright ms | correct | vs compile | units with generated kernels |",
-            "|---|---:|---:|---:|---|---:|---|"]
+    graphs = any("kernelwright:graphs" in r.get("times", {}) for r in data["rows"])
+    out += ["", "| problem | eager ms | compile ms | kernelwright ms | correct | vs compile | units with generated kernels |"
+            + (" plain / CUDA-graph forward ms |" if graphs else ""),
+            "|---|---:|---:|---:|---|---:|---|" + ("---|" if graphs else "")]
     for r in sorted(data["rows"], key=lambda r: (r.get("level") or 0, r["problem"])):
         t = r.get("times", {})
         kw, comp = t.get("kernelwright"), t.get("compile")
         gen = [g[0] for g in r.get("groups", []) if g[2] == "triton"]
-        out.append(f"| L{r.get('level')} {r['problem']} | {fmt(t.get('eager'))} | {fmt(comp)} | {fmt(kw)} | "
-                   f"{'yes' if r.get('correct') else 'NO'} | {fmt(comp / kw if kw and comp else None, 2)} | {', '.join(gen) or '-'} |")
+        line = (f"| L{r.get('level')} {r['problem']} | {fmt(t.get('eager'))} | {fmt(comp)} | {fmt(kw)} | "
+                f"{'yes' if r.get('correct') else 'NO'} | {fmt(comp / kw if kw and comp else None, 2)} | {', '.join(gen) or '-'} |")
+        if graphs:  # both forwards timed; the shipped one (kernelwright ms) in bold
+            plain, replay = t.get("kernelwright:plain"), t.get("kernelwright:graphs")
+            cells = [fmt(plain), fmt(replay)]
+            if plain is not None and replay is not None:
+                cells[1 if r.get("cuda_graphs") else 0] = f"**{cells[1 if r.get('cuda_graphs') else 0]}**"
+            line += f" {' / '.join(cells)} |"
+        out.append(line)
     return "\n".join(out)
 
 
