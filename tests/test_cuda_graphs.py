@@ -8,6 +8,7 @@ a weight changes in place, and a forward that cannot be captured running as it i
 tests alone, without TRITON_INTERPRET (the kernels must be compiled for the GPU):
 `python -m pytest tests/test_cuda_graphs.py`.
 """
+import contextlib
 import os
 import weakref
 
@@ -102,6 +103,110 @@ def test_pick_forward_takes_the_replay_only_when_clearly_faster():
     assert tie["kernelwright"]["median_ms"] == 1.0 and tie["cuda_graphs"] is False
     alone = {"kernelwright": _t(1.0)}
     assert pick_forward(alone) is False and alone == {"kernelwright": _t(1.0)}
+
+
+class _FakeGraphs:
+    """torch.cuda's graph API emulated on the CPU, enough to run `_kw_graphed`'s bookkeeping in CI:
+    a forward built by `forward()` below records its work while a capture is open (a real capture
+    runs no kernel either) and a replay runs the recorded work on the captured tensors."""
+
+    def __init__(self, monkeypatch, mod):
+        fake = self
+        self.open, self.captures, self.replays = None, 0, 0
+
+        class Graph:
+            def __init__(self):
+                self.work = []
+
+            def replay(self):
+                fake.replays += 1
+                for w in self.work:
+                    w()
+
+        @contextlib.contextmanager
+        def graph(g):
+            self.open = g
+            try:
+                yield
+                self.captures += 1
+            finally:
+                self.open = None
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+        monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+        # the real key refuses CPU tensors; this one is the same but for the device check
+        monkeypatch.setattr(mod, "_kw_signature", lambda args: tuple((tuple(a.shape), a.stride(), a.dtype) for a in args))
+
+    def forward(self, w, calls):
+        """x -> x * w + 1, run now or recorded into the open capture; `calls` counts its runs."""
+        def forward(x):
+            calls.append(1)
+            out = torch.empty_like(x)
+
+            def work():
+                torch.mul(x, w, out=out)
+                out.add_(1)
+            if self.open is not None:
+                self.open.work.append(work)
+            else:
+                work()
+            return out
+        return forward
+
+
+@pytest.mark.interpreter
+def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
+    """_kw_graphed's decisions, with the graph API emulated: no copies while the caller passes the
+    same memory and drops its results; buffers of ours once it passes other tensors; copies out
+    once it keeps a result; a new capture when a weight changes in place; exactly one run of the
+    forward per call."""
+    problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
+    plan = plan_graph(rewrite(capture(problem), "fp32")[0])
+    mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None,
+                                                                   cuda_graphs=True), {}))
+    fake = _FakeGraphs(monkeypatch, mod)
+    w, calls, holder = torch.tensor([2.0, 3.0]), [], torch.nn.Module()
+    fwd, state = fake.forward(w, calls), lambda: mod._kw_stamp(w)
+    x = torch.tensor([1.0, 1.0])
+
+    made = []
+
+    def call(*args):
+        made.append(1)
+        return mod._kw_graphed(holder, fwd, args, state)
+
+    assert call(x).tolist() == [3.0, 4.0] and fake.captures == 1 and fake.replays == 0
+    entry = holder._kw_graphs[next(iter(holder._kw_graphs))]
+    assert entry.inputs is None and entry.lend  # reads x where it is, lends its outputs
+    ptr = call(x).data_ptr()
+    x.mul_(2)  # in place, same memory: the replay reads it there
+    y = call(x)
+    assert y.tolist() == [5.0, 7.0] and y.data_ptr() == ptr and fake.replays == 2 and fake.captures == 1
+    kept = call(x)  # y is still held: this call must not overwrite it
+    assert kept.tolist() == [5.0, 7.0] and y.tolist() == [5.0, 7.0] and fake.captures == 2
+    entry = holder._kw_graphs[next(iter(holder._kw_graphs))]
+    assert not entry.lend and entry.inputs is None
+    again = call(x)
+    assert again.data_ptr() not in (kept.data_ptr(), entry.outputs[0].data_ptr())  # a copy
+    z = torch.tensor([1.0, 2.0])  # other memory: buffers of ours from now on
+    assert call(z).tolist() == [3.0, 7.0] and fake.captures == 3
+    assert holder._kw_graphs[next(iter(holder._kw_graphs))].inputs is not None
+    assert call(torch.tensor([0.0, 1.0])).tolist() == [1.0, 4.0] and fake.captures == 3
+    w.mul_(-1)  # a weight changed in place: its version moved
+    assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 4
+    assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 4
+    # each call ran the forward or replayed it, once; each capture traced it once more (no kernels)
+    assert fake.replays == 5 and len(calls) == len(made) - fake.replays + fake.captures
+
+    def waits(x):  # a forward that cannot be captured
+        if fake.open is not None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return x + 1
+    other = torch.nn.Module()
+    for _ in range(3):
+        assert mod._kw_graphed(other, waits, (x,), state).tolist() == [3.0, 3.0]
+    assert other._kw_graphs[next(iter(other._kw_graphs))].graph is None
 
 
 # --- GPU ---------------------------------------------------------------------------------------
