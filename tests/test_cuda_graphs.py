@@ -1,8 +1,9 @@
 """The emitted forward replayed as CUDA graphs (model_new.py.j2 `_kw_graphed`) and optimize's
 choice between it and the plain forward (pipeline.pick_forward).
 
-CPU tests check the rendering, the plain path a graphs-on module takes off the GPU and the choice;
-the GPU tests check the replay itself: same results as the plain forward over new inputs, outputs
+CPU tests check the rendering, the plain path a graphs-on module takes off the GPU, the replay's
+bookkeeping with torch.cuda's graph API emulated, and the choice; the GPU tests check the replay
+itself: same results as the plain forward over new inputs, outputs
 that the next call does not overwrite, running statistics updated once per call, a recapture after
 a weight changes in place, and a forward that cannot be captured running as it is. Run the GPU
 tests alone, without TRITON_INTERPRET (the kernels must be compiled for the GPU):
@@ -124,13 +125,18 @@ class _FakeGraphs:
                     w()
 
         @contextlib.contextmanager
-        def graph(g):
-            self.open = g
+        def graph(g):  # as torch's: a capture ending in an error leaves the capture stream current
+            self.open, before, self.stream = g, self.stream, "capture"
             try:
                 yield
                 self.captures += 1
+                self.stream = before
             finally:
                 self.open = None
+
+        self.stream = "caller's"
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.stream)
+        monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: setattr(self, "stream", stream))
 
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
         monkeypatch.setattr(torch.cuda, "graph", graph)
@@ -206,6 +212,7 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
     other = torch.nn.Module()
     for _ in range(3):
         assert mod._kw_graphed(other, waits, (x,), state).tolist() == [3.0, 3.0]
+        assert fake.stream == "caller's"  # the failed capture did not leave its stream current
     assert other._kw_graphs[next(iter(other._kw_graphs))].graph is None
 
 
@@ -306,9 +313,11 @@ def test_a_forward_that_waits_for_the_gpu_is_not_captured(monkeypatch, tmp_path)
         return x * float(x.sum().item())  # .item() waits: not capturable
 
     x = torch.randn(8, device="cuda")
+    before = torch.cuda.current_stream()
     with torch.no_grad():
         for _ in range(3):
             torch.testing.assert_close(mod._kw_graphed(holder, forward, (x,), state), x * float(x.sum()))
+            assert torch.cuda.current_stream() == before
     assert next(iter(holder._kw_graphs.values())).graph is None
     assert len(calls) == 4  # three calls plus the failed capture's one trace, never retried
 
