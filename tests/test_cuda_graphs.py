@@ -18,7 +18,7 @@ import torch
 
 from kernelwright.capture import capture
 from kernelwright.emit.module import import_model_new, render_model_new, write_module
-from kernelwright.pipeline import GRAPHS, PLAIN, Options, _tune_groups, pick_forward
+from kernelwright.pipeline import GRAPHS, PLAIN, Options, _tune_groups, pick_forward, replay_paths
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
@@ -106,6 +106,19 @@ def test_pick_forward_takes_the_replay_only_when_clearly_faster():
     assert pick_forward(alone) is False and alone == {"kernelwright": _t(1.0)}
 
 
+def test_report_says_which_forward_ships_and_how_the_replay_ran():
+    from kernelwright.emit.report import render_report
+
+    timing = {"kernelwright": _t(1.0), GRAPHS: _t(0.5), "eager": _t(2.0),
+              "replay_paths": [{"captured": True, "copies_in": False, "copies_out": True}]}
+    pick_forward(timing)
+    text = render_report({"problem": "p", "precision": "bf16", "device": "cuda", "capture": "ok", "groups": [],
+                          "timing": timing})
+    assert "| kernelwright:plain | 1.000 |" in text and "| kernelwright:graphs | 0.500 |" in text
+    assert "ModelNew replays its forward as CUDA graphs" in text
+    assert "- timed replay: inputs read in place, outputs copied out" in text
+
+
 class _FakeGraphs:
     """torch.cuda's graph API emulated on the CPU, enough to run `_kw_graphed`'s bookkeeping in CI:
     a forward built by `forward()` below records its work while a capture is open (a real capture
@@ -185,6 +198,7 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
     assert call(x).tolist() == [3.0, 4.0] and fake.captures == 1 and fake.replays == 0
     entry = holder._kw_graphs[next(iter(holder._kw_graphs))]
     assert entry.inputs is None and entry.lend  # reads x where it is, lends its outputs
+    assert replay_paths(holder) == [{"captured": True, "copies_in": False, "copies_out": False}]
     ptr = call(x).data_ptr()
     x.mul_(2)  # in place, same memory: the replay reads it there
     y = call(x)
@@ -193,11 +207,13 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
     assert kept.tolist() == [5.0, 7.0] and y.tolist() == [5.0, 7.0] and fake.captures == 2
     entry = holder._kw_graphs[next(iter(holder._kw_graphs))]
     assert not entry.lend and entry.inputs is None
+    assert replay_paths(holder) == [{"captured": True, "copies_in": False, "copies_out": True}]
     again = call(x)
     assert again.data_ptr() not in (kept.data_ptr(), entry.outputs[0].data_ptr())  # a copy
     z = torch.tensor([1.0, 2.0])  # other memory: buffers of ours from now on
     assert call(z).tolist() == [3.0, 7.0] and fake.captures == 3
     assert holder._kw_graphs[next(iter(holder._kw_graphs))].inputs is not None
+    assert replay_paths(holder) == [{"captured": True, "copies_in": True, "copies_out": True}]
     assert call(torch.tensor([0.0, 1.0])).tolist() == [1.0, 4.0] and fake.captures == 3
     w.mul_(-1)  # a weight changed in place: its version moved
     assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 4
@@ -214,6 +230,7 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
         assert mod._kw_graphed(other, waits, (x,), state).tolist() == [3.0, 3.0]
         assert fake.stream == "caller's"  # the failed capture did not leave its stream current
     assert other._kw_graphs[next(iter(other._kw_graphs))].graph is None
+    assert replay_paths(other) == [{"captured": False, "copies_in": False, "copies_out": False}]
 
 
 # --- GPU ---------------------------------------------------------------------------------------

@@ -377,6 +377,14 @@ def pick_forward(timing: dict, gain: float = 0.98) -> bool:
     return timing["cuda_graphs"]
 
 
+def replay_paths(module) -> list[dict]:
+    """How a CUDA-graph forward ran its captures, one entry per input signature: whether it was
+    captured, and whether its calls copied their inputs in (they passed other memory than the
+    capture's) and their outputs out (the caller kept a previous result)."""
+    return [{"captured": g.graph is not None, "copies_in": g.graph is not None and g.inputs is not None,
+             "copies_out": g.graph is not None and not g.lend} for g in (module.__dict__.get("_kw_graphs") or {}).values()]
+
+
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False):
     """Verify the emitted module and, on a GPU, time it beside eager and torch.compile. With
     `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified and timed too;
@@ -417,6 +425,8 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False):
             timing["syncs"] = dict(t.syncs)
         parts = [f"{k} {t[k].median_ms:.3f} ms" for k in t]
         log("timing (median): " + ", ".join(parts))
+        if GRAPHS in cands:
+            timing["replay_paths"] = replay_paths(cands[GRAPHS])
         if pick_forward(timing):
             v = vg
         if GRAPHS in timing:

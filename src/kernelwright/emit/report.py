@@ -68,6 +68,10 @@ def render_report(result: dict) -> str:
             lines.append("\nModelNew replays its forward as CUDA graphs (kernelwright:graphs measured faster than "
                          "kernelwright:plain)" if t["cuda_graphs"] else
                          "\nModelNew runs its forward as it is (replaying it as CUDA graphs was not clearly faster)")
+            for r in t.get("replay_paths") or []:
+                lines.append("- timed replay: " + ("not capturable" if not r["captured"] else
+                             f"inputs {'copied in' if r['copies_in'] else 'read in place'}, "
+                             f"outputs {'copied out' if r['copies_out'] else 'lent'}"))
         for k, where in (t.get("syncs") or {}).items():
             lines.append(f"\n{k} makes the host wait for the GPU within a call, at {where}")
         for base in ("eager", "compile"):
