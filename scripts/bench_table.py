@@ -36,6 +36,10 @@ def table(path: str) -> str:
     for lvl, s in data["summary"].items():
         out.append(f"| {lvl} | {s['n']} | {fmt(s.get('correct'), 2)} | {fmt(s.get('kw_over_compile'))} | {fmt(s.get('kw_over_eager'))} | "
                    f"{fmt(s.get('compile_over_eager'))} | {fmt(s.get('fast_1_compile'), 2)} | {fmt(s.get('fast_2_compile'), 2)} |")
+    anchors = [f"{lvl} {a} ({n}): {fmt(x)}" for lvl, s in data["summary"].items()
+               for a, (n, x) in (s.get("kw_over_compile_by_anchor") or {}).items()]
+    if anchors:
+        out += ["", "kw / compile by anchor (geomean): " + "; ".join(anchors)]
     graphs = any("kernelwright:graphs" in r.get("times", {}) for r in data["rows"])
     out += ["", "| problem | eager ms | compile ms | kernelwright ms | correct | vs compile | units with generated kernels |"
             + (" plain / CUDA-graph forward ms |" if graphs else ""),

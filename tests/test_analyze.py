@@ -229,3 +229,37 @@ def test_device_specs(tmp_path, monkeypatch):
     assert load_ceilings(path) == {"mem_bw_gbs": 3900}
     with pytest.raises(UserError):
         load_ceilings(tmp_path / "missing.json")
+
+
+def test_anchor_groups_the_shipped_level2_problems_as_their_names_say():
+    """Benchmarks group level 2 by what anchors each problem (bench.runner.summarise): every
+    conv* problem is anchored by a convolution, every gemm_* one by a matrix product."""
+    import pathlib
+
+    from kernelwright.analyze.classify import anchor
+    from kernelwright.problem import load_problem
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "problems" / "level2"
+    seen = set()
+    for path in sorted(root.glob("*.py")):
+        got = anchor(capture(load_problem(str(path), small=True)).nodes)
+        want = "conv" if path.stem.startswith("conv") else "gemm" if path.stem.startswith("gemm") else None
+        assert want is None or got == want, path.stem
+        seen.add(got)
+    assert seen == {"conv", "gemm"}
+    assert anchor(capture(from_module(nn.Sequential(nn.ReLU(), nn.Softmax(-1)), [torch.randn(2, 3)], "pw")).nodes) == "none"
+
+
+def test_bench_summary_gives_each_anchor_its_geometric_mean():
+    from kernelwright.bench.runner import summarise
+
+    def row(level, anchor, compile_ms, kw_ms, correct=True):
+        return {"problem": "p", "level": level, "anchor": anchor, "correct": correct,
+                "times": {"eager": 4.0, "compile": compile_ms, "kernelwright": kw_ms}}
+    rows = [row(2, "conv", 2.0, 1.0), row(2, "conv", 1.0, 2.0), row(2, "gemm", 3.0, 1.0),
+            row(2, "gemm", 9.0, 1.0, correct=False), row(3, "gemm", 1.0, 1.0)]
+    s = summarise(rows, baseline_only=False)
+    by = s["level2"]["kw_over_compile_by_anchor"]
+    assert sorted(by) == ["conv", "gemm"] and by["conv"][0] == 2 and by["gemm"][0] == 1  # wrong rows left out
+    assert by["conv"][1] == pytest.approx(1.0) and by["gemm"][1] == pytest.approx(3.0)
+    assert s["level3"]["kw_over_compile_by_anchor"] == {"gemm": [1, pytest.approx(1.0)]}

@@ -449,19 +449,22 @@ def _analysis(graph, plan, result) -> dict:
     """Coverage: share of FLOPs and bytes in generated kernels, library calls and fallbacks."""
     if graph is None:
         return {"coverage": None}
+    from kernelwright.analyze.classify import anchor
+
+    out = {"anchor": anchor(graph.nodes)}
     try:
         from kernelwright.analyze import analyze, device_spec
 
         a = analyze(graph, device_spec())
         rows = {r["name"]: r for r in a.to_json()["nodes"]}
     except Exception as e:  # noqa: BLE001
-        return {"error": str(e)}
+        return {**out, "error": str(e)}
     generated = {n for g in result["groups"] if g["strategy"] in ("triton", "cuda") for n in plan_groups_nodes(plan, g["id"])}
     tot_f = sum(r["flops"] for r in rows.values()) or 1
     tot_b = sum(r["bytes"] for r in rows.values()) or 1
     gen_f = sum(r["flops"] for n, r in rows.items() if n in generated)
     gen_b = sum(r["bytes"] for n, r in rows.items() if n in generated)
-    return {"coverage": {"generated_flops": gen_f / tot_f, "generated_bytes": gen_b / tot_b,
+    return {**out, "coverage": {"generated_flops": gen_f / tot_f, "generated_bytes": gen_b / tot_b,
                          "library_flops": 1 - gen_f / tot_f, "library_bytes": 1 - gen_b / tot_b},
             "roofline_us": a.to_json().get("totals", {}).get("roofline_us")}
 

@@ -148,6 +148,13 @@ def op_class(node: OpNode) -> str:
     return op_class_of(node.target)
 
 
+def anchor(nodes) -> str:
+    """What anchors a program of these nodes, for grouping problems in benchmarks: "conv" when it
+    has a convolution, else "gemm" when it has a matrix product (attention included), else "none"."""
+    classes = {op_class(n) for n in nodes}
+    return "conv" if "conv" in classes else "gemm" if "gemm" in classes else "none"
+
+
 def is_view(node: OpNode) -> bool:
     """True for data-movement nodes that create a view and move no bytes.
 

@@ -48,6 +48,7 @@ def _one(path: str, opts: dict) -> dict:
             row["errors"] = t.get("errors", {})
             row["correct"] = bool((res.get("verify") or {}).get("passed"))
             row["cuda_graphs"] = t.get("cuda_graphs")
+            row["anchor"] = (res.get("analysis") or {}).get("anchor")
             row["groups"] = [(g["id"], g["kind"], g["strategy"]) for g in res.get("groups", [])]
     except Exception as e:  # noqa: BLE001
         row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
@@ -86,6 +87,14 @@ def summarise(rows: list[dict], baseline_only: bool) -> dict:
                 s[f"fast_1_{base}"] = sum(1 for x in sp if x > 1.0) / len(rs)
                 s[f"fast_2_{base}"] = sum(1 for x in sp if x > 2.0) / len(rs)
             s["correct"] = sum(1 for r in rs if r.get("correct")) / len(rs)
+            # per anchor (conv / gemm / none: analyze.classify.anchor), e.g. level 2's conv + epilogue
+            # and GEMM + epilogue problems: anchor -> [n, kw over compile (geomean)]
+            by: dict = {}
+            for r in rs:
+                t = r.get("times", {})
+                if r.get("anchor") and r.get("correct") and "compile" in t and "kernelwright" in t:
+                    by.setdefault(r["anchor"], []).append(t["compile"] / t["kernelwright"])
+            s["kw_over_compile_by_anchor"] = {a: [len(xs), geomean(xs)] for a, xs in sorted(by.items())}
         out[f"level{lvl}"] = s
     return out
 
