@@ -10,7 +10,9 @@ tests alone, without TRITON_INTERPRET (the kernels must be compiled for the GPU)
 `python -m pytest tests/test_cuda_graphs.py`.
 """
 import contextlib
+import copy
 import os
+import pickle
 import weakref
 
 import pytest
@@ -87,7 +89,7 @@ def test_off_the_gpu_a_graphs_on_module_runs_its_forward_as_it_is(monkeypatch, t
         x = problem.make_inputs(seed)
         with torch.no_grad():
             torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
-    assert not graphed.__dict__.get("_kw_graphs")  # CPU inputs: nothing captured
+    assert not mod._kw_graphs_of(graphed)  # CPU inputs: nothing captured
     assert mod._kw_signature([torch.zeros(3)]) is None
 
 
@@ -196,30 +198,33 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
         return mod._kw_graphed(holder, fwd, args, state)
 
     assert call(x).tolist() == [3.0, 4.0] and fake.captures == 1 and fake.replays == 0
-    entry = holder._kw_graphs[next(iter(holder._kw_graphs))]
+    entry = next(iter(mod._kw_graphs_of(holder).values()))
     assert entry.inputs is None and entry.lend  # reads x where it is, lends its outputs
-    assert replay_paths(holder) == [{"captured": True, "copies_in": False, "copies_out": False}]
+    assert replay_paths(mod._kw_graphs_of(holder)) == [{"captured": True, "copies_in": False, "copies_out": False}]
     ptr = call(x).data_ptr()
     x.mul_(2)  # in place, same memory: the replay reads it there
     y = call(x)
     assert y.tolist() == [5.0, 7.0] and y.data_ptr() == ptr and fake.replays == 2 and fake.captures == 1
     kept = call(x)  # y is still held: this call must not overwrite it
     assert kept.tolist() == [5.0, 7.0] and y.tolist() == [5.0, 7.0] and fake.captures == 2
-    entry = holder._kw_graphs[next(iter(holder._kw_graphs))]
+    entry = next(iter(mod._kw_graphs_of(holder).values()))
     assert not entry.lend and entry.inputs is None
-    assert replay_paths(holder) == [{"captured": True, "copies_in": False, "copies_out": True}]
+    assert replay_paths(mod._kw_graphs_of(holder)) == [{"captured": True, "copies_in": False, "copies_out": True}]
     again = call(x)
     assert again.data_ptr() not in (kept.data_ptr(), entry.outputs[0].data_ptr())  # a copy
     z = torch.tensor([1.0, 2.0])  # other memory: buffers of ours from now on
     assert call(z).tolist() == [3.0, 7.0] and fake.captures == 3
-    assert holder._kw_graphs[next(iter(holder._kw_graphs))].inputs is not None
-    assert replay_paths(holder) == [{"captured": True, "copies_in": True, "copies_out": True}]
+    assert next(iter(mod._kw_graphs_of(holder).values())).inputs is not None
+    assert replay_paths(mod._kw_graphs_of(holder)) == [{"captured": True, "copies_in": True, "copies_out": True}]
     assert call(torch.tensor([0.0, 1.0])).tolist() == [1.0, 4.0] and fake.captures == 3
     w.mul_(-1)  # a weight changed in place: its version moved
     assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 4
     assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 4
     # each call ran the forward or replayed it, once; each capture traced it once more (no kernels)
     assert fake.replays == 5 and len(calls) == len(made) - fake.replays + fake.captures
+    # the captures live outside the module: it still pickles and copies, and a copy starts afresh
+    pickle.dumps(holder)
+    assert mod._kw_graphs_of(copy.deepcopy(holder)) == {} and mod._kw_graphs_of(holder)
 
     def waits(x):  # a forward that cannot be captured
         if fake.open is not None:
@@ -229,8 +234,8 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
     for _ in range(3):
         assert mod._kw_graphed(other, waits, (x,), state).tolist() == [3.0, 3.0]
         assert fake.stream == "caller's"  # the failed capture did not leave its stream current
-    assert other._kw_graphs[next(iter(other._kw_graphs))].graph is None
-    assert replay_paths(other) == [{"captured": False, "copies_in": False, "copies_out": False}]
+    assert next(iter(mod._kw_graphs_of(other).values())).graph is None
+    assert replay_paths(mod._kw_graphs_of(other)) == [{"captured": False, "copies_in": False, "copies_out": False}]
 
 
 # --- GPU ---------------------------------------------------------------------------------------
@@ -247,11 +252,11 @@ def test_replay_matches_the_plain_forward_and_updates_running_stats_once_per_cal
             want, got = plain(*x), graphed(*x)
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
             held.append((got, got.clone()))
-    entry = next(iter(graphed._kw_graphs.values()))
-    assert len(graphed._kw_graphs) == 1 and entry.graph is not None
+    entry = next(iter(mod._kw_graphs_of(graphed).values()))
+    assert len(mod._kw_graphs_of(graphed)) == 1 and entry.graph is not None
     assert entry.inputs is not None and not entry.lend  # new input tensors each call, results kept: copies in and out
-    for out, copy in held:  # later replays did not overwrite what earlier calls returned
-        torch.testing.assert_close(out, copy, rtol=0, atol=0)
+    for out, snapshot in held:  # later replays did not overwrite what earlier calls returned
+        torch.testing.assert_close(out, snapshot, rtol=0, atol=0)
     for (name, a), (_, b) in zip(plain.named_buffers(), graphed.named_buffers()):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6, msg=name)  # running stats: 4 updates each
     assert int(graphed.bn.num_batches_tracked) == 4
@@ -265,7 +270,7 @@ def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_i
     x = problem.make_inputs(0, "cuda")
     with torch.no_grad():
         graphed(*x)  # runs the forward, then captures it on x itself
-        entry = next(iter(graphed._kw_graphs.values()))
+        entry = next(iter(mod._kw_graphs_of(graphed).values()))
         assert entry.graph is not None and entry.inputs is None and entry.lend  # reads x where it is
         ptr = graphed(*x).data_ptr()  # replayed; the result is dropped at once
         y = graphed(*x)
@@ -274,14 +279,14 @@ def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_i
         del y
         x[0].mul_(0.5)  # changed in place: the replay reads it where it is
         torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
-        assert next(iter(graphed._kw_graphs.values())) is entry
+        assert next(iter(mod._kw_graphs_of(graphed).values())) is entry
         kept = graphed(*x)
         before = kept.clone()
         x[0].mul_(-1)
         again = graphed(*x)  # `kept` is still held: the graph must not write it again
         torch.testing.assert_close(kept, before, rtol=0, atol=0)
         torch.testing.assert_close(again, plain(*x), rtol=0, atol=0)
-        entry = next(iter(graphed._kw_graphs.values()))
+        entry = next(iter(mod._kw_graphs_of(graphed).values()))
         assert entry.graph is not None and not entry.lend  # copies from now on for this caller
         third = graphed(*x)
         assert third.data_ptr() != entry.outputs[0].data_ptr()
@@ -291,7 +296,7 @@ def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_i
         x = [t.clone() for t in x]
         assert gone() is None
         torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)  # elsewhere: copied into buffers
-        assert next(iter(graphed._kw_graphs.values())).inputs is not None
+        assert next(iter(mod._kw_graphs_of(graphed).values())).inputs is not None
         torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
 
 
@@ -304,17 +309,22 @@ def test_a_weight_changed_in_place_or_a_new_shape_is_captured_again(monkeypatch,
     with torch.no_grad():
         for _ in range(2):
             torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
-        first = next(iter(graphed._kw_graphs.values()))
+        first = next(iter(mod._kw_graphs_of(graphed).values()))
         for m in (plain, graphed):  # the bf16 copy of this weight is cached: it must be redone
             next(m.parameters()).mul_(-2)
         torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
         torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
-        assert next(iter(graphed._kw_graphs.values())) is not first
+        assert next(iter(mod._kw_graphs_of(graphed).values())) is not first
         half = [t[: t.shape[0] // 2].contiguous() for t in x]
         torch.testing.assert_close(graphed(*half), plain(*half), rtol=0, atol=0)
-        assert len(graphed._kw_graphs) == 2
+        assert len(mod._kw_graphs_of(graphed)) == 2
     y = graphed(*x)  # autograd on: the forward runs as it is, nothing new is captured
-    assert len(graphed._kw_graphs) == 2 and y.shape == plain(*x).shape
+    assert len(mod._kw_graphs_of(graphed)) == 2 and y.shape == plain(*x).shape
+    twin = copy.deepcopy(graphed)  # a copy of a module with captures: its own parameters, its own graphs
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(twin(*x), plain(*x), rtol=0, atol=0)
+    assert len(mod._kw_graphs_of(twin)) == 1
 
 
 @pytest.mark.gpu
@@ -335,7 +345,7 @@ def test_a_forward_that_waits_for_the_gpu_is_not_captured(monkeypatch, tmp_path)
         for _ in range(3):
             torch.testing.assert_close(mod._kw_graphed(holder, forward, (x,), state), x * float(x.sum()))
             assert torch.cuda.current_stream() == before
-    assert next(iter(holder._kw_graphs.values())).graph is None
+    assert next(iter(mod._kw_graphs_of(holder).values())).graph is None
     assert len(calls) == 4  # three calls plus the failed capture's one trace, never retried
 
 

@@ -377,12 +377,13 @@ def pick_forward(timing: dict, gain: float = 0.98) -> bool:
     return timing["cuda_graphs"]
 
 
-def replay_paths(module) -> list[dict]:
-    """How a CUDA-graph forward ran its captures, one entry per input signature: whether it was
-    captured, and whether its calls copied their inputs in (they passed other memory than the
-    capture's) and their outputs out (the caller kept a previous result)."""
+def replay_paths(graphs: dict) -> list[dict]:
+    """How a CUDA-graph forward ran its captures (`graphs`: model_new's `_kw_graphs_of(module)`),
+    one entry per input signature: whether it was captured, and whether its calls copied their
+    inputs in (they passed other memory than the capture's) and their outputs out (the caller
+    kept a previous result)."""
     return [{"captured": g.graph is not None, "copies_in": g.graph is not None and g.inputs is not None,
-             "copies_out": g.graph is not None and not g.lend} for g in (module.__dict__.get("_kw_graphs") or {}).values()]
+             "copies_out": g.graph is not None and not g.lend} for g in graphs.values()]
 
 
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False):
@@ -426,7 +427,7 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False):
         parts = [f"{k} {t[k].median_ms:.3f} ms" for k in t]
         log("timing (median): " + ", ".join(parts))
         if GRAPHS in cands:
-            timing["replay_paths"] = replay_paths(cands[GRAPHS])
+            timing["replay_paths"] = replay_paths(mod._kw_graphs_of(cands[GRAPHS]))
         if pick_forward(timing):
             v = vg
         if GRAPHS in timing:
