@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Run on the GPU machine: GPU test files (GPU_TESTS="tests/test_cuda_graphs.py ..."; each file runs
+# alone, without TRITON_INTERPRET, which other test modules switch on), then `bench` of PROBLEM... under
+# each precision, with everything packed into two files under $OUT (the device tool returns at
+# most 8): summary.txt (the tests' last lines and each bench's table) and session.tgz (bench JSON,
+# logs, the trial database, and each problem's report.md, result.json and model_new.py).
+# usage: scripts/device_session.sh "bf16 tf32" BUDGET PROBLEM...
+#        (env: OUT; SECONDS_EACH, the time limit of one precision's bench, default 260)
+set -u
+precisions=$1; budget=$2; shift 2
+OUT=${OUT:-/tmp/kw_out}
+work=$(mktemp -d)
+export PYTHONPATH=src PYTHONUNBUFFERED=1 KERNELWRIGHT_DB=$work/trials.jsonl
+: > "$OUT/summary.txt"
+for f in ${GPU_TESTS:-}; do  # compiled kernels, not the interpreter
+  env -u TRITON_INTERPRET timeout 150 python3 -m pytest -q -p no:cacheprovider "$f" > "$work/$(basename "$f" .py).log" 2>&1
+  { echo "== $f"; tail -2 "$work/$(basename "$f" .py).log"; } >> "$OUT/summary.txt"
+done
+for p in $precisions; do
+  timeout "${SECONDS_EACH:-260}" python3 -m kernelwright bench "$@" --precision "$p" --budget "$budget" \
+    --json "$work/bench_$p.json" --out "$work/runs_$p" > "$work/bench_$p.log" 2>&1
+  { echo "== bench $p (rc $?)"; grep -v -i warn "$work/bench_$p.log" | tail -30; } >> "$OUT/summary.txt"
+done
+find "$work" -path '*/.build' -prune -o -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \
+  -o -name report.md -o -name model_new.py \) -print | sed "s|^$work/||" > "$work/files.txt"
+tar czf "$OUT/session.tgz" -C "$work" -T "$work/files.txt"
+cat "$OUT/summary.txt"
