@@ -14,7 +14,9 @@ def fmt(v, nd=3):
 def baseline_table(data: dict) -> str:
     """`bench --baseline-only`: eager and torch.compile times, no kernelwright column."""
     opts = data["options"]
-    out = [f"### baselines only, {opts['precision']} — {data['gpu']}, torch {data['torch']}", "",
+    mode = opts.get("compile_mode") or "default"
+    out = [f"### baselines only, {opts['precision']} — {data['gpu']}, torch {data['torch']}"
+           + ("" if mode == "default" else f", torch.compile mode {mode}"), "",
            "| level | n | compile / eager (geomean) |", "|---|---:|---:|"]
     out += [f"| {lvl} | {s['n']} | {fmt(s.get('compile_over_eager'))} |" for lvl, s in data["summary"].items()]
     out += ["", "| problem | eager ms | compile ms | compile / eager |", "|---|---:|---:|---:|"]
@@ -30,7 +32,9 @@ def table(path: str) -> str:
     opts = data["options"]
     if opts.get("baseline_only"):
         return baseline_table(data)
-    out = [f"### {opts['precision']} — {data['gpu']}, torch {data['torch']}, budget {opts['trials']} trials/problem", ""]
+    mode = opts.get("compile_mode") or "default"
+    out = [f"### {opts['precision']} — {data['gpu']}, torch {data['torch']}, budget {opts['trials']} trials/problem"
+           + ("" if mode == "default" else f", torch.compile mode {mode}"), ""]
     out += ["| level | n | correct | kw / compile (geomean) | kw / eager | compile / eager | fast_1 vs compile | fast_2 vs compile |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for lvl, s in data["summary"].items():

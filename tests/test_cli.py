@@ -114,6 +114,13 @@ def test_optimize_bad_budget(tmp_path):
     _one_line_error(p, "abc")
 
 
+def test_bad_compile_mode(tmp_path):
+    p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "o", "--compile-mode", "fastest", "--device", "cpu")
+    _one_line_error(p, "fastest", "reduce-overhead")
+    assert not (tmp_path / "o" / "model_new.py").exists()
+    _one_line_error(kw("bench", "problems/level1/relu.py", "--compile-mode", "fastest"), "fastest")
+
+
 def test_optimize_bad_device(tmp_path):
     p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "o", "--device", "tpu")
     _one_line_error(p, "tpu")

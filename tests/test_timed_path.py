@@ -180,6 +180,36 @@ def test_final_timing_runs_the_emitted_module(monkeypatch, tmp_path):
     assert timing["speedup_vs_eager"] == 2.0
 
 
+def test_final_timing_against_another_compile_mode(monkeypatch, tmp_path):
+    """--compile-mode reduce-overhead: the baseline is timed in that mode and keyed "compile"
+    (with timing["compile_mode"] naming it), so speedups and bench summaries read it as compile."""
+    from kernelwright.emit.report import render_report
+    from kernelwright.measure import baselines
+    from kernelwright.measure.timer import Timing
+    from kernelwright.pipeline import _final_checks
+
+    problem, plan, _, kernels, sources = _run(monkeypatch, tmp_path, "level2/gemm_bias_relu.py", 1.0, 0.5)
+    path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "fp32", [], None), sources)
+    modes = []
+
+    def fake_time_problem(problem, policy, device, candidates, compile_mode="default", **kw):
+        modes.append(compile_mode)
+        t = baselines.Timings(eager=Timing.from_samples([2.0]), kernelwright=Timing.from_samples([1.0]))
+        t[baselines.compile_key(compile_mode)] = Timing.from_samples([3.0])
+        t.errors["other"] = "x"
+        return t
+
+    monkeypatch.setattr(baselines, "time_problem", fake_time_problem)
+    _, timing = _final_checks(problem, path, get_policy("fp32"), torch.device("cpu"), True, lambda s: None,
+                              compile_mode="reduce-overhead")
+    assert modes == ["reduce-overhead"] and timing["compile_mode"] == "reduce-overhead"
+    assert timing["compile"]["median_ms"] == 3.0 and "compile:reduce-overhead" not in timing
+    assert timing["speedup_vs_compile"] == 3.0
+    text = render_report({"problem": "p", "precision": "fp32", "device": "cuda", "capture": "ok", "groups": [],
+                          "timing": timing})
+    assert "speedup over compile (mode reduce-overhead): **3.00x**" in text
+
+
 def test_weight_only_units_run_first_under_one_version_check(monkeypatch, tmp_path):
     """mlp under bf16 casts three weights: the forward checks their versions once per call (not
     once per weight), ahead of every unit that reads an input; views and library calls go through

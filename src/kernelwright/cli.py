@@ -102,6 +102,14 @@ def inspect(problem: Path = typer.Argument(..., help="KernelBench-format problem
         Console(width=160).print(render_table(a))
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _check_compile_mode(mode: str) -> None:
+    if mode not in COMPILE_MODES:
+        raise UserError(f"--compile-mode {mode!r}: choose {', '.join(COMPILE_MODES)}")
+
+
 @app.command()
 def optimize(problem: Path = typer.Argument(..., help="KernelBench-format problem file"),
              out: Path = typer.Option(..., "--out", help="Output folder for model_new.py, kernels, result.json, report.md"),
@@ -112,7 +120,9 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
              small: bool = typer.Option(False, "--small", help="Apply the problem's SMALL size overrides (CPU tests, demos)."),
              db: Optional[Path] = typer.Option(None, "--db", help="Trial database (default $KERNELWRIGHT_DB or ~/.cache/kernelwright/trials.jsonl)"),
              cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
-                                              help="Also time the forward replayed as CUDA graphs; ship it when faster.")):
+                                              help="Also time the forward replayed as CUDA graphs; ship it when faster."),
+             compile_mode: str = typer.Option("default", "--compile-mode",
+                                              help="torch.compile mode of the baseline: " + " | ".join(COMPILE_MODES))):
     """Generate, verify, time and choose kernels; write a drop-in ModelNew and a report."""
     from kernelwright.policy import get_policy
 
@@ -120,6 +130,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     if trials is None and seconds is None:
         trials = 40
     get_policy(precision)
+    _check_compile_mode(compile_mode)
     if backend not in ("triton", "cuda", "all"):
         raise UserError(f"--backend {backend!r}: choose triton, cuda or all")
     _use_interpreter_if_cpu(device)
@@ -132,7 +143,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder")
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
-                   db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs,
+                   db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
                    log=lambda s: typer.echo(s, err=True))
     result = optimize_problem(p, out, opts)
     typer.echo(f"{out}/model_new.py written; report: {out}/report.md")
@@ -150,7 +161,7 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
           out: Path = typer.Option(Path("kw_runs"), "--out", help="Folder for per-problem optimize outputs."),
           small: bool = typer.Option(False, "--small"),
           compile_mode: str = typer.Option("default", "--compile-mode",
-                                           help="torch.compile mode of the baseline (default | reduce-overhead | max-autotune)"),
+                                           help="torch.compile mode of the baseline: " + " | ".join(COMPILE_MODES)),
           cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                            help="Let kernelwright ship CUDA-graph replay where it measures faster.")):
     """Time eager, torch.compile (and kernelwright) over problems; per-level geometric means."""
@@ -159,6 +170,7 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     from kernelwright.problem import discover
 
     get_policy(precision)
+    _check_compile_mode(compile_mode)
     trials, seconds = parse_budget(budget)
     files = discover([str(p) for p in paths])
     if not files:

@@ -62,6 +62,7 @@ class Options:
     db_path: str | None = None
     small: bool = False
     cuda_graphs: bool = True  # also time the forward replayed as CUDA graphs; ship it when faster
+    compile_mode: str = "default"  # torch.compile mode of the baseline the final timing compares with
     log: Callable[[str], None] = print
 
 
@@ -96,7 +97,8 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     path = write_module(out_dir, text, sources, support)
     log(f"wrote {path}")
     result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log,
-                                                       cuda_graphs=plan is not None and opts.cuda_graphs)
+                                                       cuda_graphs=plan is not None and opts.cuda_graphs,
+                                                       compile_mode=opts.compile_mode)
     t = result["timing"] or {}
     if t.get("cuda_graphs"):  # measured faster replayed: the module ships with CUDA graphs on
         text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides, support, cuda_graphs=True)
@@ -110,7 +112,8 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         text = render_model_new(problem, None, {}, {}, policy.name,
                                 ["(generated program was slower than eager; original forward kept)"], overrides)
         path = write_module(out_dir, text, {})
-        result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log)
+        result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log,
+                                                           compile_mode=opts.compile_mode)
     result["analysis"] = _analysis(graph, plan, result)
     result["seconds"] = round(time.time() - started, 2)
     (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -386,10 +389,12 @@ def replay_paths(graphs: dict) -> list[dict]:
              "copies_out": g.graph is not None and not g.lend} for g in graphs.values()]
 
 
-def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False):
-    """Verify the emitted module and, on a GPU, time it beside eager and torch.compile. With
-    `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified and timed too;
-    timing["kernelwright"] is then the faster of the two and timing["cuda_graphs"] says which."""
+def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default"):
+    """Verify the emitted module and, on a GPU, time it beside eager and torch.compile (in
+    `compile_mode`; its timing is keyed "compile" whatever the mode, and timing["compile_mode"]
+    names it). With `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified
+    and timed too; timing["kernelwright"] is then the faster of the two and timing["cuda_graphs"]
+    says which."""
     from kernelwright.verify import verify
 
     mod = import_model_new(path)
@@ -404,7 +409,7 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False):
         + (f" - {v.reason}" if v.reason else ""))
     timing = None
     if timed and v.passed:
-        from kernelwright.measure.baselines import time_problem
+        from kernelwright.measure.baselines import compile_key, time_problem
 
         ref = problem.make_model(device)
         cands = {"kernelwright": build(ref)}
@@ -415,8 +420,15 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False):
                 cands[GRAPHS] = build(ref, True)
             else:
                 log(f"CUDA graphs not used: verify failed ({vg.reason})")
-        t = time_problem(problem, policy, device, candidates=cands, profile_calls=PROFILE_CALLS)
+        t = time_problem(problem, policy, device, candidates=cands, profile_calls=PROFILE_CALLS,
+                         compile_mode=compile_mode)
+        mode_key = compile_key(compile_mode)
+        if mode_key != "compile":
+            for per_impl in (t, t.kernels, t.syncs, t.errors):
+                if mode_key in per_impl:
+                    per_impl["compile"] = per_impl.pop(mode_key)
         timing = {k: v.to_json() for k, v in t.items()}
+        timing["compile_mode"] = compile_mode
         timing["errors"] = dict(t.errors)
         if t.kernels:
             timing["kernels_per_call"] = {k: [asdict(x) for x in v] for k, v in t.kernels.items()}

@@ -74,9 +74,11 @@ def render_report(result: dict) -> str:
                              f"outputs {'copied out' if r['copies_out'] else 'lent'}"))
         for k, where in (t.get("syncs") or {}).items():
             lines.append(f"\n{k} makes the host wait for the GPU within a call, at {where}")
+        mode = t.get("compile_mode") or "default"
         for base in ("eager", "compile"):
             if f"speedup_vs_{base}" in t:
-                lines.append(f"\nspeedup over {base}: **{t[f'speedup_vs_{base}']:.2f}x**")
+                name = base if base == "eager" or mode == "default" else f"compile (mode {mode})"
+                lines.append(f"\nspeedup over {name}: **{t[f'speedup_vs_{base}']:.2f}x**")
     else:
         lines.append("\nNot timed (no CUDA GPU): timing needs a GPU.")
     if t and t.get("kernels_per_call"):
