@@ -93,6 +93,29 @@ def test_off_the_gpu_a_graphs_on_module_runs_its_forward_as_it_is(monkeypatch, t
     assert mod._kw_signature([torch.zeros(3)]) is None
 
 
+@pytest.mark.interpreter
+def test_a_capture_is_keyed_by_the_switches_that_choose_library_kernels(monkeypatch, tmp_path):
+    problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
+    plan = plan_graph(rewrite(capture(problem), "fp32")[0])
+    mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None), {}))
+    base = mod._kw_switches()
+    with torch.inference_mode():
+        assert mod._kw_switches() != base
+    if torch.cuda.is_available():  # (autocast on "cuda" is switched off without a GPU)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert mod._kw_switches() != base
+    for flag, value in ((torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
+                        (torch.backends.cudnn, "deterministic"),
+                        (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction")):
+        was = getattr(flag, value)
+        try:
+            setattr(flag, value, not was)
+            assert mod._kw_switches() != base, value
+        finally:
+            setattr(flag, value, was)
+    assert mod._kw_switches() == base
+
+
 def _t(ms):
     return {"median_ms": ms, "mean_ms": ms, "runs": 10}
 
