@@ -121,9 +121,12 @@ def _t(ms):
 
 
 def test_pick_forward_takes_the_replay_only_when_clearly_faster():
-    timing = {"kernelwright": _t(1.0), GRAPHS: _t(0.5), "eager": _t(2.0)}
+    timing = {"kernelwright": _t(1.0), GRAPHS: _t(0.5), "eager": _t(2.0),
+              "kernels_per_call": {"kernelwright": ["plain's"], GRAPHS: ["replay's"]}, "syncs": {"kernelwright": "x:1"}}
     assert pick_forward(timing) is True
     assert timing["kernelwright"]["median_ms"] == 0.5 and timing[PLAIN]["median_ms"] == 1.0 and timing["cuda_graphs"]
+    # the per-implementation tables name the plain forward as the timing table does
+    assert timing["kernels_per_call"] == {PLAIN: ["plain's"], GRAPHS: ["replay's"]} and timing["syncs"] == {PLAIN: "x:1"}
     tie = {"kernelwright": _t(1.0), GRAPHS: _t(0.99)}
     assert pick_forward(tie) is False
     assert tie["kernelwright"]["median_ms"] == 1.0 and tie["cuda_graphs"] is False

@@ -177,3 +177,18 @@ def test_kernel_times_leave_out_the_l2_flush():
     rows = kernel_times(lambda: torch.relu(x), calls=5)
     assert sum(r.launches_per_call for r in rows) == pytest.approx(1.0)  # relu only, no flush fill
     assert all(r.us_per_call >= 0 for r in rows)
+
+
+def test_the_compile_baseline_is_keyed_compile_in_any_mode():
+    """bench and optimize read the compiled baseline under "compile" whichever torch.compile mode
+    it runs in (the mode is named beside it, in the JSON options and result.json)."""
+    import torch.nn as nn
+
+    from kernelwright.measure.baselines import make_baselines
+    from kernelwright.policy import get_policy
+    from kernelwright.problem import from_module
+
+    prob = from_module(nn.Sequential(nn.ReLU()), [torch.randn(2, 3)], "relu")
+    for mode in ("default", "reduce-overhead"):
+        base = make_baselines(prob, get_policy("fp32"), "cpu", compile_mode=mode)  # no inputs: nothing compiles yet
+        assert set(base) == {"eager", "compile"} and not base.errors, mode

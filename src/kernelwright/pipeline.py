@@ -370,11 +370,15 @@ def pick_forward(timing: dict, gain: float = 0.98) -> bool:
     """Choose between the plain forward (timing["kernelwright"]) and its CUDA-graph replay
     (timing[GRAPHS]) in place: the replay wins only when it takes under `gain` of the plain time
     (it holds static buffers and captures on first use, so a tie keeps the plain one). Afterwards
-    "kernelwright" is the chosen one, PLAIN the plain one, and "cuda_graphs" says which; returns
-    whether the replay won. Without a GRAPHS timing nothing changes."""
+    "kernelwright" is the chosen one, PLAIN the plain one (in the per-implementation kernel and
+    sync tables too), and "cuda_graphs" says which; returns whether the replay won. Without a
+    GRAPHS timing nothing changes."""
     if GRAPHS not in timing or "kernelwright" not in timing:
         return False
     timing[PLAIN] = timing.pop("kernelwright")
+    for per_impl in (timing.get("kernels_per_call") or {}, timing.get("syncs") or {}):
+        if "kernelwright" in per_impl:
+            per_impl[PLAIN] = per_impl.pop("kernelwright")
     timing["cuda_graphs"] = timing[GRAPHS]["median_ms"] < gain * timing[PLAIN]["median_ms"]
     timing["kernelwright"] = timing[GRAPHS] if timing["cuda_graphs"] else timing[PLAIN]
     return timing["cuda_graphs"]
@@ -391,8 +395,7 @@ def replay_paths(graphs: dict) -> list[dict]:
 
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default"):
     """Verify the emitted module and, on a GPU, time it beside eager and torch.compile (in
-    `compile_mode`; its timing is keyed "compile" whatever the mode, and timing["compile_mode"]
-    names it). With `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified
+    `compile_mode`, which timing["compile_mode"] names; its timing is keyed "compile"). With `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified
     and timed too; timing["kernelwright"] is then the faster of the two and timing["cuda_graphs"]
     says which."""
     from kernelwright.verify import verify
@@ -409,7 +412,7 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
         + (f" - {v.reason}" if v.reason else ""))
     timing = None
     if timed and v.passed:
-        from kernelwright.measure.baselines import compile_key, time_problem
+        from kernelwright.measure.baselines import time_problem
 
         ref = problem.make_model(device)
         cands = {"kernelwright": build(ref)}
@@ -422,11 +425,6 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
                 log(f"CUDA graphs not used: verify failed ({vg.reason})")
         t = time_problem(problem, policy, device, candidates=cands, profile_calls=PROFILE_CALLS,
                          compile_mode=compile_mode)
-        mode_key = compile_key(compile_mode)
-        if mode_key != "compile":
-            for per_impl in (t, t.kernels, t.syncs, t.errors):
-                if mode_key in per_impl:
-                    per_impl["compile"] = per_impl.pop(mode_key)
         timing = {k: v.to_json() for k, v in t.items()}
         timing["compile_mode"] = compile_mode
         timing["errors"] = dict(t.errors)
@@ -443,9 +441,6 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
         if pick_forward(timing):
             v = vg
         if GRAPHS in timing:
-            for per_impl in (timing.get("kernels_per_call") or {}, timing.get("syncs") or {}):
-                if "kernelwright" in per_impl:  # by the name the timing table now uses
-                    per_impl[PLAIN] = per_impl.pop("kernelwright")
             log(f"CUDA graphs {'used' if timing['cuda_graphs'] else 'not used'}: {timing[GRAPHS]['median_ms']:.3f} ms "
                 f"replayed vs {timing[PLAIN]['median_ms']:.3f} ms plain")
         kw = timing.get("kernelwright")

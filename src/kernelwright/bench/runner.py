@@ -17,7 +17,6 @@ def _one(path: str, opts: dict) -> dict:
     """Bench one problem in this process; never raises (errors are rows)."""
     import torch
 
-    from kernelwright.measure.baselines import compile_key
     from kernelwright.policy import get_policy
     from kernelwright.problem import load_problem
 
@@ -30,9 +29,8 @@ def _one(path: str, opts: dict) -> dict:
             from kernelwright.measure.baselines import time_problem
 
             t = time_problem(p, policy, "cuda", compile_mode=opts["compile_mode"])
-            mode_key = compile_key(opts["compile_mode"])  # "compile" in every row, whatever the mode
-            row["times"] = {("compile" if k == mode_key else k): v.median_ms for k, v in t.items()}
-            row["issue"] = {("compile" if k == mode_key else k): v.issue_ms for k, v in t.items()}
+            row["times"] = {k: v.median_ms for k, v in t.items()}
+            row["issue"] = {k: v.issue_ms for k, v in t.items()}
             row["errors"] = dict(t.errors)
             row["correct"] = None
         else:

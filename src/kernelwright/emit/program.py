@@ -12,6 +12,7 @@ import torch
 from kernelwright.capture.execute import CONTIGUOUS_INPUT, layout_suffix
 from kernelwright.capture.graph import Graph, Ref
 from kernelwright.analyze.classify import is_view
+from kernelwright.plan.attention import SDPA
 from kernelwright.plan.fusion import Plan
 from kernelwright.plan.weights import weight_roots
 
@@ -54,9 +55,6 @@ def attr_path(fqn: str) -> str:
     for part in fqn.split("."):
         out = f"{out}.{part}" if part.isidentifier() else f"getattr({out}, {part!r})"
     return out
-
-
-SDPA = "aten.scaled_dot_product_attention.default"
 
 
 def weight_masked_sdpa(graph: Graph, n) -> bool:

@@ -11,7 +11,7 @@ import torch
 
 from kernelwright.measure.timer import require_gpu, time_interleaved
 
-__all__ = ["Baselines", "Timings", "make_baselines", "time_problem", "compile_key"]
+__all__ = ["Baselines", "Timings", "make_baselines", "time_problem"]
 
 
 class Baselines(dict):
@@ -34,10 +34,6 @@ class Timings(dict):
 
     def to_json(self) -> dict:
         return {"timings": {k: v.to_json() for k, v in self.items()}, "errors": dict(self.errors)}
-
-
-def compile_key(compile_mode: str = "default") -> str:
-    return "compile" if compile_mode in (None, "default") else f"compile:{compile_mode}"
 
 
 def _line(e: BaseException) -> str:
@@ -66,7 +62,7 @@ def make_baselines(
     include_compile: bool = True,
     model: torch.nn.Module | None = None,
 ) -> Baselines:
-    """{"eager": model, "compile" (or "compile:<mode>"): torch.compile(model)}, callables taking
+    """{"eager": model, "compile": torch.compile(model) in `compile_mode`}, callables taking
     the problem's inputs (under bf16 both are wrapped to run in bf16 autocast). The model is
     built once (or `model` is used). With `inputs`, the compiled callable is run once under the
     policy here, so compilation and autotuning stay out of timing. A compile failure leaves its
@@ -75,7 +71,7 @@ def make_baselines(
     out = Baselines(eager=_in_context(model, policy, device))
     if not include_compile:
         return out
-    key = compile_key(compile_mode)
+    key = "compile"  # whatever the mode: callers know which one they asked for
     try:
         torch._dynamo.reset()  # fresh caches: earlier problems' graphs and recompile counts
         with policy.active():  # inductor reads the TF32 switches while compiling
