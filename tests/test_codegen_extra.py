@@ -295,9 +295,11 @@ def test_original_forward_fallback_keeps_the_policy(tmp_path, policy, dtype):
     torch.testing.assert_close(out, want)
 
 
-@pytest.mark.parametrize("block_m,block_r,apply_q", [(1, 64, None), (1, 16, None), (2, 16, None), (4, 8, None),
-                                                     (8, 16, None), (2, 16, 4), (4, 8, 64)])
-def test_group_norm_over_channels_last_tiled_apply(block_m, block_r, apply_q):
+@pytest.mark.parametrize("block_m,block_r,apply_q,reverse", [(1, 64, None, False), (1, 16, None, False),
+                                                             (2, 16, None, False), (4, 8, None, False),
+                                                             (8, 16, None, False), (2, 16, 4, False),
+                                                             (4, 8, 64, False), (2, 16, 4, True), (1, 16, None, True)])
+def test_group_norm_over_channels_last_tiled_apply(block_m, block_r, apply_q, reverse):
     """tf32 group norm after a channels-last convolution, returned NCHW: the split schedule's
     apply pass walks [pixels, channels of a group] tiles (reads along channels, writes along
     pixels) and computes the same values as the library."""
@@ -318,11 +320,14 @@ def test_group_norm_over_channels_last_tiled_apply(block_m, block_r, apply_q):
     cfg = {"BLOCK_M": block_m, "BLOCK_R": block_r, "SPLIT": 4, "one_pass": False, "num_warps": 4, "TILED_APPLY": True}
     if apply_q:
         cfg["APPLY_Q"] = apply_q
+    if reverse:  # APPLY_REVERSE: tiles walked last to first
+        cfg["APPLY_REVERSE"] = True
     k = render_group(g, grp, cfg, low)
     assert "tiled walk" in k.source
+    assert ("tl.num_programs(1) - 1 - tl.program_id(1)" in k.source) == reverse
     if apply_q:
         assert f"BLOCK_R={apply_q}, num_warps" in k.source.split("_apply, (", 1)[1]
-    mod = load_module_from_source(k.source, grp.id + f"_tiled{block_m}x{block_r}q{apply_q}",
+    mod = load_module_from_source(k.source, grp.id + f"_tiled{block_m}x{block_r}q{apply_q}r{int(reverse)}",
                                   os.path.join(ROOT, ".pytest_kw_cache"))
     for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
         torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)

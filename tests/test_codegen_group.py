@@ -242,7 +242,8 @@ def test_a_norm_over_a_channels_last_conv_walks_its_input_in_memory_order(norm, 
     assert red[-1][1][main] == 1 or kept[-1][1][main] == 1  # channels (innermost in NHWC) walked innermost
     split = {"BLOCK_M": 2, "BLOCK_R": 16, "SPLIT": 4, "one_pass": False, "num_warps": 4, "num_stages": 1}
     wide = dict(split, BLOCK_M=64, BLOCK_R=64)  # the strided long-row default's shape (rows masked)
-    for tag, cfg in (("one", ONE_PASS), ("multi", MULTI_PASS), ("split", split), ("wide", wide)):
+    reverse = dict(split, APPLY_REVERSE=True)  # the apply pass walks its tiles last to first
+    for tag, cfg in (("one", ONE_PASS), ("multi", MULTI_PASS), ("split", split), ("wide", wide), ("reverse", reverse)):
         k, _, outs = _run(graph, group, env, cfg, tmp_path, f"{norm}_{tag}")
         out = outs[k.outputs.index(graph.outputs[0])]
         assert out.is_contiguous()

@@ -25,24 +25,16 @@ from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
-from kernelwright.search import units
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                          reason="needs a CUDA GPU (and compiled Triton kernels, not the interpreter)")
 
 
-def _emit(monkeypatch, tmp_path, name, device, cuda_graphs=True, precision="fp32"):
+def _emit(fake_clock, tmp_path, name, device, cuda_graphs=True, precision="fp32"):
     """The problem's model_new.py with every generated kernel chosen (a fake clock makes them
     faster than the library), imported; returns (problem, module, plan)."""
-    def time_fns(fns, device):  # calls each once, as the real clock does; kernels always win
-        for fn in fns.values():
-            fn()
-        return {k: 5.0 if k == "__library__" else 1.0 for k in fns}
-
-    monkeypatch.setattr(units, "_time_fns", time_fns)
-    if torch.device(device).type != "cuda":  # the timed path names the GPU its trials ran on
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake-gpu")
+    fake_clock(5.0, 1.0, device=device)
     problem = load_problem(os.path.join(ROOT, "problems", name), small=True)
     plan = plan_graph(rewrite(capture(problem), precision)[0])
     opts = Options(device=str(device), budget_trials=2, db_path=str(tmp_path / "db.jsonl"), log=lambda s: None)
@@ -69,8 +61,8 @@ def _pair(problem, mod, device):
 # --- CPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.interpreter
-def test_rendering_names_every_parameter_and_buffer_and_the_switch(monkeypatch, tmp_path):
-    problem, mod, plan = _emit(monkeypatch, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cpu")
+def test_rendering_names_every_parameter_and_buffer_and_the_switch(fake_clock, tmp_path):
+    problem, mod, plan = _emit(fake_clock, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cpu")
     text = (tmp_path / "out" / "model_new.py").read_text()
     assert "_kw_cuda_graphs = True" in text
     state = text.split("def _kw_state", 1)[1].split("def _kw_forward", 1)[0]
@@ -82,8 +74,8 @@ def test_rendering_names_every_parameter_and_buffer_and_the_switch(monkeypatch, 
 
 
 @pytest.mark.interpreter
-def test_off_the_gpu_a_graphs_on_module_runs_its_forward_as_it_is(monkeypatch, tmp_path):
-    problem, mod, _ = _emit(monkeypatch, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cpu")
+def test_off_the_gpu_a_graphs_on_module_runs_its_forward_as_it_is(fake_clock, tmp_path):
+    problem, mod, _ = _emit(fake_clock, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cpu")
     plain, graphed = _pair(problem, mod, "cpu")
     for seed in (1, 2):
         x = problem.make_inputs(seed)
@@ -268,8 +260,8 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
 
 @pytest.mark.gpu
 @gpu
-def test_replay_matches_the_plain_forward_and_updates_running_stats_once_per_call(monkeypatch, tmp_path):
-    problem, mod, _ = _emit(monkeypatch, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cuda")
+def test_replay_matches_the_plain_forward_and_updates_running_stats_once_per_call(fake_clock, tmp_path):
+    problem, mod, _ = _emit(fake_clock, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cuda")
     plain, graphed = _pair(problem, mod, "cuda")
     held = []
     with torch.no_grad():
@@ -290,8 +282,8 @@ def test_replay_matches_the_plain_forward_and_updates_running_stats_once_per_cal
 
 @pytest.mark.gpu
 @gpu
-def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_it_keeps_one(monkeypatch, tmp_path):
-    problem, mod, _ = _emit(monkeypatch, tmp_path, "level2/gemm_gelu_scale.py", "cuda")
+def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_it_keeps_one(fake_clock, tmp_path):
+    problem, mod, _ = _emit(fake_clock, tmp_path, "level2/gemm_gelu_scale.py", "cuda")
     plain, graphed = _pair(problem, mod, "cuda")
     x = problem.make_inputs(0, "cuda")
     with torch.no_grad():
@@ -328,8 +320,8 @@ def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_i
 
 @pytest.mark.gpu
 @gpu
-def test_a_weight_changed_in_place_or_a_new_shape_is_captured_again(monkeypatch, tmp_path):
-    problem, mod, _ = _emit(monkeypatch, tmp_path, "level2/gemm_gelu_scale.py", "cuda", precision="bf16")
+def test_a_weight_changed_in_place_or_a_new_shape_is_captured_again(fake_clock, tmp_path):
+    problem, mod, _ = _emit(fake_clock, tmp_path, "level2/gemm_gelu_scale.py", "cuda", precision="bf16")
     plain, graphed = _pair(problem, mod, "cuda")
     x = problem.make_inputs(0, "cuda")
     with torch.no_grad():
@@ -355,8 +347,8 @@ def test_a_weight_changed_in_place_or_a_new_shape_is_captured_again(monkeypatch,
 
 @pytest.mark.gpu
 @gpu
-def test_a_forward_that_waits_for_the_gpu_is_not_captured(monkeypatch, tmp_path):
-    _, mod, _ = _emit(monkeypatch, tmp_path, "level2/gemm_gelu_scale.py", "cuda")
+def test_a_forward_that_waits_for_the_gpu_is_not_captured(fake_clock, tmp_path):
+    _, mod, _ = _emit(fake_clock, tmp_path, "level2/gemm_gelu_scale.py", "cuda")
     holder = torch.nn.Module()
     state = lambda: ()  # noqa: E731
     calls = []

@@ -16,27 +16,15 @@ from kernelwright.plan.rewrites import rewrite  # noqa: E402
 from kernelwright.policy import get_policy  # noqa: E402
 from kernelwright.problem import load_problem  # noqa: E402
 from kernelwright.search import TrialDB  # noqa: E402
-from kernelwright.search import units  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _fake_times(library_ms, kernel_ms):
-    """A clock that calls every function once, as the real one does (so a library path that
-    cannot run fails here too), and reports fixed times."""
-    def time_fns(fns, device):
-        for fn in fns.values():
-            fn()
-        return {k: library_ms if k == "__library__" else kernel_ms for k in fns}
-    return time_fns
-
-
-def _run(monkeypatch, tmp_path, name, library_ms, kernel_ms, precision="fp32"):
+def _run(fake_clock, tmp_path, name, library_ms, kernel_ms, precision="fp32", lt_ms=None):
     """optimize's planning and search (rewrites included, as in pipeline.optimize_problem) on the
     fake clock."""
-    monkeypatch.setattr(units, "_time_fns", _fake_times(library_ms, kernel_ms))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake-gpu")
+    fake_clock(library_ms, kernel_ms, lt_ms)
     problem = load_problem(os.path.join(ROOT, "problems", name), small=True)
     plan = plan_graph(rewrite(capture(problem), precision)[0])
     result = {"groups": []}
@@ -46,8 +34,8 @@ def _run(monkeypatch, tmp_path, name, library_ms, kernel_ms, precision="fp32"):
     return problem, plan, result, kernels, sources
 
 
-def test_library_wins_when_it_is_faster(monkeypatch, tmp_path):
-    _, _, result, kernels, _ = _run(monkeypatch, tmp_path, "level2/gemm_gelu_scale.py", 0.5, 1.0)
+def test_library_wins_when_it_is_faster(fake_clock, tmp_path):
+    _, _, result, kernels, _ = _run(fake_clock, tmp_path, "level2/gemm_gelu_scale.py", 0.5, 1.0)
     kinds = {g["kind"] for g in result["groups"]}
     assert "gemm_epilogue" in kinds and "pointwise" in kinds
     assert all(g["strategy"] == "library" and g["library_ms"] == 0.5 for g in result["groups"])
@@ -55,8 +43,8 @@ def test_library_wins_when_it_is_faster(monkeypatch, tmp_path):
     assert len(TrialDB(str(tmp_path / "db.jsonl")).records()) > 0  # every trial is recorded
 
 
-def test_faster_kernels_are_emitted_and_still_correct(monkeypatch, tmp_path):
-    problem, plan, result, kernels, sources = _run(monkeypatch, tmp_path, "level2/gemm_gelu_scale.py", 5.0, 1.0)
+def test_faster_kernels_are_emitted_and_still_correct(fake_clock, tmp_path):
+    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level2/gemm_gelu_scale.py", 5.0, 1.0)
     fused = [g for g in result["groups"] if g["kind"] == "gemm_epilogue"]
     assert fused and fused[0]["strategy"] == "triton" and fused[0]["time_ms"] == 1.0
     gemm = next(u.node for u in plan.units if u.node and "addmm" in u.node)
@@ -71,8 +59,8 @@ def test_faster_kernels_are_emitted_and_still_correct(monkeypatch, tmp_path):
     torch.testing.assert_close(new(*x), ref(*x), rtol=1e-4, atol=1e-5)
 
 
-def test_node_templates_and_groups_share_the_budget(monkeypatch, tmp_path):
-    _, _, result, kernels, _ = _run(monkeypatch, tmp_path, "level2/conv2d_max_pool_hardswish.py", 5.0, 1.0)
+def test_node_templates_and_groups_share_the_budget(fake_clock, tmp_path):
+    _, _, result, kernels, _ = _run(fake_clock, tmp_path, "level2/conv2d_max_pool_hardswish.py", 5.0, 1.0)
     by_kind = {g["kind"]: g for g in result["groups"]}
     assert by_kind["node"]["trials"] >= 1
     strategies = {g["id"]: g["strategy"] for g in result["groups"]}
@@ -81,10 +69,10 @@ def test_node_templates_and_groups_share_the_budget(monkeypatch, tmp_path):
     assert sum(g["trials"] for g in result["groups"]) <= 6 + len(result["groups"])
 
 
-def test_cuda_candidates_join_the_search_and_fail_as_data_without_a_gpu(monkeypatch, tmp_path):
+def test_cuda_candidates_join_the_search_and_fail_as_data_without_a_gpu(fake_clock, tmp_path):
     """On the fake clock the CUDA C++ candidates are built and launched; with no GPU every launch
     fails, which is recorded as a failed trial, and the Triton kernel wins the group."""
-    _, _, result, kernels, sources = _run(monkeypatch, tmp_path, "level1/softmax.py", 5.0, 1.0)
+    _, _, result, kernels, sources = _run(fake_clock, tmp_path, "level1/softmax.py", 5.0, 1.0)
     (g,) = result["groups"]
     assert g["strategy"] == "triton" and g["failed"] >= 1
     errors = [r for r in TrialDB(str(tmp_path / "db.jsonl")).records() if r.get("template", "").startswith("cuda.")]
@@ -92,23 +80,23 @@ def test_cuda_candidates_join_the_search_and_fail_as_data_without_a_gpu(monkeypa
 
 
 @pytest.mark.parametrize("name", ["level2/gemm_bias_relu.py", "level2/gemm_gelu_scale.py"])
-def test_gemm_epilogue_library_path_runs(monkeypatch, tmp_path, name):
+def test_gemm_epilogue_library_path_runs(fake_clock, tmp_path, name):
     """The library side of a GEMM-epilogue comparison gets every value the epilogue reads (the
     bias split off an addmm is an epilogue input, not a GEMM input), and the fused kernel wins on
     the fake clock."""
-    _, _, result, _, _ = _run(monkeypatch, tmp_path, name, 5.0, 1.0)
+    _, _, result, _, _ = _run(fake_clock, tmp_path, name, 5.0, 1.0)
     fused = [g for g in result["groups"] if g["kind"] == "gemm_epilogue"]
     assert fused and fused[0]["strategy"] == "triton", fused
     assert fused[0]["library_ms"] == 5.0
 
 
 @pytest.mark.parametrize("name", ["level2/gemm_bias_relu.py", "level3/mlp.py"])
-def test_bf16_gemm_absorbs_its_operand_casts(monkeypatch, tmp_path, name):
+def test_bf16_gemm_absorbs_its_operand_casts(fake_clock, tmp_path, name):
     """Under bf16 a fused GEMM reads the float32 activation and rounds its tiles to bf16 itself
     (the cast group it absorbs is not emitted); the weight's bf16 copy is made once per parameter
     version and read as it is; the module still matches the float64 model within the policy's
     tolerance."""
-    problem, plan, result, kernels, sources = _run(monkeypatch, tmp_path, name, 5.0, 1.0, "bf16")
+    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, name, 5.0, 1.0, "bf16")
     fused = [g for g in result["groups"] if g["kind"] == "gemm_epilogue"]
     assert fused and all(g["strategy"] == "triton" for g in fused)
     first = fused[0]
@@ -130,10 +118,35 @@ def test_bf16_gemm_absorbs_its_operand_casts(monkeypatch, tmp_path, name):
     torch.testing.assert_close(out.double(), ref(*[t.double() for t in x]), rtol=2e-2, atol=2e-2)
 
 
-def test_weight_only_values_are_recomputed_when_a_weight_changes(monkeypatch, tmp_path):
+@pytest.mark.parametrize("name, precision", [("level2/gemm_bias_relu.py", "bf16"), ("level3/mlp.py", "bf16"),
+                                             ("level2/gemm_bias_relu.py", "fp32")])
+def test_cublaslt_bias_relu_epilogue_wins_when_faster(fake_clock, tmp_path, name, precision):
+    """A Linear + ReLU whose cuBLASLt-epilogue candidate measures fastest ships as one
+    torch._addmm_activation call (a library call: strategy "torch"); under bf16 it takes over the
+    activation's cast (not emitted) and the module still matches the float64 model."""
+    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, name, 5.0, 1.0, precision, lt_ms=0.5)
+    fused = [g for g in result["groups"] if g["kind"] == "gemm_epilogue"]
+    lt = [g for g in fused if g["strategy"] == "torch"]
+    assert lt and all(g["config"] == {"epilogue": "lt"} and g["time_ms"] == 0.5 for g in lt)
+    assert len(lt) == (3 if "mlp" in name else 1)
+    text = render_model_new(problem, plan, kernels, sources, precision, [], None)
+    path = write_module(tmp_path / "out", text, sources)
+    assert sum(s.count("torch._addmm_activation(") for s in sources.values()) == len(lt)
+    body = path.read_text().split("class ModelNew", 1)[1]
+    assert "x_bf16" not in body
+    mod = import_model_new(path)
+    ref = problem.make_model().double()
+    new = mod.ModelNew(*problem.get_init_inputs())
+    new.load_state_dict(problem.make_model().state_dict())
+    x = problem.make_inputs(3)
+    tol = 2e-2 if precision == "bf16" else 1e-4
+    torch.testing.assert_close(new(*x).double(), ref(*[t.double() for t in x]), rtol=tol, atol=tol)
+
+
+def test_weight_only_values_are_recomputed_when_a_weight_changes(fake_clock, tmp_path):
     """The forward reuses a weight's bf16 copy until the parameter changes in place or is
     replaced; results always follow the current weights."""
-    problem, plan, result, kernels, sources = _run(monkeypatch, tmp_path, "level2/gemm_bias_relu.py", 0.5, 1.0, "bf16")
+    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level2/gemm_bias_relu.py", 0.5, 1.0, "bf16")
     path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "bf16", [], None), sources)
     new = import_model_new(path).ModelNew(*problem.get_init_inputs())
     ref = problem.make_model()
@@ -155,14 +168,14 @@ def test_weight_only_values_are_recomputed_when_a_weight_changes(monkeypatch, tm
                                    rtol=1e-2, atol=1e-2)
 
 
-def test_final_timing_runs_the_emitted_module(monkeypatch, tmp_path):
+def test_final_timing_runs_the_emitted_module(fake_clock, monkeypatch, tmp_path):
     """optimize's last step on a GPU: the verified ModelNew (the reference's weights) is timed
     beside eager; here with a fake time_problem that calls every candidate once."""
     from kernelwright.measure import baselines
     from kernelwright.measure.timer import Timing
     from kernelwright.pipeline import _final_checks
 
-    problem, plan, _, kernels, sources = _run(monkeypatch, tmp_path, "level2/gemm_bias_relu.py", 1.0, 0.5)
+    problem, plan, _, kernels, sources = _run(fake_clock, tmp_path, "level2/gemm_bias_relu.py", 1.0, 0.5)
     text = render_model_new(problem, plan, kernels, sources, "fp32", [], None)
     path = write_module(tmp_path / "out", text, sources)
     called = {}
@@ -180,7 +193,7 @@ def test_final_timing_runs_the_emitted_module(monkeypatch, tmp_path):
     assert timing["speedup_vs_eager"] == 2.0
 
 
-def test_final_timing_against_another_compile_mode(monkeypatch, tmp_path):
+def test_final_timing_against_another_compile_mode(fake_clock, monkeypatch, tmp_path):
     """--compile-mode reduce-overhead: the baseline is timed in that mode and keyed "compile"
     (with timing["compile_mode"] naming it), so speedups and bench summaries read it as compile."""
     from kernelwright.emit.report import render_report
@@ -188,7 +201,7 @@ def test_final_timing_against_another_compile_mode(monkeypatch, tmp_path):
     from kernelwright.measure.timer import Timing
     from kernelwright.pipeline import _final_checks
 
-    problem, plan, _, kernels, sources = _run(monkeypatch, tmp_path, "level2/gemm_bias_relu.py", 1.0, 0.5)
+    problem, plan, _, kernels, sources = _run(fake_clock, tmp_path, "level2/gemm_bias_relu.py", 1.0, 0.5)
     path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "fp32", [], None), sources)
     modes = []
 
@@ -210,11 +223,11 @@ def test_final_timing_against_another_compile_mode(monkeypatch, tmp_path):
     assert "speedup over compile (mode reduce-overhead): **3.00x**" in text
 
 
-def test_weight_only_units_run_first_under_one_version_check(monkeypatch, tmp_path):
+def test_weight_only_units_run_first_under_one_version_check(fake_clock, tmp_path):
     """mlp under bf16 casts three weights: the forward checks their versions once per call (not
     once per weight), ahead of every unit that reads an input; views and library calls go through
     the Python API (emit.program.FAST_CALLS), not torch.ops."""
-    problem, plan, result, kernels, sources = _run(monkeypatch, tmp_path, "level3/mlp.py", 0.5, 1.0, "bf16")
+    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level3/mlp.py", 0.5, 1.0, "bf16")
     path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "bf16", [], None), sources)
     body = path.read_text().split("def _kw_forward", 1)[1]
     assert body.count("_kw_stamp(") == 1 and body.count("_kw_cache.get(") == 1
@@ -235,10 +248,10 @@ def test_weight_only_units_run_first_under_one_version_check(monkeypatch, tmp_pa
         torch.testing.assert_close(new(*x).float(), want.float(), rtol=3e-2, atol=3e-2)  # from the cache
 
 
-def test_batch_norm_counters_are_added_in_place(monkeypatch, tmp_path):
+def test_batch_norm_counters_are_added_in_place(fake_clock, tmp_path):
     """num_batches_tracked += 1 of every training batch norm: one in-place _foreach_add_ at the end
     of the forward, not a sum per counter copied back; the module's buffers follow eager's."""
-    problem, plan, result, kernels, sources = _run(monkeypatch, tmp_path, "level3/resnet_basic_block.py", 0.5, 1.0)
+    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level3/resnet_basic_block.py", 0.5, 1.0)
     path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "fp32", [], None), sources)
     body = path.read_text().split("class ModelNew", 1)[1]
     assert body.count("torch._foreach_add_([") == 1 and "num_batches_tracked, 1)" not in body
@@ -252,3 +265,31 @@ def test_batch_norm_counters_are_added_in_place(monkeypatch, tmp_path):
     for name, buf in ref.named_buffers():
         torch.testing.assert_close(dict(new.named_buffers())[name], buf, rtol=1e-5, atol=1e-6)
     assert int(new.bn1.num_batches_tracked) == int(new.bn2.num_batches_tracked) == 2
+
+
+def test_normalization_groups_also_try_their_apply_pass_reversed(tmp_path):
+    """A split schedule's apply pass walked last tile first (APPLY_REVERSE) is seeded right after
+    the leading split seeds of a normalization group, and verifies like them."""
+    from kernelwright.problem import from_module
+    from kernelwright.capture.execute import run_graph
+    from kernelwright.search.units import GroupTuner
+    from kernelwright.space.config import Config
+
+    class Center(torch.nn.Module):
+        def forward(self, x):
+            return x - x.mean(-1, keepdim=True)
+
+    x = torch.randn(2, 65536)  # two long rows: a split reduction
+    graph = capture(from_module(Center(), [x]))
+    group = plan_graph(graph).groups[0]
+    assert group.kind == "normalization"
+    with torch.no_grad():
+        env = run_graph(graph, Center(), [x], keep=True)
+    tuner = GroupTuner(graph, group, env, get_policy("fp32"), torch.device("cpu"), tmp_path, False)
+    rev = [c for c in tuner.seeds if c.get("APPLY_REVERSE")]
+    assert len(rev) == 2 and all(c in tuner.space for c in rev)
+    for c in rev:
+        plain = Config(c.template, tuple(kv for kv in c.params if kv[0] != "APPLY_REVERSE"))
+        assert tuner.seeds.index(plain) < tuner.seeds.index(c)
+    results = tuner.run(rev[:1])
+    assert results[0].error == "untimed: no GPU" and results[0].excess is not None

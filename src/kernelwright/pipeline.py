@@ -140,7 +140,8 @@ def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
 def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, kernels, sources, result, per_trials,
                          per_s, db, problem, log):
     """Strategy 2 of issue 4: try each (library GEMM, pointwise epilogue group) pair as one Triton
-    GEMM; it replaces the pair only when verified and faster than library GEMM + chosen group."""
+    GEMM (or, for a bias + activation group, one cuBLASLt call with that epilogue); it replaces the
+    pair only when verified and faster than library GEMM + chosen group."""
     groups = {g.id: g for g in plan.groups}
     for unit in plan.units:
         if unit.node is None or graph.node(unit.node).target not in gemm_epilogue.GEMMS:
@@ -185,7 +186,8 @@ def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, ker
             for g in tuner.fused.prologue:  # and the bf16 operand casts, tile by tile
                 sources.pop(g.id, None)
                 kernels[g.id] = None
-            gr.strategy, gr.config, gr.time_ms, gr.excess = "triton", best.config.as_dict(), best.time_ms, best.excess
+            gr.strategy = "triton" if best.config.template.startswith("triton.") else "torch"
+            gr.config, gr.time_ms, gr.excess = best.config.as_dict(), best.time_ms, best.excess
             flops = 2 * tuner.fused.M * tuner.fused.N * tuner.fused.K
             gr.note = f"{flops / (best.time_ms * 1e-3) / 1e12:.1f} TFLOP/s"
         else:

@@ -797,6 +797,9 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
     # row values that also feed other row values but come from reductions are available in
     # `finish`; a per-row value needed by the apply pass is re-read from its buffer.
     apply_index, apply_block, apply_tiles = [], BLOCK_R, f"triton.cdiv({R}, {BLOCK_R})"
+    # APPLY_REVERSE: the apply pass walks its tiles last to first, starting on the elements the
+    # partial pass read last (its programs run in the same row-fastest order), which may still be in L2
+    apply_tile = "(tl.num_programs(1) - 1 - tl.program_id(1))" if config.get("APPLY_REVERSE") else "tl.program_id(1)"
     if config.get("TILED_APPLY"):
         dims = tiled_apply_dims(low)
         if dims is None or not apply:
@@ -808,7 +811,7 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
         apply_block = int(config.get("APPLY_Q") or max(1, BLOCK_R // P2))
         apply_tiles = f"triton.cdiv({Q}, {apply_block})"
         _, red = _layout(low)
-        q_line = "q = tl.program_id(1).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]"
+        q_line = f"q = {apply_tile}.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]"
         if BLOCK_M == 1:
             apply_index = [q_line, f"p = tl.arange(0, {P2})[None, :]"]
         else:  # BLOCK_M rows side by side along the tile's columns: neighbouring groups' channels
@@ -824,7 +827,7 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
             if terms:
                 apply_index.append(f"or_{op.param} = " + " + ".join(terms))
     extra = dict(
-        apply_index=apply_index, apply_block=apply_block, apply_tiles=apply_tiles,
+        apply_index=apply_index, apply_block=apply_block, apply_tiles=apply_tiles, apply_tile=apply_tile,
         SPLIT=split, CHUNK=chunk, SPLIT_P2=1 << (split - 1).bit_length(), index_m=kept_lines, index_r=red_lines,
         init=pre_a + init, body=body, post_a=post_a, finish=finish, apply=apply, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R,
         params_a=[op.param for op in full_loads] + parts,

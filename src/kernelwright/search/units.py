@@ -15,7 +15,7 @@ import torch
 
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
-from kernelwright.codegen import gemm_epilogue
+from kernelwright.codegen import gemm_epilogue, library_epilogue
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_gemm import gemm_space
 from kernelwright.codegen.triton_group import extent, lower, render_group, tiled_apply_dims, transposed_walk
@@ -111,13 +111,15 @@ class KernelTuner:
     def check(self, ins, mod) -> float:
         """Run once with NaN-poisoned outputs; returns the excess, raising ValueError on failure."""
         args = [self.env[v] for v in ins]
-        real_alloc = mod._alloc
-        mod._alloc = lambda shape, dtype, device, stride=None: poisoned_like(real_alloc(shape, dtype, device, stride))
+        real_alloc = getattr(mod, "_alloc", None)  # absent in modules whose library calls allocate
+        if real_alloc is not None:
+            mod._alloc = lambda shape, dtype, device, stride=None: poisoned_like(real_alloc(shape, dtype, device, stride))
         try:
             with self.policy.active():
                 outs = self.pick(mod.launch(*args))
         finally:
-            mod._alloc = real_alloc
+            if real_alloc is not None:
+                mod._alloc = real_alloc
         worst = -math.inf
         for (name, _), out, ref, eager in zip(self.outputs, outs, self.ref64, self.eager):
             ex, why = excess_reason(out, ref, self.policy.tol, eager.dtype)
@@ -198,6 +200,13 @@ class GroupTuner(KernelTuner):
                            and c["SPLIT"] == 256 and c["num_warps"] == 8),
                           key=lambda c: order.index((c["BLOCK_M"], c["BLOCK_R"], c.get("APPLY_Q"))))
             self.seeds = first[:1] + wide + first[-1:] + self.seeds
+        if group.normalizes:  # split schedules' apply pass, also walked last tile first (L2 reuse)
+            splits = [c for c in self.space if c.template == "triton.split"]
+            self.space = self.space + [c.replace(APPLY_REVERSE=True) for c in splits]
+            lead = [c for c in self.seeds if c.template == "triton.split"][:2]
+            if lead:
+                at = self.seeds.index(lead[-1]) + 1
+                self.seeds = self.seeds[:at] + [c.replace(APPLY_REVERSE=True) for c in lead] + self.seeds[at:]
         self.features = {"log2_M": math.log2(max(self.M, 1)), "log2_R": math.log2(max(self.R, 1)),
                          "log2_bytes": math.log2(max(1, sum(graph.meta(v).nbytes for v in group.inputs))),
                          "n_nodes": len(group.nodes), "n_reduce": sum(1 for s in self.low.stmts if s.kind == "reduce"),
@@ -245,7 +254,8 @@ class NodeTuner(KernelTuner):
 
 class GemmTuner(KernelTuner):
     """A library GEMM node and its pointwise epilogue group (and, under bf16, the operand-cast
-    groups it absorbs) as one Triton GEMM (codegen/gemm_epilogue.py).
+    groups it absorbs) as one Triton GEMM (codegen/gemm_epilogue.py), or, when the group is a
+    bias + activation, as one cuBLASLt call with that epilogue (codegen/library_epilogue.py).
 
     The reference to beat is what the program would otherwise run: the absorbed casts' and the
     epilogue group's chosen implementations around the library GEMM (`impls`: group id -> env ->
@@ -270,6 +280,11 @@ class GemmTuner(KernelTuner):
                                  kmajor_copy=not k_major and policy.name == "tf32" and not f.cast_bf16)]
         self.seeds = self.space[:4]
         self.default = self.space[0]
+        # cuBLASLt's own bias + activation epilogue, when the group is just that: one more candidate
+        self.chain = library_epilogue.match(graph, gemm, group.nodes, group.outputs, f.N)
+        if not isinstance(self.chain, str):
+            lt = library_epilogue.config()
+            self.space, self.seeds = [lt] + self.space, [lt] + self.seeds
         self.features = {"log2_M": math.log2(f.M), "log2_N": math.log2(f.N), "log2_K": math.log2(f.K),
                          "n_operands": len(f.operands), "kind": "gemm_epilogue",
                          "cast_operands": len(f.prologue)}
@@ -291,6 +306,9 @@ class GemmTuner(KernelTuner):
         return run
 
     def render(self, cfg):
+        if cfg.template == library_epilogue.NAME:
+            return library_epilogue.render(self.graph, self.fused.gemm, self.chain, self.fused.a, self.fused.b,
+                                           f"{self.fused.group.id}_gemm")
         return gemm_epilogue.render(self.fused, cfg.as_dict(), self.policy.name)
 
 

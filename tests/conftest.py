@@ -1,0 +1,27 @@
+"""Shared test fixtures."""
+import pytest
+import torch
+
+from kernelwright.codegen import library_epilogue
+from kernelwright.search import units
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    """Installs a search clock that calls every function once, as the real one does (so a library
+    path that cannot run fails here too), and reports fixed times: `library_ms` for the library
+    path, `kernel_ms` for generated kernels, `lt_ms` for the cuBLASLt-epilogue candidate (default:
+    half a millisecond slower than the kernels). Trials are recorded under a fake GPU name."""
+    def install(library_ms, kernel_ms, lt_ms=None, device="cpu"):
+        lt = kernel_ms + 0.5 if lt_ms is None else lt_ms
+
+        def time_fns(fns, device):
+            for fn in fns.values():
+                fn()
+            return {k: library_ms if k == "__library__" else lt if k.startswith(library_epilogue.NAME) else kernel_ms
+                    for k in fns}
+
+        monkeypatch.setattr(units, "_time_fns", time_fns)
+        if torch.device(device).type != "cuda":  # the timed path names the GPU its trials ran on
+            monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake-gpu")
+    return install
