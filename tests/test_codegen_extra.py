@@ -152,6 +152,42 @@ def test_gemm_epilogue_fusion_emits_a_working_module(tmp_path):
     torch.testing.assert_close(new(*x), ref(*x), rtol=1e-4, atol=1e-5)
 
 
+def test_gemm_epilogue_reads_and_writes_views_of_another_rank():
+    """transformer_block's fc2 GEMM ([B*T, C]) with the residual add of x ([B, T, C]) and the
+    result viewed [B, T, C]: the fused GEMM reads x row-major as [M, N] and returns the 3-D view
+    (both failed as data before: a shape mismatch, an expand of the 3-D operand). Under bf16,
+    where the GEMM's widened result is its own group's input."""
+    from kernelwright.plan.rewrites import rewrite
+
+    policy = "bf16"
+    p = load_problem(os.path.join(ROOT, "problems", "level3", "transformer_block.py"), small=True)
+    g = rewrite(capture(p), policy)[0]
+    plan = plan_graph(g)
+    with torch.no_grad():
+        env = run_graph(g, p.make_model(), p.make_inputs(3), keep=True)
+    found = 0
+    for group in plan.groups:
+        for v in group.inputs:
+            gemm = None if g.is_input(v) else g.node(v)
+            if gemm is None or gemm.target not in gemm_epilogue.GEMMS or gemm_epilogue.fusable(g, gemm, group):
+                continue
+            out = g.meta(group.outputs[0])
+            if len(out.shape) == 2:
+                continue
+            fused = gemm_epilogue.build(g, gemm, group, plan.groups)
+            assert fused.out_shape == tuple(out.shape) and fused.flat
+            cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "SPLIT_K": 1, "num_warps": 4,
+                   "num_stages": 1}
+            text, ins = gemm_epilogue.render(fused, cfg, policy)
+            mod = load_module_from_source(text, f"{group.id}_{policy}_view", os.path.join(ROOT, ".pytest_kw_cache"))
+            (res,) = mod.launch(*[env[i] for i in ins])
+            want = env[group.outputs[0]]
+            assert res.shape == want.shape and res.dtype == want.dtype
+            torch.testing.assert_close(res.float(), want.float(), rtol=2e-2, atol=2e-2)
+            found += 1
+    assert found == 1
+
+
 def test_gemm_epilogue_refuses_groups_with_reductions():
     class M(nn.Module):
         def __init__(self):
@@ -293,6 +329,41 @@ def test_original_forward_fallback_keeps_the_policy(tmp_path, policy, dtype):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=policy == "bf16"):
         want = ref(*x)
     torch.testing.assert_close(out, want)
+
+
+def test_forward_reads_weights_from_the_module_tables_or_through_attributes(tmp_path):
+    """The forward (and the CUDA-graph state stamp) reads parameters and buffers from the modules'
+    own tables, not through nn.Module attribute access (microseconds of host time each); a module
+    whose weight is an attribute computed on the fly (no table entry) is read through attributes;
+    running statistics are updated in the tensors the forward read."""
+    p = load_problem(os.path.join(ROOT, "problems", "level3", "resnet_basic_block.py"), small=True)
+    plan = plan_graph(capture(p))
+    text = render_model_new(p, plan, {}, {}, "fp32", [], None)
+    body = text.split("def _kw_forward", 1)[1]
+    assert "self.conv1.weight" not in body and "= self._kw_tensors()" in body
+    assert "self._modules['bn1']._buffers['running_mean']" in text
+    mod = import_model_new(write_module(tmp_path, text, {}))
+    ref = p.make_model()
+    new = mod.ModelNew(*p.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    x = p.make_inputs(1)
+    torch.testing.assert_close(new(*x), ref(*x))
+    torch.testing.assert_close(new.bn2.running_var, ref.bn2.running_var)
+    assert int(new.bn1.num_batches_tracked) == 1
+
+    class Doubled(nn.Module):  # conv2's weight as a property: no entry in _parameters
+        def __init__(self, conv):
+            super().__init__()
+            self.w_half = nn.Parameter(conv.weight.detach() / 2)
+
+        @property
+        def weight(self):
+            return self.w_half * 2
+
+    stamp = new._kw_state()
+    new.conv2 = Doubled(new.conv2)
+    assert new._kw_state() != stamp
+    torch.testing.assert_close(new(*x), ref(*x))
 
 
 @pytest.mark.parametrize("block_m,block_r,apply_q,reverse", [(1, 64, None, False), (1, 16, None, False),

@@ -271,12 +271,14 @@ def test_max_pool_does_not_move_past_an_operand_that_varies_in_the_window():
 
 def test_max_pool_first_is_exact_with_padding_and_negative_windows():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LeakyReLU(0.2), nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True))
-    x = torch.randn(2, 3, 12, 11) - 3.0  # mostly negative: padding must not leak a 0 into the max
-    g = capture(from_module(model, [x]))
+    x = torch.randn(2, 3, 12, 11, generator=torch.Generator().manual_seed(0)) - 3.0
+    g = capture(from_module(model, [x]))  # mostly negative: padding must not leak a 0 into the max
     s, notes = rewrite(g)
     assert any("max pool moved" in n for n in notes)
     with torch.no_grad():
-        assert torch.equal(run_graph(g, model, [x])[0], run_graph(s, model, [x])[0])
+        # the pool is exact; the convolution's bias, added after the pool (split_conv_bias), may
+        # round differently from oneDNN's fused bias (2.7e-7 seen with torch 2.13 on the CPU)
+        torch.testing.assert_close(run_graph(g, model, [x])[0], run_graph(s, model, [x])[0], rtol=1e-6, atol=1e-6)
 
 
 def test_linear_bias_moves_into_the_epilogue_only_when_the_result_is_consumed_by_a_fusible_op():

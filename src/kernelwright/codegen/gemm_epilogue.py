@@ -37,6 +37,8 @@ class GemmEpilogue:
     K: int
     out_dtype: str = "float32"  # dtype of the group's output
     prologue: tuple[Group, ...] = ()  # operand-cast groups the kernel absorbs (bf16 policy)
+    out_shape: tuple[int, ...] = ()  # the group's output when it is a row-major view of [M, N] (else ())
+    flat: tuple[str, ...] = ()  # operands of another rank the epilogue reads as row-major [M, N]
 
     def k_major(self, graph: Graph) -> bool:
         """Both operands have unit stride along K (A [M, K] row-major, B = W.T of a row-major W):
@@ -112,8 +114,14 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
     ops: list[EpilogueOperand] = []
     values: list[str] = []
     code: list[str] = []
+    flat: list[str] = []
 
     def operand(value: str, strides) -> str:
+        meta = graph.meta(value)
+        if len(meta.shape) > 2:  # e.g. a residual [B, T, C] added to the GEMM's [B*T, C] result
+            if tuple(strides) != (N, 1) or not _row_major(meta, M * N):
+                raise Unsupported(f"epilogue operand {value} {list(meta.shape)} is not read as row-major [M, N]")
+            flat.append(value)
         if all(s == 0 for s in strides):
             kind = "scalar"
         elif strides[0] == 0:
@@ -148,8 +156,21 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
             code.append(f"acc = {st.deps[0]}")
         else:
             raise Unsupported(f"statement {st.kind} in a GEMM epilogue")
+    out = graph.meta(group.outputs[0])
+    if tuple(out.shape) != (M, N) and not _row_major(out, M * N):
+        raise Unsupported(f"the epilogue's output {list(out.shape)} is not a row-major view of [M, N]")
     return GemmEpilogue(gemm, group, Epilogue(tuple(ops), "\n".join(code)), a_src, b_src, values, M, N, K,
-                        graph.meta(group.outputs[0]).dtype, tuple(prologue))
+                        out.dtype, tuple(prologue), tuple(out.shape) if tuple(out.shape) != (M, N) else (),
+                        tuple(dict.fromkeys(flat)))
+
+
+def _row_major(meta, numel: int) -> bool:
+    """`meta` holds `numel` elements, contiguous (row-major): a free reshape to or from [M, N]."""
+    expect, acc = [], 1
+    for n in reversed(meta.shape):
+        expect.append(acc)
+        acc *= n
+    return acc == numel and all(n == 1 or s == e for n, s, e in zip(meta.shape, meta.stride, reversed(expect)))
 
 
 def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list[str]]:
@@ -161,7 +182,11 @@ def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list
     kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages",
                                  "TMA", "KMAJOR") if k in config}
     kw.update(precision_kwargs("bf16" if fused.cast_bf16 else precision))
-    call = ", ".join([arg[fused.a], arg[fused.b]] + [arg[v] for v in fused.operands]
+
+    def operand(v):  # an operand of another rank, read row-major as [M, N] (a view when contiguous)
+        return f"{arg[v]}.reshape({fused.M}, {fused.N})" if v in fused.flat else arg[v]
+
+    call = ", ".join([arg[fused.a], arg[fused.b]] + [operand(v) for v in fused.operands]
                      + [f"out_dtype=torch.{fused.out_dtype}"] + [f"{k}={v!r}" for k, v in kw.items()])
     prologue_doc = "" if not fused.prologue else (
         "; the bf16 operand casts (" + ", ".join(g.id for g in fused.prologue) + ") run on its tiles")
@@ -177,6 +202,6 @@ def launch({", ".join(arg[v] for v in ins)}):
     """{fused.gemm.op} [{fused.M}x{fused.K}] @ [{fused.K}x{fused.N}] with group {fused.group.id} fused as its epilogue{prologue_doc}.
 
     Inputs: {", ".join(ins)}. Returns ({fused.group.outputs[0]},)."""
-    return (_gemm_launch({call}),)
+    return (_gemm_launch({call}){f".view({list(fused.out_shape)})" if fused.out_shape else ""},)
 '''
     return text + wrapper, ins
