@@ -65,10 +65,13 @@ def test_rendering_names_every_parameter_and_buffer_and_the_switch(fake_clock, t
     problem, mod, plan = _emit(fake_clock, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cpu")
     text = (tmp_path / "out" / "model_new.py").read_text()
     assert "_kw_cuda_graphs = True" in text
-    state = text.split("def _kw_state", 1)[1].split("def _kw_forward", 1)[0]
+    assert "return _kw_stamp(*self._kw_tensors())" in text.split("def _kw_state", 1)[1]
+    tensors = text.split("def _kw_tensors", 1)[1].split("def _kw_state", 1)[0]
     model = problem.make_model()
     for fqn, _ in [*model.named_parameters(), *model.named_buffers()]:
-        assert f"self.{fqn}" in state, fqn  # running stats and num_batches_tracked included
+        assert f"self.{fqn}" in tensors, fqn  # running stats and num_batches_tracked included
+    new = mod.ModelNew(*problem.get_init_inputs())
+    assert [id(t) for t in new._kw_tensors()] == [id(t) for t in [*new.parameters(), *new.buffers()]]
     plain = render_model_new(problem, plan, {}, {}, "fp32", [], None)
     assert "_kw_cuda_graphs = False" in plain
 
@@ -81,8 +84,10 @@ def test_off_the_gpu_a_graphs_on_module_runs_its_forward_as_it_is(fake_clock, tm
         x = problem.make_inputs(seed)
         with torch.no_grad():
             torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
-    assert not mod._kw_graphs_of(graphed)  # CPU inputs: nothing captured
-    assert mod._kw_signature([torch.zeros(3)]) is None
+    # CPU inputs: nothing captured (the signature is remembered as one that runs as it is)
+    assert all(g.graph is None for g in mod._kw_graphs_of(graphed).values())
+    assert not mod._kw_capturable([torch.zeros(3)]) and not mod._kw_capturable([1.0])
+    assert mod._kw_signature([torch.zeros(3), object()]) is None  # not a key
 
 
 @pytest.mark.interpreter
@@ -174,8 +179,7 @@ class _FakeGraphs:
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
         monkeypatch.setattr(torch.cuda, "graph", graph)
         monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-        # the real key refuses CPU tensors; this one is the same but for the device check
-        monkeypatch.setattr(mod, "_kw_signature", lambda args: tuple((tuple(a.shape), a.stride(), a.dtype) for a in args))
+        monkeypatch.setattr(mod, "_kw_capturable", lambda args: True)  # the real one refuses CPU tensors
 
     def forward(self, w, calls):
         """x -> x * w + 1, run now or recorded into the open capture; `calls` counts its runs."""
