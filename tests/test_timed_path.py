@@ -293,3 +293,22 @@ def test_normalization_groups_also_try_their_apply_pass_reversed(tmp_path):
         assert tuner.seeds.index(plain) < tuner.seeds.index(c)
     results = tuner.run(rev[:1])
     assert results[0].error == "untimed: no GPU" and results[0].excess is not None
+
+
+def test_groups_that_change_layout_search_tiles_only(tmp_path):
+    """A pointwise group reading channels-last data and writing NCHW (conv2d_relu_bias_add under
+    tf32) searches the tiled transpose schedules only, and they verify."""
+    from kernelwright.capture.execute import run_graph
+    from kernelwright.codegen.triton_group import lower, transposed_walk
+    from kernelwright.search.units import GroupTuner
+
+    problem = load_problem(os.path.join(ROOT, "problems", "level2", "conv2d_relu_bias_add.py"), small=True)
+    plan = plan_graph(rewrite(capture(problem), "tf32")[0])
+    group = next(g for g in plan.groups if g.rdims is None and transposed_walk(lower(plan.graph, g)) is not None)
+    with torch.no_grad():
+        env = run_graph(plan.graph, problem.make_model(), problem.make_inputs(0), keep=True)
+    tuner = GroupTuner(plan.graph, group, env, get_policy("tf32"), torch.device("cpu"), tmp_path, False)
+    assert len(tuner.space) > 8 and {c.template for c in tuner.space} == {"triton.tiled"}
+    assert set(tuner.seeds) <= set(tuner.space) and tuner.default in tuner.space
+    results = tuner.run(tuner.seeds)
+    assert all(r.error == "untimed: no GPU" and r.excess is not None for r in results)
