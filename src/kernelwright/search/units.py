@@ -183,7 +183,10 @@ class GroupTuner(KernelTuner):
             # such group of the H200 runs, session 8, yet the model kept proposing them)
             self.space = tiled_space()
             self.default = tiled_default()
-            self.seeds = [self.default, self.default.replace(BLOCK_Q=16, BLOCK_P=128)]
+            # then the fastest of session 8's H200 runs: 16 x 128 (bf16 in), 32 x 128 and 64 x 64 (fp32 in)
+            self.seeds = [self.default, self.default.replace(BLOCK_Q=16, BLOCK_P=128),
+                          self.default.replace(BLOCK_Q=32, BLOCK_P=128),
+                          self.default.replace(BLOCK_Q=64, BLOCK_P=64, num_warps=8)]
         elif not pw and strided_long_rows(self.M, self.R, self.r_contig) and tiled_apply_dims(self.low):
             # e.g. a group norm over channels-last data returned NCHW: split statistics, then an
             # apply pass over [BLOCK_Q pixels, channels of BLOCK_M groups] tiles (coalesced both ways)
