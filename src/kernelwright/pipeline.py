@@ -140,7 +140,7 @@ def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
 def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, kernels, sources, result, per_trials,
                          per_s, db, problem, log):
     """Strategy 2 of issue 4: try each (library GEMM, pointwise epilogue group) pair as one Triton
-    GEMM (or, for a bias + activation group, one cuBLASLt call with that epilogue); it replaces the
+    GEMM (or, for a bias + ReLU group, one cuBLASLt call with that epilogue); it replaces the
     pair only when verified and faster than library GEMM + chosen group."""
     groups = {g.id: g for g in plan.groups}
     for unit in plan.units:

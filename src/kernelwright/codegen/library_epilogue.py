@@ -77,7 +77,7 @@ def match(graph: Graph, gemm: OpNode, group_nodes: list[str], group_outputs: lis
         prev, i = nodes[i].name, i + 1
         ops.append(f"cast {graph.meta(prev).dtype}")
     if i != len(nodes) or group_outputs != [prev]:
-        return "the epilogue has more than bias + activation"
+        return "the epilogue has more than bias + ReLU"
     out = graph.meta(prev)
     if out.dtype not in _DTYPES or tuple(out.stride) != (N, 1):
         return "the epilogue's output is not a contiguous float32 / bf16 matrix"

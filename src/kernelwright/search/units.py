@@ -260,7 +260,7 @@ class NodeTuner(KernelTuner):
 class GemmTuner(KernelTuner):
     """A library GEMM node and its pointwise epilogue group (and, under bf16, the operand-cast
     groups it absorbs) as one Triton GEMM (codegen/gemm_epilogue.py), or, when the group is a
-    bias + activation, as one cuBLASLt call with that epilogue (codegen/library_epilogue.py).
+    bias + ReLU, as one cuBLASLt call with that epilogue (codegen/library_epilogue.py).
 
     The reference to beat is what the program would otherwise run: the absorbed casts' and the
     epilogue group's chosen implementations around the library GEMM (`impls`: group id -> env ->
@@ -285,7 +285,7 @@ class GemmTuner(KernelTuner):
                                  kmajor_copy=not k_major and policy.name == "tf32" and not f.cast_bf16)]
         self.seeds = self.space[:4]
         self.default = self.space[0]
-        # cuBLASLt's own bias + activation epilogue, when the group is just that: one more candidate
+        # cuBLASLt's own bias + ReLU epilogue, when the group is just that: one more candidate
         self.chain = library_epilogue.match(graph, gemm, group.nodes, group.outputs, f.N)
         if not isinstance(self.chain, str):
             lt = library_epilogue.config()
