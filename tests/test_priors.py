@@ -47,3 +47,19 @@ def test_prior_files_are_parsed_once_until_they_change(tmp_path):
     prior.write_text(json.dumps(rec) + "\n" + json.dumps(dict(rec, task_key="u")) + "\n")
     os.utime(prior, ns=(1, 2))  # a different mtime (and size): parsed again
     assert {r["task_key"] for r in db.records(include_priors=True)} == {"t", "u"}
+
+
+def test_cost_model_from_priors_ranks_narrow_channel_tiles_last():
+    """Layout-changing epilogues (channels-last bf16 in, NCHW float32 out) measured on the H200
+    (session 8): tiles 8 channels tall read 16-byte runs and were the slowest; the model fitted on
+    those trials ranks them last and wide tiles first, so the search stops proposing them."""
+    from kernelwright.space.group_space import tiled_space
+
+    recs = [r for r in TrialDB("/nonexistent/none.jsonl", priors=packaged_priors()).records(include_priors=True)
+            if r.get("template") == "triton.tiled" and r.get("precision") == "bf16"]
+    model = CostModel().fit(recs)
+    assert model.fitted
+    feats = {"kind": "pointwise", "log2_M": 27.6, "log2_R": 0.0, "log2_bytes": 28.6, "n_nodes": 4, "n_reduce": 0}
+    ranked = model.rank(tiled_space(), feats)
+    assert all(c["BLOCK_Q"] >= 16 for c in ranked[:4]), ranked[:4]
+    assert all(c["BLOCK_Q"] == 8 for c in ranked[-3:]), ranked[-3:]
