@@ -16,11 +16,13 @@ import torch
 
 from kernelwright.build.triton_target import compile_source_for_target, meta_tensor
 from kernelwright.capture import capture
+from kernelwright.codegen import gemm_epilogue
 from kernelwright.codegen.node_kernels import template_for, used_outputs
 from kernelwright.codegen.triton_group import Unsupported, extent, lower, render_group, tiled_apply_dims, transposed_walk
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.problem import load_problem
+from kernelwright.search.units import fused_gemm_space
 from kernelwright.space.group_space import seed_configs, tiled_default
 
 SPLIT = dict(BLOCK_M=1, BLOCK_R=1024, SPLIT=64, num_warps=4, num_stages=1, one_pass=False)
@@ -28,6 +30,26 @@ SPLIT = dict(BLOCK_M=1, BLOCK_R=1024, SPLIT=64, num_warps=4, num_stages=1, one_p
 
 def _args(graph, names):
     return [meta_tensor(graph.meta(v).shape, graph.meta(v).stride, getattr(torch, graph.meta(v).dtype)) for v in names]
+
+
+def gemm_candidates(graph, plan, policy):
+    """(label, module text, input names) of each fused GEMM's first config without TMA (its
+    descriptors need real device pointers): GEMM + epilogue and GEMM + row reduction."""
+    for unit in plan.units:
+        gemm = graph.node(unit.node) if unit.node is not None else None
+        if gemm is None or gemm.target not in gemm_epilogue.GEMMS:
+            continue
+        users = {u.name for u in graph.users(gemm.name)}
+        group = next((g for g in plan.groups if users and users <= set(g.nodes)), None)
+        if group is None or gemm_epilogue.fusable(graph, gemm, group, row_reduction=group.rdims is not None):
+            continue
+        try:
+            fused = gemm_epilogue.build(graph, gemm, group, plan.groups)
+        except Unsupported:
+            continue
+        cfg = next(c for c in fused_gemm_space(graph, fused, policy) if not c.get("TMA"))
+        text, ins = gemm_epilogue.render(fused, cfg.as_dict(), policy)
+        yield f"{group.id}+{gemm.name} {cfg}", text, ins
 
 
 def candidates(graph, plan):
@@ -64,8 +86,9 @@ def candidates(graph, plan):
 
 def check(path: str, policy: str, cache: Path) -> list[str]:
     graph, _ = rewrite(capture(load_problem(path)), policy)
+    plan = plan_graph(graph)
     failures = []
-    for label, text, inputs in candidates(graph, plan_graph(graph)):
+    for label, text, inputs in [*candidates(graph, plan), *gemm_candidates(graph, plan, policy)]:
         builds = compile_source_for_target(text, "unit", _args(graph, inputs), cache)
         if not builds:
             failures.append(f"{label}: the launcher launched no kernel")

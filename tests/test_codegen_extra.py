@@ -188,6 +188,46 @@ def test_gemm_epilogue_reads_and_writes_views_of_another_rank():
     assert found == 1
 
 
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+def test_gemm_with_its_row_reduction_folded_in(policy):
+    """Strategy 3: gemm_sigmoid_sum's Linear -> sigmoid -> sum(dim=1, keepdim) as one Triton GEMM
+    that sums each row's tiles as it goes (the [M, N] product is never written), returning the
+    [M, 1] view; under bf16 it reads the float32 activation and rounds its tiles itself. Groups
+    whose reduction is not the last step (logsumexp's max then exp-sum, softmax, layer norm)
+    are refused."""
+    from kernelwright.plan.rewrites import rewrite
+
+    def pairs(name):
+        p = load_problem(os.path.join(ROOT, "problems", "level2", name), small=True)
+        g = rewrite(capture(p), policy)[0]
+        plan = plan_graph(g)
+        out = [(g.node(v), grp) for grp in plan.groups for v in grp.inputs
+               if not g.is_input(v) and g.node(v).target in gemm_epilogue.GEMMS]
+        return p, g, plan, out
+
+    p, g, plan, found = pairs("gemm_sigmoid_sum.py")
+    ((gemm, group),) = found
+    assert gemm_epilogue.fusable(g, gemm, group) and gemm_epilogue.fusable(g, gemm, group, row_reduction=True) is None
+    fused = gemm_epilogue.build(g, gemm, group, plan.groups)
+    assert fused.reduce == "sum" and fused.out_shape == tuple(g.meta(group.outputs[0]).shape)
+    assert fused.a == "x" and bool(fused.prologue) == (policy == "bf16")  # the cast of x absorbed under bf16
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2}
+    text, ins = gemm_epilogue.render(fused, cfg, policy)
+    assert "reduce='sum'" in text
+    with torch.no_grad():
+        env = run_graph(g, p.make_model(), p.make_inputs(4), keep=True)
+    mod = load_module_from_source(text, f"rowreduce_{policy}", os.path.join(ROOT, ".pytest_kw_cache"))
+    (out,) = mod.launch(*[env[v] for v in ins])
+    want = env[group.outputs[0]]
+    assert out.shape == want.shape and out.dtype == want.dtype
+    tol = 1e-5 if policy == "fp32" else 1e-2  # (bf16: the library sums the GEMM's bf16-rounded output)
+    torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+    for name in ("gemm_logsumexp.py", "gemm_softmax.py", "gemm_layer_norm.py"):
+        _, g2, _, found2 = pairs(name)
+        assert found2 and all("reductions" in gemm_epilogue.fusable(g2, gm, grp, row_reduction=True)
+                              for gm, grp in found2)
+
+
 def test_gemm_epilogue_refuses_groups_with_reductions():
     class M(nn.Module):
         def __init__(self):

@@ -143,6 +143,28 @@ def test_cublaslt_bias_relu_epilogue_wins_when_faster(fake_clock, tmp_path, name
     torch.testing.assert_close(new(*x).double(), ref(*[t.double() for t in x]), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gemm_and_row_reduction_ship_as_one_kernel_when_faster(fake_clock, tmp_path, precision):
+    """gemm_sigmoid_sum: the GEMM with its row sum folded in wins on the fake clock; the emitted
+    forward runs it in place of the GEMM and the reduction group and matches the float64 model."""
+    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level2/gemm_sigmoid_sum.py", 5.0, 1.0,
+                                                   precision)
+    (fused,) = [g for g in result["groups"] if g["kind"] == "gemm_rowreduce"]
+    assert fused["strategy"] == "triton" and fused["config"]["BLOCK_M"] >= 16
+    gemm = next(u.node for u in plan.units if u.node and "mm" in u.node)
+    assert kernels[gemm] is None
+    path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, precision, [], None), sources)
+    body = path.read_text().split("class ModelNew", 1)[1]
+    assert "torch.mm(" not in body and "torch.addmm(" not in body
+    mod = import_model_new(path)
+    ref = problem.make_model().double()
+    new = mod.ModelNew(*problem.get_init_inputs())
+    new.load_state_dict(problem.make_model().state_dict())
+    x = problem.make_inputs(3)
+    tol = 2e-2 if precision == "bf16" else 1e-4
+    torch.testing.assert_close(new(*x).double(), ref(*[t.double() for t in x]), rtol=tol, atol=tol)
+
+
 def test_weight_only_values_are_recomputed_when_a_weight_changes(fake_clock, tmp_path):
     """The forward reuses a weight's bf16 copy until the parameter changes in place or is
     replaced; results always follow the current weights."""

@@ -306,6 +306,10 @@ def test_config_spaces():
     assert all(c["BLOCK_K"] <= 16 for c in conv_space("tf32", Cin=3, Cout=64))
     rr = rowreduce_space("tf32", M=512, N=100, K=64, reduce="softmax")
     assert rr and all(c["BLOCK_N"] == 128 for c in rr)
+    # one program per BLOCK_M rows: M = 8192 fills 132 SMs with 64-row programs (128 programs),
+    # not with 128-row ones (64 programs), so those come first
+    full = rowreduce_space("bf16", M=8192, N=4096, K=4096, elem_bytes=2)
+    assert full[0]["BLOCK_M"] == 64 and {c["BLOCK_M"] for c in full} > {64}
     dw = depthwise_space(C=64)
     assert 3 <= len(dw) <= 30
 

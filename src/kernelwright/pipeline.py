@@ -139,9 +139,10 @@ def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
 
 def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, kernels, sources, result, per_trials,
                          per_s, db, problem, log):
-    """Strategy 2 of issue 4: try each (library GEMM, pointwise epilogue group) pair as one Triton
-    GEMM (or, for a bias + ReLU group, one cuBLASLt call with that epilogue); it replaces the
-    pair only when verified and faster than library GEMM + chosen group."""
+    """Strategies 2 and 3 of issue 4: try each (library GEMM, epilogue group) pair as one Triton
+    GEMM (a group ending in a row sum / max / min folds it in; a bias + ReLU group may also be one
+    cuBLASLt call with that epilogue); it replaces the pair only when verified and faster than
+    library GEMM + chosen group."""
     groups = {g.id: g for g in plan.groups}
     for unit in plan.units:
         if unit.node is None or graph.node(unit.node).target not in gemm_epilogue.GEMMS:
@@ -149,9 +150,10 @@ def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, ker
         gemm = graph.node(unit.node)
         users = {u.name for u in graph.users(gemm.name)}
         group = next((g for g in groups.values() if users and users <= set(g.nodes)), None)
-        if group is None or gemm_epilogue.fusable(graph, gemm, group):
+        if group is None or gemm_epilogue.fusable(graph, gemm, group, row_reduction=group.rdims is not None):
             continue
-        gr = GroupResult(f"{group.id}+{gemm.name}", "gemm_epilogue", [gemm.op] + [graph.node(n).op for n in group.nodes])
+        kind = "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
+        gr = GroupResult(f"{group.id}+{gemm.name}", kind, [gemm.op] + [graph.node(n).op for n in group.nodes])
         result["groups"].append(gr)
         try:
             fused = gemm_epilogue.build(graph, gemm, group, plan.groups)
@@ -193,7 +195,7 @@ def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, ker
         else:
             gr.time_ms = tuner.library_ms
             gr.note = "library GEMM + epilogue faster" if best else "no candidate passed"
-        log(f"{gr.id} [gemm_epilogue]: {gr.strategy} {gr.time_ms or 0:.3f} ms, library+epilogue "
+        log(f"{gr.id} [{kind}]: {gr.strategy} {gr.time_ms or 0:.3f} ms, library+epilogue "
             f"{(tuner.library_ms or 0):.3f} ms ({gr.trials} trials, {gr.failed} failed)")
 
 

@@ -2,6 +2,10 @@
 consumer is a pointwise group becomes one Triton GEMM (templates/triton/gemm.py.j2) whose
 epilogue is that group's expressions (same op table, same statements as the group kernel).
 
+A group that ends in one sum / max / min over each row of the GEMM's result (e.g. Linear ->
+sigmoid -> sum(dim=1)) becomes one Triton GEMM that folds each tile into per-row statistics
+(templates/triton/gemm_rowreduce.py.j2): the [M, N] product is never written.
+
 Under the bf16 policy the GEMM reads bf16 copies of its operands (plan.rewrites.bf16_operands).
 An operand cast that is a group of its own, read by this GEMM alone, is absorbed: the fused
 kernel loads the float32 source and rounds each tile to bf16 (CAST_BF16, round to nearest even,
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
 from kernelwright.codegen.templating import template_text
-from kernelwright.codegen.triton_gemm import precision_kwargs, render_gemm
+from kernelwright.codegen.triton_gemm import precision_kwargs, render_gemm, render_gemm_rowreduce
 from kernelwright.codegen.triton_group import Lowering, Unsupported, lower
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
@@ -39,6 +43,7 @@ class GemmEpilogue:
     prologue: tuple[Group, ...] = ()  # operand-cast groups the kernel absorbs (bf16 policy)
     out_shape: tuple[int, ...] = ()  # the group's output when it is a row-major view of [M, N] (else ())
     flat: tuple[str, ...] = ()  # operands of another rank the epilogue reads as row-major [M, N]
+    reduce: str | None = None  # "sum" / "max" / "min" over each row after the epilogue (output [M])
 
     def k_major(self, graph: Graph) -> bool:
         """Both operands have unit stride along K (A [M, K] row-major, B = W.T of a row-major W):
@@ -55,12 +60,19 @@ class GemmEpilogue:
         return list(dict.fromkeys([self.a, self.b] + self.operands))
 
 
-def fusable(graph: Graph, gemm: OpNode, group: Group) -> str | None:
-    """None when `gemm`'s output feeds only `group` and the group can be its epilogue."""
+ROW_REDUCTIONS = ("sum", "max", "min")
+
+
+def fusable(graph: Graph, gemm: OpNode, group: Group, row_reduction: bool = False) -> str | None:
+    """None when `gemm`'s output feeds only `group` and the group can be its epilogue (with
+    `row_reduction`: an epilogue then a reduction over each row, the group's only output)."""
     if gemm.target not in GEMMS:
         return "not an mm/addmm"
-    if group.rdims is not None:
-        return "epilogue group has reductions"
+    if group.rdims is not None and not (row_reduction and tuple(group.rdims) == (1,) and len(group.domain) == 2
+                                        and group.kind == "reduction"):
+        return "epilogue group has reductions" + ("" if row_reduction else " (see row_reduction)")
+    if row_reduction and group.rdims is None:
+        return "no reduction over the rows"
     if gemm.name in graph.outputs or gemm.name in graph.mutations:
         return "the GEMM output itself is a model output"
     members = set(group.nodes)
@@ -89,9 +101,10 @@ def _absorbable_cast(graph: Graph, gemm: OpNode, value: str, groups: list[Group]
 
 
 def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) -> GemmEpilogue:
-    """The epilogue (operands + statements) for `group` applied to `gemm`'s accumulator; with the
-    plan's `groups`, bf16 operand casts are absorbed (module docstring)."""
-    why = fusable(graph, gemm, group)
+    """The epilogue (operands + statements) for `group` applied to `gemm`'s accumulator, and the
+    row reduction after it if the group ends in one; with the plan's `groups`, bf16 operand casts
+    are absorbed (module docstring)."""
+    why = fusable(graph, gemm, group, row_reduction=group.rdims is not None)
     if why:
         raise Unsupported(why)
     low: Lowering = lower(graph, group)
@@ -141,7 +154,10 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
         code.append(f"acc = {acc} + {bname}" + ("" if beta == 1.0 else f" * {beta!r}"))
     elif alpha != 1.0:
         code.append(f"acc = {acc}")
+    reduce, reduced = None, None
     for st in low.stmts:
+        if reduced is not None and not (st.kind == "store" and st.deps[0] == reduced):
+            raise Unsupported("the row reduction is not the group's last step")
         if st.kind == "load":
             op = st.operand
             if op.value == gemm.name:
@@ -152,16 +168,27 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
                 code.append(f"{st.var} = {operand(op.value, op.strides)}")
         elif st.kind == "expr":
             code.append(f"{st.var} = {st.code}")
-        elif st.kind == "store":
+        elif st.kind == "reduce" and st.op in ROW_REDUCTIONS and group.rdims is not None:
+            code.append(f"acc = {st.deps[0]}")  # the epilogue ends here; the template reduces acc
+            reduce, reduced = st.op, st.var
+        elif st.kind == "store" and reduced is None:
             code.append(f"acc = {st.deps[0]}")
+        elif st.kind == "store":
+            pass  # the reduced value, which the template returns
         else:
-            raise Unsupported(f"statement {st.kind} in a GEMM epilogue")
+            raise Unsupported(f"statement {st.kind} {getattr(st, 'op', '')} in a GEMM epilogue")
+    if group.rdims is not None and reduce is None:
+        raise Unsupported("the group's reduction is not a sum, max or min over the rows")
     out = graph.meta(group.outputs[0])
-    if tuple(out.shape) != (M, N) and not _row_major(out, M * N):
+    if reduce is not None:
+        if out.dtype not in ("float32", "bfloat16") or not _row_major(out, M):
+            raise Unsupported(f"the reduced output {list(out.shape)} is not [M] (or [M, 1])")
+    elif tuple(out.shape) != (M, N) and not _row_major(out, M * N):
         raise Unsupported(f"the epilogue's output {list(out.shape)} is not a row-major view of [M, N]")
+    natural = (M,) if reduce else (M, N)  # what the template returns
     return GemmEpilogue(gemm, group, Epilogue(tuple(ops), "\n".join(code)), a_src, b_src, values, M, N, K,
-                        out.dtype, tuple(prologue), tuple(out.shape) if tuple(out.shape) != (M, N) else (),
-                        tuple(dict.fromkeys(flat)))
+                        out.dtype, tuple(prologue), tuple(out.shape) if tuple(out.shape) != natural else (),
+                        tuple(dict.fromkeys(flat)), reduce)
 
 
 def _row_major(meta, numel: int) -> bool:
@@ -175,7 +202,10 @@ def _row_major(meta, numel: int) -> bool:
 
 def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list[str]]:
     """Module text whose `launch(*inputs)` runs the fused GEMM with `config`; and its inputs."""
-    text = render_gemm(fused.epilogue, batched=False, name=f"{fused.group.id}_gemm")
+    if fused.reduce:
+        text = render_gemm_rowreduce(fused.epilogue, batched=False, name=f"{fused.group.id}_gemm")
+    else:
+        text = render_gemm(fused.epilogue, batched=False, name=f"{fused.group.id}_gemm")
     helpers = template_text("triton", "helpers.py.j2")
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
@@ -187,6 +217,7 @@ def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list
         return f"{arg[v]}.reshape({fused.M}, {fused.N})" if v in fused.flat else arg[v]
 
     call = ", ".join([arg[fused.a], arg[fused.b]] + [operand(v) for v in fused.operands]
+                     + ([f"reduce={fused.reduce!r}"] if fused.reduce else [])
                      + [f"out_dtype=torch.{fused.out_dtype}"] + [f"{k}={v!r}" for k, v in kw.items()])
     prologue_doc = "" if not fused.prologue else (
         "; the bf16 operand casts (" + ", ".join(g.id for g in fused.prologue) + ") run on its tiles")
@@ -199,7 +230,7 @@ _gemm_launch = launch
 
 
 def launch({", ".join(arg[v] for v in ins)}):
-    """{fused.gemm.op} [{fused.M}x{fused.K}] @ [{fused.K}x{fused.N}] with group {fused.group.id} fused as its epilogue{prologue_doc}.
+    """{fused.gemm.op} [{fused.M}x{fused.K}] @ [{fused.K}x{fused.N}] with group {fused.group.id} fused as its epilogue{prologue_doc}{f", then a {fused.reduce} over each row" if fused.reduce else ""}.
 
     Inputs: {", ".join(ins)}. Returns ({fused.group.outputs[0]},)."""
     return (_gemm_launch({call}){f".view({list(fused.out_shape)})" if fused.out_shape else ""},)

@@ -338,7 +338,9 @@ def rowreduce_space(
     max_configs: int = 40,
 ) -> list[dict]:
     """Configs for the GEMM + row-reduction template (GROUP_M and SPLIT_K fixed at 1; for
-    softmax BLOCK_N is the next power of two >= N)."""
+    softmax BLOCK_N is the next power of two >= N). One program owns BLOCK_M whole rows, so the
+    grid is M / BLOCK_M programs: configs that fill the GPU's SMs in whole waves come first
+    (M = 8192 on 132 SMs: BLOCK_M = 64 runs 128 programs, 128 only 64)."""
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=1000,
                         split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS, group_m=(1,))
     if reduce == "softmax" and N:
@@ -349,6 +351,11 @@ def rowreduce_space(
             if c["BLOCK_M"] * bn / (32 * c["num_warps"]) <= 256 and c not in out:
                 out.append(c)
         space = out or [_cfg(16, bn, 32, 1, 8, 2, 1)]
+    if M:
+        def waves(c):  # the share of the last wave's SMs that have a program (1.0: full waves)
+            programs = -(-M // c["BLOCK_M"])
+            return programs / (-(-programs // H200_NUM_SMS) * H200_NUM_SMS)
+        space = sorted(space, key=lambda c: -round(waves(c), 1))  # stable: expert order within
     return space[:max_configs]
 
 

@@ -17,7 +17,7 @@ from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
 from kernelwright.codegen import gemm_epilogue, library_epilogue
 from kernelwright.codegen.node_kernels import used_outputs
-from kernelwright.codegen.triton_gemm import gemm_space
+from kernelwright.codegen.triton_gemm import gemm_space, rowreduce_space
 from kernelwright.codegen.triton_group import extent, lower, render_group, tiled_apply_dims, transposed_walk
 from kernelwright.policy import Policy
 from kernelwright.search.result import RunResult
@@ -257,10 +257,27 @@ class NodeTuner(KernelTuner):
         return [outs[i if i is not None else 0] for _, i in self.outputs]
 
 
+def fused_gemm_space(graph, f: gemm_epilogue.GemmEpilogue, policy: str) -> list[Config]:
+    """The Triton configs searched for a fused GEMM (`f`), expert order first: the row-reduction
+    template's when the epilogue ends in one, else the GEMM template's (TMA first when both
+    operands are K-major; under tf32 a K-major copy of a row-major B)."""
+    bf16_tensors = graph.meta(f.a).dtype == "bfloat16" and graph.meta(f.b).dtype == "bfloat16"
+    precision, elem_bytes = ("bf16" if f.cast_bf16 else policy), 2 if bf16_tensors else 4
+    if f.reduce:  # the row reduction folded into the GEMM: the product is never written
+        return [Config.make("triton.gemm_rowreduce", **c) for c in
+                rowreduce_space(precision, M=f.M, N=f.N, K=f.K, elem_bytes=elem_bytes, reduce=f.reduce,
+                                max_configs=40)]
+    k_major = f.k_major(graph)
+    return [Config.make("triton.gemm", **c) for c in
+            gemm_space(precision, M=f.M, N=f.N, K=f.K, elem_bytes=elem_bytes, max_configs=40, tma=k_major,
+                       kmajor_copy=not k_major and policy == "tf32" and not f.cast_bf16)]
+
+
 class GemmTuner(KernelTuner):
-    """A library GEMM node and its pointwise epilogue group (and, under bf16, the operand-cast
-    groups it absorbs) as one Triton GEMM (codegen/gemm_epilogue.py), or, when the group is a
-    bias + ReLU, as one cuBLASLt call with that epilogue (codegen/library_epilogue.py).
+    """A library GEMM node and its epilogue group (and, under bf16, the operand-cast groups it
+    absorbs) as one Triton GEMM (codegen/gemm_epilogue.py; a group ending in a sum / max / min over
+    each row folds it into the GEMM), or, when the group is a bias + ReLU, as one cuBLASLt call
+    with that epilogue (codegen/library_epilogue.py).
 
     The reference to beat is what the program would otherwise run: the absorbed casts' and the
     epilogue group's chosen implementations around the library GEMM (`impls`: group id -> env ->
@@ -277,23 +294,20 @@ class GemmTuner(KernelTuner):
                if v != gemm.name and v not in absorbed]
         super().__init__(graph, casts + [gemm.name] + group.nodes, ins, [(group.outputs[0], None)],
                          env, policy, device, cache_dir, timed)
-        bf16_tensors = graph.meta(f.a).dtype == "bfloat16" and graph.meta(f.b).dtype == "bfloat16"
-        k_major = f.k_major(graph)
-        self.space = [Config.make("triton.gemm", **c) for c in
-                      gemm_space("bf16" if f.cast_bf16 else policy.name, M=f.M, N=f.N, K=f.K,
-                                 elem_bytes=2 if bf16_tensors else 4, max_configs=40, tma=k_major,
-                                 kmajor_copy=not k_major and policy.name == "tf32" and not f.cast_bf16)]
+        self.space = fused_gemm_space(graph, f, policy.name)
         self.seeds = self.space[:4]
         self.default = self.space[0]
         # cuBLASLt's own bias + ReLU epilogue, when the group is just that: one more candidate
-        self.chain = library_epilogue.match(graph, gemm, group.nodes, group.outputs, f.N)
+        self.chain = "a row reduction" if f.reduce else library_epilogue.match(graph, gemm, group.nodes,
+                                                                                group.outputs, f.N)
         if not isinstance(self.chain, str):
             lt = library_epilogue.config()
             self.space, self.seeds = [lt] + self.space, [lt] + self.seeds
         self.features = {"log2_M": math.log2(f.M), "log2_N": math.log2(f.N), "log2_K": math.log2(f.K),
-                         "n_operands": len(f.operands), "kind": "gemm_epilogue",
+                         "n_operands": len(f.operands), "kind": "gemm_rowreduce" if f.reduce else "gemm_epilogue",
                          "cast_operands": len(f.prologue)}
-        self.task = f"gemm/{f.M}x{f.N}x{f.K}/{group.id}" + (f"/casts{len(f.prologue)}" if f.prologue else "")
+        self.task = f"gemm/{f.M}x{f.N}x{f.K}/{group.id}" + (f"/casts{len(f.prologue)}" if f.prologue else "") \
+            + (f"/{f.reduce}" if f.reduce else "")
 
     def library_fn(self):
         gemm, env, dev, f = self.fused.gemm, self.env, self.device, self.fused
