@@ -118,6 +118,17 @@ def test_bf16_gemm_absorbs_its_operand_casts(fake_clock, tmp_path, name):
     torch.testing.assert_close(out.double(), ref(*[t.double() for t in x]), rtol=2e-2, atol=2e-2)
 
 
+def _assert_matches_float64_model(problem, path, precision):
+    """The emitted module at `path`, with the model's weights, against the model in float64."""
+    mod = import_model_new(path)
+    ref = problem.make_model().double()
+    new = mod.ModelNew(*problem.get_init_inputs())
+    new.load_state_dict(problem.make_model().state_dict())
+    x = problem.make_inputs(3)
+    tol = 2e-2 if precision == "bf16" else 1e-4
+    torch.testing.assert_close(new(*x).double(), ref(*[t.double() for t in x]), rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("name, precision", [("level2/gemm_bias_relu.py", "bf16"), ("level3/mlp.py", "bf16"),
                                              ("level2/gemm_bias_relu.py", "fp32")])
 def test_cublaslt_bias_relu_epilogue_wins_when_faster(fake_clock, tmp_path, name, precision):
@@ -134,13 +145,7 @@ def test_cublaslt_bias_relu_epilogue_wins_when_faster(fake_clock, tmp_path, name
     assert sum(s.count("torch._addmm_activation(") for s in sources.values()) == len(lt)
     body = path.read_text().split("class ModelNew", 1)[1]
     assert "x_bf16" not in body
-    mod = import_model_new(path)
-    ref = problem.make_model().double()
-    new = mod.ModelNew(*problem.get_init_inputs())
-    new.load_state_dict(problem.make_model().state_dict())
-    x = problem.make_inputs(3)
-    tol = 2e-2 if precision == "bf16" else 1e-4
-    torch.testing.assert_close(new(*x).double(), ref(*[t.double() for t in x]), rtol=tol, atol=tol)
+    _assert_matches_float64_model(problem, path, precision)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -156,13 +161,7 @@ def test_gemm_and_row_reduction_ship_as_one_kernel_when_faster(fake_clock, tmp_p
     path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, precision, [], None), sources)
     body = path.read_text().split("class ModelNew", 1)[1]
     assert "torch.mm(" not in body and "torch.addmm(" not in body
-    mod = import_model_new(path)
-    ref = problem.make_model().double()
-    new = mod.ModelNew(*problem.get_init_inputs())
-    new.load_state_dict(problem.make_model().state_dict())
-    x = problem.make_inputs(3)
-    tol = 2e-2 if precision == "bf16" else 1e-4
-    torch.testing.assert_close(new(*x).double(), ref(*[t.double() for t in x]), rtol=tol, atol=tol)
+    _assert_matches_float64_model(problem, path, precision)
 
 
 def test_weight_only_values_are_recomputed_when_a_weight_changes(fake_clock, tmp_path):
