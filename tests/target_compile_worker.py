@@ -41,7 +41,7 @@ def gemm_candidates(graph, plan, policy):
             continue
         users = {u.name for u in graph.users(gemm.name)}
         group = next((g for g in plan.groups if users and users <= set(g.nodes)), None)
-        if group is None or gemm_epilogue.fusable(graph, gemm, group, row_reduction=group.rdims is not None):
+        if group is None or gemm_epilogue.fusable(graph, gemm, group):
             continue
         try:
             fused = gemm_epilogue.build(graph, gemm, group, plan.groups)

@@ -207,7 +207,7 @@ def test_gemm_with_its_row_reduction_folded_in(policy):
 
     p, g, plan, found = pairs("gemm_sigmoid_sum.py")
     ((gemm, group),) = found
-    assert gemm_epilogue.fusable(g, gemm, group) and gemm_epilogue.fusable(g, gemm, group, row_reduction=True) is None
+    assert gemm_epilogue.fusable(g, gemm, group) is None
     fused = gemm_epilogue.build(g, gemm, group, plan.groups)
     assert fused.reduce == "sum" and fused.out_shape == tuple(g.meta(group.outputs[0]).shape)
     assert fused.a == "x" and bool(fused.prologue) == (policy == "bf16")  # the cast of x absorbed under bf16
@@ -224,7 +224,7 @@ def test_gemm_with_its_row_reduction_folded_in(policy):
     torch.testing.assert_close(out, want, rtol=tol, atol=tol)
     for name in ("gemm_logsumexp.py", "gemm_softmax.py", "gemm_layer_norm.py"):
         _, g2, _, found2 = pairs(name)
-        assert found2 and all("reductions" in gemm_epilogue.fusable(g2, gm, grp, row_reduction=True)
+        assert found2 and all("reductions" in gemm_epilogue.fusable(g2, gm, grp)
                               for gm, grp in found2)
 
 

@@ -150,7 +150,7 @@ def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, ker
         gemm = graph.node(unit.node)
         users = {u.name for u in graph.users(gemm.name)}
         group = next((g for g in groups.values() if users and users <= set(g.nodes)), None)
-        if group is None or gemm_epilogue.fusable(graph, gemm, group, row_reduction=group.rdims is not None):
+        if group is None or gemm_epilogue.fusable(graph, gemm, group):
             continue
         kind = "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
         gr = GroupResult(f"{group.id}+{gemm.name}", kind, [gemm.op] + [graph.node(n).op for n in group.nodes])
@@ -399,9 +399,9 @@ def replay_paths(graphs: dict) -> list[dict]:
 
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default"):
     """Verify the emitted module and, on a GPU, time it beside eager and torch.compile (in
-    `compile_mode`, which timing["compile_mode"] names; its timing is keyed "compile"). With `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified
-    and timed too; timing["kernelwright"] is then the faster of the two and timing["cuda_graphs"]
-    says which."""
+    `compile_mode`, which timing["compile_mode"] names; its timing is keyed "compile"). With
+    `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified and timed too;
+    timing["kernelwright"] is then the faster of the two and timing["cuda_graphs"] says which."""
     from kernelwright.verify import verify
 
     mod = import_model_new(path)

@@ -63,16 +63,15 @@ class GemmEpilogue:
 ROW_REDUCTIONS = ("sum", "max", "min")
 
 
-def fusable(graph: Graph, gemm: OpNode, group: Group, row_reduction: bool = False) -> str | None:
-    """None when `gemm`'s output feeds only `group` and the group can be its epilogue (with
-    `row_reduction`: an epilogue then a reduction over each row, the group's only output)."""
+def fusable(graph: Graph, gemm: OpNode, group: Group) -> str | None:
+    """None when `gemm`'s output feeds only `group` and the group can be its epilogue: pointwise,
+    or pointwise then one reduction over each row (whether that reduction is a sum / max / min
+    that ends the group, `build` checks)."""
     if gemm.target not in GEMMS:
         return "not an mm/addmm"
-    if group.rdims is not None and not (row_reduction and tuple(group.rdims) == (1,) and len(group.domain) == 2
+    if group.rdims is not None and not (tuple(group.rdims) == (1,) and len(group.domain) == 2
                                         and group.kind == "reduction"):
-        return "epilogue group has reductions" + ("" if row_reduction else " (see row_reduction)")
-    if row_reduction and group.rdims is None:
-        return "no reduction over the rows"
+        return "epilogue group has reductions other than one over each row"
     if gemm.name in graph.outputs or gemm.name in graph.mutations:
         return "the GEMM output itself is a model output"
     members = set(group.nodes)
@@ -104,7 +103,7 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
     """The epilogue (operands + statements) for `group` applied to `gemm`'s accumulator, and the
     row reduction after it if the group ends in one; with the plan's `groups`, bf16 operand casts
     are absorbed (module docstring)."""
-    why = fusable(graph, gemm, group, row_reduction=group.rdims is not None)
+    why = fusable(graph, gemm, group)
     if why:
         raise Unsupported(why)
     low: Lowering = lower(graph, group)
