@@ -314,6 +314,26 @@ def test_config_spaces():
     assert 3 <= len(dw) <= 30
 
 
+@pytest.mark.parametrize("warp_specialize", [False, True])
+def test_persistent_path(cache, warp_specialize):
+    """PERSISTENT=True: a few programs (4 in the interpreter) walk all output tiles (here 3 x 2
+    of them, edges included) with TMA loads and the epilogue in registers; bf16 cast in-kernel;
+    invalid combinations are refused before any launch."""
+    g = _gen(10)
+    M, N, K = 40, 24, 48
+    a, w, bias = _rand(M, K, g=g), _rand(N, K, g=g), _rand(N, g=g)
+    fused = _load(render_gemm(Epilogue((EpilogueOperand("bias", "col"),), "acc = tl.maximum(acc + bias, 0.0)")),
+                  "gemm_persistent", cache)
+    cfg = dict(TILE, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=warp_specialize)
+    _close(fused.launch(a, w.t(), bias, **cfg), torch.relu(a @ w.t() + bias))
+    ref = torch.relu(a.bfloat16().float() @ w.t().bfloat16().float() + bias)
+    _close(fused.launch(a, w.bfloat16().t(), bias, **cfg, **precision_kwargs("bf16")), ref, tol=1e-3)
+    with pytest.raises(ValueError, match="PERSISTENT needs TMA"):
+        fused.launch(a, w.t(), bias, **dict(cfg, TMA=False))
+    with pytest.raises(ValueError, match="PERSISTENT needs TMA"):
+        fused.launch(a, w.t(), bias, **dict(cfg, SPLIT_K=2))
+
+
 @pytest.mark.parametrize("M,N,K,split_k", [(40, 24, 64, 1), (33, 17, 40, 2)])
 def test_tma_path(cache, M, N, K, split_k):
     """TMA=True loads tiles through tensor descriptors of A and B^T (the copy engine pads past
