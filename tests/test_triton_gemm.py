@@ -295,12 +295,18 @@ def test_config_spaces():
     assert any(c["SPLIT_K"] > 1 for c in skinny) and all(c["BLOCK_M"] <= 64 for c in skinny)
     tiny = gemm_space("fp32", M=8, N=8, K=8)
     assert tiny and all(c["BLOCK_M"] == 16 for c in tiny)
-    # K-major operands: each tile with TMA loads first; row-major ones: copied K-major first
-    plain = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=10)
-    tma = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=10, tma=True)
-    copy = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=10, kmajor_copy=True)
-    assert tma[0::2] == [dict(c, TMA=True) for c in plain[:5]] and tma[1::2] == plain[:5]
-    assert copy[0::2] == [dict(c, TMA=True, KMAJOR=True) for c in plain[:5]] and copy[1::2] == plain[:5]
+    # K-major operands: each tile with TMA loads first; row-major ones: copied K-major first;
+    # where the tile count is at least twice the SMs, persistent (+ warp-specialized) kernels lead
+    plain = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=12)
+    tma = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=12, tma=True)
+    copy = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=12, kmajor_copy=True)
+    for space, first in ((tma, dict(TMA=True)), (copy, dict(TMA=True, KMAJOR=True))):
+        assert space[3::4] == plain[:3] and space[2::4] == [dict(c, **first) for c in plain[:3]]
+        assert space[1::4] == [dict(c, **first, PERSISTENT=True) for c in plain[:3]]
+        assert space[0::4] == [dict(c, **first, PERSISTENT=True, WARP_SPECIALIZE=True) for c in plain[:3]]
+    few = gemm_space("tf32", M=1024, N=512, K=4096, max_configs=10)  # 32 tiles of 128 x 128: 1 per SM at most
+    assert gemm_space("tf32", M=1024, N=512, K=4096, max_configs=20, tma=True)[1::2] == few
+    assert not any(c.get("PERSISTENT") for c in gemm_space("tf32", M=1024, N=512, K=4096, tma=True))
     cs = conv_space("tf32", batch=32, Cin=256, Cout=256, OH=56, OW=56)
     assert 5 <= len(cs) <= 60 and all(c["SPLIT_K"] == 1 for c in cs)
     assert all(c["BLOCK_K"] <= 16 for c in conv_space("tf32", Cin=3, Cout=64))
@@ -314,17 +320,23 @@ def test_config_spaces():
     assert 3 <= len(dw) <= 30
 
 
+# on a GPU also a shape with several tiles per SM (132 programs walk 33 x 16 tiles of 64 x 64)
+_PERSISTENT_CASES = [((40, 24, 48), TILE)] + ([((2100, 1000, 512), dict(TILE, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32))]
+                                              if DEVICE == "cuda" else [])
+
+
+@pytest.mark.parametrize("shape,tile", _PERSISTENT_CASES)
 @pytest.mark.parametrize("warp_specialize", [False, True])
-def test_persistent_path(cache, warp_specialize):
+def test_persistent_path(cache, warp_specialize, shape, tile):
     """PERSISTENT=True: a few programs (4 in the interpreter) walk all output tiles (here 3 x 2
     of them, edges included) with TMA loads and the epilogue in registers; bf16 cast in-kernel;
     invalid combinations are refused before any launch."""
     g = _gen(10)
-    M, N, K = 40, 24, 48
+    M, N, K = shape
     a, w, bias = _rand(M, K, g=g), _rand(N, K, g=g), _rand(N, g=g)
     fused = _load(render_gemm(Epilogue((EpilogueOperand("bias", "col"),), "acc = tl.maximum(acc + bias, 0.0)")),
                   "gemm_persistent", cache)
-    cfg = dict(TILE, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=warp_specialize)
+    cfg = dict(tile, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=warp_specialize)
     _close(fused.launch(a, w.t(), bias, **cfg), torch.relu(a @ w.t() + bias))
     ref = torch.relu(a.bfloat16().float() @ w.t().bfloat16().float() + bias)
     _close(fused.launch(a, w.bfloat16().t(), bias, **cfg, **precision_kwargs("bf16")), ref, tol=1e-3)

@@ -209,7 +209,7 @@ def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages",
-                                 "TMA", "KMAJOR") if k in config}
+                                 "TMA", "KMAJOR", "PERSISTENT", "WARP_SPECIALIZE") if k in config}
     kw.update(precision_kwargs("bf16" if fused.cast_bf16 else precision))
 
     def operand(v):  # an operand of another rank, read row-major as [M, N] (a view when contiguous)

@@ -318,13 +318,24 @@ def gemm_space(
     for float32 tensors cast to bf16 in the kernel).  tma: the operands are K-major, so each tile
     config is offered with TMA loads first, then with pointer loads.  kmajor_copy: they are not,
     but TF32 wgmma wants them so: each tile is offered first with the operands copied K-major in
-    the launcher (a tiled transpose) and TMA loads, then with strided pointer loads."""
+    the launcher (a tiled transpose) and TMA loads, then with strided pointer loads.  With TMA, a
+    tile config that makes at least two tiles per SM (split-K off) comes first as a persistent
+    kernel with warp specialization, then persistent without it (H200, 8192 x 4096 x 4096 bf16,
+    128 x 256 x 64: 0.39-0.40 ms persistent vs 0.46 one program per tile, cuBLAS 0.35)."""
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=max_configs,
                         split_k=True, smem_limit=smem_limit, num_sms=num_sms)
     if not (tma or kmajor_copy):
         return space
     first = dict(TMA=True, KMAJOR=True) if kmajor_copy else dict(TMA=True)
-    return [v for c in space for v in (dict(c, **first), c)][:max_configs]
+
+    def variants(c):
+        tma_c = dict(c, **first)
+        tiles = math.ceil(M / c["BLOCK_M"]) * math.ceil(N / c["BLOCK_N"]) if M and N else 0
+        if c["SPLIT_K"] != 1 or tiles < 2 * num_sms:  # persistence pays when programs walk several tiles
+            return [tma_c, c]
+        return [dict(tma_c, PERSISTENT=True, WARP_SPECIALIZE=True), dict(tma_c, PERSISTENT=True), tma_c, c]
+
+    return [v for c in space for v in variants(c)][:max_configs]
 
 
 def rowreduce_space(
