@@ -243,6 +243,26 @@ def test_gemm_epilogue_refuses_groups_with_reductions():
     assert "reductions" in gemm_epilogue.fusable(g, gemm, plan.groups[0])
 
 
+@pytest.mark.parametrize("n,fits", [(256, True), (257, False)])
+def test_gemm_row_reduction_needs_a_row_to_fit_one_tile(n, fits):
+    """Linear -> sigmoid -> row sum folds into the GEMM only up to ROW_REDUCTION_MAX_N columns
+    (wider rows measured 2x slower than cuBLAS + a reduction kernel on the H200)."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(8, n)
+
+        def forward(self, x):
+            return torch.sigmoid(self.l(x)).sum(1)
+
+    g = capture(from_module(M(), [torch.randn(4, 8)]))
+    plan = plan_graph(g)
+    gemm = next(g.node(u.node) for u in plan.units if u.node and g.node(u.node).target in gemm_epilogue.GEMMS)
+    (group,) = [grp for grp in plan.groups if gemm.name in grp.inputs]
+    why = gemm_epilogue.fusable(g, gemm, group)
+    assert (why is None) if fits else ("does not fit one tile" in why)
+
+
 @pytest.mark.parametrize("cfg", [
     {"BLOCK_M": 2, "BLOCK_R": 16, "SPLIT": 4, "one_pass": False, "num_warps": 4},  # partial / finish / apply
     {"BLOCK_M": 2, "BLOCK_R": 16, "one_pass": False, "num_warps": 4},
