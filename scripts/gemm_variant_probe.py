@@ -8,7 +8,7 @@ Usage (on the GPU machine):  PYTHONPATH=src python3 scripts/gemm_variant_probe.p
 Cases: "bf16" (bf16 tensors), "bf16_cast" (float32 A rounded to bf16 in the kernel, against a cast
 kernel + cuBLAS), "tf32" (float32 tensors, TF32 on both sides).  Every variant is checked against a
 float32 reference before timing (triton.testing.do_bench, median); failures are recorded, not
-raised.  Results: DIR/gemm_variants.json and a log on stdout.
+raised.  --bias-relu fuses a bias + ReLU epilogue into the Triton kernels.  Results: DIR/gemm_variants.json and a log on stdout.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import triton
 from triton.testing import do_bench
 
 from kernelwright.build.pyload import load_module_from_source
+from kernelwright.codegen.epilogue import bias_relu
 from kernelwright.codegen.triton_gemm import precision_kwargs, render_gemm
 
 TILES = {
@@ -45,6 +46,8 @@ def main():
     ap.add_argument("--modes", default="tma,persistent,persistent_ws")
     ap.add_argument("--mnk", default="8192,4096,4096")
     ap.add_argument("--deadline", type=float, default=200.0, help="seconds for the whole run")
+    ap.add_argument("--tiles", type=int, default=0, help="only the first N tiles of each case (0: all)")
+    ap.add_argument("--bias-relu", action="store_true", help="fuse a bias + ReLU epilogue (cuBLAS side unchanged)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
@@ -53,11 +56,14 @@ def main():
     env = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv), "M": M, "N": N, "K": K}
     print(env, flush=True)
-    mod = load_module_from_source(render_gemm(), "kw_gemm_probe", os.path.join(args.out, "kernels"))
+    text = render_gemm(bias_relu()) if args.bias_relu else render_gemm()
+    mod = load_module_from_source(text, "kw_gemm_probe", os.path.join(args.out, "kernels"))
     results = {"env": env, "cases": []}
     g = torch.Generator(device="cuda").manual_seed(0)
     a32 = torch.randn(M, K, device="cuda", generator=g)
     w32 = torch.randn(N, K, device="cuda", generator=g) / K ** 0.5
+    bias = torch.randn(N, device="cuda", generator=g)
+    extra = (bias,) if args.bias_relu else ()
     for case in args.cases.split(","):
         res = {"case": case, "trials": []}
         results["cases"].append(res)
@@ -72,13 +78,15 @@ def main():
                     precision_kwargs("bf16"), torch.bfloat16
                 ref = a32.bfloat16().float() @ b.float()
                 lib = (lambda: torch.mm(a, b)) if case == "bf16" else (lambda: torch.mm(a.bfloat16(), b))  # noqa: E731
+            if args.bias_relu:
+                ref = torch.relu(ref + bias)
             torch.backends.cuda.matmul.allow_tf32 = case == "tf32"
             res["cublas_ms"] = do_bench(lib, warmup=25, rep=100, return_mode="median")
             res["cublas_err"] = rel_err(lib(), ref)
             res["cublas_tflops"] = flops / res["cublas_ms"] / 1e9
             print(f"[{case}] cuBLAS{' + cast' if case == 'bf16_cast' else ''} {res['cublas_ms']:.4f} ms "
                   f"{res['cublas_tflops']:.0f} TFLOP/s err {res['cublas_err']:.1e}", flush=True)
-            for bm, bn, bk, w, s in TILES[case]:
+            for bm, bn, bk, w, s in TILES[case][:args.tiles or None]:
                 for mode in args.modes.split(","):
                     cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=w, num_stages=s, TMA=True,
                                **MODES[mode])
@@ -89,7 +97,7 @@ def main():
                         continue
                     try:
                         t0 = time.time()
-                        out = mod.launch(a, b, out_dtype=odt, **cfg, **pk)
+                        out = mod.launch(a, b, *extra, out_dtype=odt, **cfg, **pk)
                         torch.cuda.synchronize()
                         t["first_call_s"] = round(time.time() - t0, 1)
                         t["err"] = rel_err(out, ref)
@@ -97,7 +105,7 @@ def main():
                         if not t["err"] < 1e-2:
                             t["status"] = "wrong"
                         else:
-                            t["ms"] = do_bench(lambda: mod.launch(a, b, out_dtype=odt, **cfg, **pk),
+                            t["ms"] = do_bench(lambda: mod.launch(a, b, *extra, out_dtype=odt, **cfg, **pk),
                                                warmup=25, rep=100, return_mode="median")
                             t["tflops"] = flops / t["ms"] / 1e9
                             t["pct_cublas"] = 100 * res["cublas_ms"] / t["ms"]

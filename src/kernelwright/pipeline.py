@@ -22,6 +22,7 @@ from kernelwright.codegen.cuda_kernels import runtime_source
 from kernelwright.codegen.node_kernels import template_for
 from kernelwright.codegen.triton_group import Unsupported
 from kernelwright.emit.module import import_model_new, model_new_like, render_model_new, write_module
+from kernelwright.measure import watchdog
 from kernelwright.plan import Plan, plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
@@ -335,16 +336,37 @@ def _nbytes(graph, name) -> int:
     return sum(m.nbytes for m in outs if m is not None)
 
 
+def _hung_configs(db, common) -> set[str]:
+    """Keys of the configs that hung on this device before (never tried again)."""
+    keys = set()
+    for r in db.records(task_key=common["task_key"], device=common.get("device"), precision=common.get("precision")):
+        if str(r.get("error") or "").startswith(watchdog.HANG + ":"):
+            try:
+                keys.add(Config.from_json(r["config"]).key())
+            except (KeyError, TypeError, ValueError):
+                continue
+    return keys
+
+
 def _search(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult]:
-    """Expert seeds first (in order), then model-based search over the rest of the space."""
-    space = set(tuner.space)
-    seeds = [c for c in tuner.seeds if c in space] or tuner.seeds[:1]
+    """Expert seeds first (in order), then model-based search over the rest of the space; configs
+    that hung here before are left out, and one that hangs now is recorded before the process ends."""
+    db = common["db"]
+    hung = _hung_configs(db, common)
+    tuner.on_hang = lambda cfg, msg: db.add_result(RunResult.failure(cfg, watchdog.HANG, msg), common["task_key"],
+                                                   common.get("task_features"), common.get("device"),
+                                                   common.get("precision"))
+    fresh = [c for c in tuner.space if c.key() not in hung]
+    if not fresh:
+        return []
+    space = set(fresh)
+    seeds = [c for c in tuner.seeds if c in space] or fresh[:1]
     n_seed = len(seeds) if per_trials is None else min(len(seeds), per_trials)
     first = tune(seeds[:n_seed], tuner.run, budget_trials=n_seed, budget_s=per_s, strategy=Exhaustive(), **common)
     results = list(first.results)
     rest_trials = None if per_trials is None else per_trials - len(results)
     rest_s = None if per_s is None else max(0.0, per_s - first.elapsed_s)
-    rest = [c for c in tuner.space if c not in seeds]
+    rest = [c for c in fresh if c not in seeds]
     if rest and (rest_trials is None or rest_trials > 0) and (rest_s is None or rest_s > 0):
         results += tune(rest, tuner.run, budget_trials=rest_trials, budget_s=rest_s, **common).results
     return results

@@ -19,6 +19,7 @@ from kernelwright.codegen import gemm_epilogue, library_epilogue
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_gemm import gemm_space, rowreduce_space
 from kernelwright.codegen.triton_group import extent, lower, render_group, tiled_apply_dims, transposed_walk
+from kernelwright.measure import watchdog
 from kernelwright.policy import Policy
 from kernelwright.search.result import RunResult
 from kernelwright.space.config import Config
@@ -77,6 +78,10 @@ class KernelTuner:
         self.threshold = max(policy.tol, 4 * self.eager_excess)
         self.modules: dict[str, object] = {}
         self.library_ms: float | None = None
+        # called with (config, message) before the process ends when a candidate's first run
+        # hangs on the GPU (measure/watchdog.py); None: no guard
+        self.on_hang: Callable[[Config, str], None] | None = None
+        self.hang_s: float = watchdog.DEFAULT_SECONDS
 
     def _run_library(self, dtype=None) -> dict:
         local = {k: (self.env[k].to(dtype) if dtype is not None and _floating(self.env[k]) else self.env[k])
@@ -128,6 +133,11 @@ class KernelTuner:
             worst = max(worst, ex)
         return worst
 
+    def _hung(self, cfg: Config) -> None:
+        msg = (f"candidate {cfg.key()} of unit {self.name} did not finish its first run (compile and "
+               f"verification) within {self.hang_s:.0f} s on the GPU")
+        watchdog.hang_exit(msg, lambda m: self.on_hang(cfg, m))
+
     def run(self, configs: list[Config]) -> list[RunResult]:
         results, fns, built = [], {}, {}
         for cfg in configs:
@@ -137,7 +147,9 @@ class KernelTuner:
                 results.append(RunResult.failure(cfg, "compile", f"{type(e).__name__}: {str(e)[:200]}"))
                 continue
             try:
-                ex = self.check(ins, mod)
+                with watchdog.guard(self.hang_s if (self.timed and self.on_hang) else None,
+                                    lambda c=cfg: self._hung(c)):
+                    ex = self.check(ins, mod)
             except ValueError as e:
                 results.append(RunResult.failure(cfg, "wrong", str(e)))
                 continue

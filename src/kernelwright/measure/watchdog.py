@@ -1,0 +1,48 @@
+"""A guard against candidates that never finish on the GPU.
+
+A kernel that deadlocks (measured: a warp-specialized persistent GEMM on the H200) blocks the
+process in its next synchronisation, where no Python exception can reach it. `guard` arms a timer
+around a candidate's first run (its JIT compile and verification); when the timer fires, the
+candidate is recorded as failed (error kind "hang", which the search never retries) and the
+process exits with one line on stderr: the CUDA context cannot be recovered in-process, and a
+rerun continues without that candidate.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
+
+HANG = "hang"
+HANG_EXIT_CODE = 75  # EX_TEMPFAIL: run the same command again
+DEFAULT_SECONDS = float(os.environ.get("KERNELWRIGHT_HANG_S", "240"))
+
+
+def hang_exit(message: str, record: Optional[Callable[[str], None]] = None) -> None:
+    """Record the hang (best effort), say so on stderr and end the process at once."""
+    try:
+        if record is not None:
+            record(message)
+    finally:
+        sys.stderr.write(f"kernelwright: error: {message}; recorded as failed, run the command again "
+                         "to continue without it\n")
+        sys.stderr.flush()
+        os._exit(HANG_EXIT_CODE)
+
+
+@contextmanager
+def guard(seconds: Optional[float], on_hang: Callable[[], None]) -> Iterator[None]:
+    """Run the block; if it has not finished after `seconds`, call `on_hang` from a timer thread
+    (which normally ends the process, see `hang_exit`). None or <= 0 seconds: no guard."""
+    if not seconds or seconds <= 0:
+        yield
+        return
+    timer = threading.Timer(seconds, on_hang)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

@@ -1,0 +1,122 @@
+"""The hang guard (measure/watchdog.py): a candidate whose first run never finishes is recorded as
+failed and ends the process with one line; the search never tries it again."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from kernelwright.measure import watchdog
+from kernelwright.pipeline import _search
+from kernelwright.search import RunResult, TrialDB
+from kernelwright.space.config import Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_guard_fires_only_when_the_block_outlives_it():
+    fired = threading.Event()
+    with watchdog.guard(0.05, fired.set):
+        time.sleep(0.3)
+    assert fired.is_set()
+    quiet = threading.Event()
+    with watchdog.guard(5.0, quiet.set):
+        pass
+    time.sleep(0.05)
+    assert not quiet.is_set()
+    with watchdog.guard(None, quiet.set):  # no guard at all
+        time.sleep(0.01)
+    assert not quiet.is_set()
+
+
+def test_a_hang_is_recorded_and_ends_the_process_with_one_line(tmp_path):
+    db_path = tmp_path / "trials.jsonl"
+    code = textwrap.dedent(f"""
+        import time
+        from kernelwright.measure import watchdog
+        from kernelwright.search import RunResult, TrialDB
+        from kernelwright.space.config import Config
+        db = TrialDB({str(db_path)!r})
+        cfg = Config.make("triton.gemm", BLOCK_M=128)
+        record = lambda msg: db.add_result(RunResult.failure(cfg, watchdog.HANG, msg), "p/g0/t", device="GPU X")
+        with watchdog.guard(0.2, lambda: watchdog.hang_exit("candidate X did not finish", record)):
+            time.sleep(30)
+        print("not reached")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert time.time() - t0 < 25
+    assert proc.returncode == watchdog.HANG_EXIT_CODE
+    assert "not reached" not in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("kernelwright: error: candidate X did not finish; recorded as failed")
+    (rec,) = TrialDB(db_path).records()
+    assert rec["error"] == "hang: candidate X did not finish" and rec["task_key"] == "p/g0/t"
+
+
+class _Tuner:
+    """What `_search` needs of a tuner: space, seeds, run; it sets on_hang."""
+
+    def __init__(self, space):
+        self.space, self.seeds, self.ran, self.on_hang = space, space[:2], [], None
+
+    def run(self, configs):
+        self.ran += configs
+        return [RunResult(c, 1.0 + i) for i, c in enumerate(configs)]
+
+
+def test_search_skips_configs_that_hung_before_and_records_new_hangs(tmp_path):
+    db = TrialDB(tmp_path / "trials.jsonl")
+    space = [Config.make("triton.gemm", BLOCK_M=m) for m in (16, 32, 64, 128)]
+    common = dict(db=db, task_key="p/g0/gemm", task_features={}, precision="bf16", device="GPU X")
+    db.add_result(RunResult.failure(space[0], watchdog.HANG, "did not finish"), "p/g0/gemm", device="GPU X",
+                  precision="bf16")
+    db.add_result(RunResult.failure(space[1], watchdog.HANG, "did not finish"), "p/g0/gemm", device="GPU Y",
+                  precision="bf16")  # another GPU: still tried here
+    tuner = _Tuner(space)
+    results = _search(tuner, None, None, common)
+    assert space[0] not in tuner.ran and set(tuner.ran) == set(space[1:])
+    assert {r.config for r in results} == set(space[1:])
+    # the tuner now records a hang of its own under the search's task
+    tuner.on_hang(space[2], "did not finish either")
+    recs = [r for r in db.records(task_key="p/g0/gemm") if str(r["error"]).startswith("hang")]
+    assert len(recs) == 3 and recs[-1]["device"] == "GPU X" and recs[-1]["precision"] == "bf16"
+    again = _Tuner(space)
+    _search(again, None, None, common)
+    assert set(again.ran) == {space[1], space[3]}
+
+
+def test_a_tuner_arms_the_guard_around_a_candidates_first_run(tmp_path, monkeypatch):
+    """On the timed path a candidate whose check outlives `hang_s` reaches `hang_exit` with its
+    config named, and `on_hang` records it; untimed (no GPU) nothing is armed."""
+    import torch
+
+    from kernelwright.capture import capture
+    from kernelwright.capture.execute import run_graph
+    from kernelwright.plan import plan_graph
+    from kernelwright.policy import get_policy
+    from kernelwright.problem import from_module
+    from kernelwright.search.units import GroupTuner
+
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    x = torch.randn(4, 8)
+    graph = capture(from_module(Scale(), [x]))
+    group = plan_graph(graph).groups[0]
+    with torch.no_grad():
+        env = run_graph(graph, Scale(), [x], keep=True)
+    exits, recorded = [], []
+    monkeypatch.setattr(watchdog, "hang_exit", lambda msg, record: (exits.append(msg), record(msg)))
+    for timed in (False, True):
+        tuner = GroupTuner(graph, group, env, get_policy("fp32"), torch.device("cpu"), tmp_path, timed)
+        tuner.hang_s, tuner.on_hang = 0.05, (lambda cfg, msg: recorded.append((cfg, msg)))
+        monkeypatch.setattr(tuner, "check", lambda ins, mod: time.sleep(0.4) or 0.0)
+        monkeypatch.setattr("kernelwright.search.units._time_fns", lambda fns, device: {k: 1.0 for k in fns})
+        tuner.run(tuner.seeds[:1])
+        assert len(exits) == (1 if timed else 0)
+    assert tuner.seeds[0].key() in exits[0] and "did not finish its first run" in exits[0]
+    assert recorded == [(tuner.seeds[0], exits[0])]
