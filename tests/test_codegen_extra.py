@@ -263,6 +263,32 @@ def test_gemm_row_reduction_needs_a_row_to_fit_one_tile(n, fits):
     assert (why is None) if fits else ("does not fit one tile" in why)
 
 
+def test_fused_gemm_space_is_persistent_only_without_in_kernel_casts():
+    """A fused GEMM with tiles enough (8192 x 1024) is offered as persistent TMA kernels under tf32;
+    under bf16, where the kernel rounds the float32 activation itself, it is not."""
+    from kernelwright.plan.rewrites import rewrite
+    from kernelwright.search.units import fused_gemm_space
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(64, 1024)
+
+        def forward(self, x):
+            return F.gelu(self.l(x))
+
+    x = torch.randn(8192, 64)
+    for policy, persistent in (("tf32", True), ("bf16", False)):
+        g = rewrite(capture(from_module(M(), [x])), policy)[0]
+        plan = plan_graph(g)
+        ((gemm, group),) = [(g.node(v), grp) for grp in plan.groups for v in grp.inputs
+                            if not g.is_input(v) and g.node(v).target in gemm_epilogue.GEMMS]
+        fused = gemm_epilogue.build(g, gemm, group, plan.groups)
+        assert bool(fused.prologue) == (policy == "bf16")
+        space = fused_gemm_space(g, fused, policy)
+        assert any(c.get("PERSISTENT") for c in space) == persistent and any(c.get("TMA") for c in space)
+
+
 @pytest.mark.parametrize("cfg", [
     {"BLOCK_M": 2, "BLOCK_R": 16, "SPLIT": 4, "one_pass": False, "num_warps": 4},  # partial / finish / apply
     {"BLOCK_M": 2, "BLOCK_R": 16, "one_pass": False, "num_warps": 4},

@@ -311,6 +311,7 @@ def gemm_space(
     num_sms: int = H200_NUM_SMS,
     tma: bool = False,
     kmajor_copy: bool = False,
+    persistent: bool = True,
 ) -> list[dict]:
     """Candidate GEMM configs for a precision policy (fp32 / tf32 / bf16) and, optionally, a
     problem shape (limits tiles to the shape, enables split-K when the output has too few tiles
@@ -321,7 +322,7 @@ def gemm_space(
     the launcher (a tiled transpose) and TMA loads, then with strided pointer loads.  With TMA, a
     tile config that makes at least two tiles per SM (split-K off) comes first as a persistent
     kernel (H200, 8192 x 4096 x 4096 bf16, 128 x 256 x 64: 0.40 ms persistent vs 0.46 one program
-    per tile, cuBLAS 0.35).  Warp specialization (the template's WARP_SPECIALIZE) is not offered:
+    per tile, cuBLAS 0.35); `persistent=False` leaves those out.  Warp specialization (the template's WARP_SPECIALIZE) is not offered:
     it moved times by -2..+2% there, and a bf16 bench never returned from a fused GEMM search
     (in-kernel operand cast + bias/ReLU epilogue) whose first candidate was warp-specialized."""
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=max_configs,
@@ -333,7 +334,7 @@ def gemm_space(
     def variants(c):
         tma_c = dict(c, **first)
         tiles = math.ceil(M / c["BLOCK_M"]) * math.ceil(N / c["BLOCK_N"]) if M and N else 0
-        if c["SPLIT_K"] != 1 or tiles < 2 * num_sms:  # persistence pays when programs walk several tiles
+        if not persistent or c["SPLIT_K"] != 1 or tiles < 2 * num_sms:  # pays when programs walk several tiles
             return [tma_c, c]
         return [dict(tma_c, PERSISTENT=True), tma_c, c]
 
