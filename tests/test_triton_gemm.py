@@ -296,13 +296,13 @@ def test_config_spaces():
     tiny = gemm_space("fp32", M=8, N=8, K=8)
     assert tiny and all(c["BLOCK_M"] == 16 for c in tiny)
     # K-major operands: each tile with TMA loads first; row-major ones: copied K-major first;
-    # where the tile count is at least twice the SMs, a persistent kernel leads
+    # where the tile count is at least twice the SMs, a persistent kernel follows
     plain = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=12)
     tma = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=12, tma=True)
     copy = gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=12, kmajor_copy=True)
     for space, first in ((tma, dict(TMA=True)), (copy, dict(TMA=True, KMAJOR=True))):
-        assert space[2::3] == plain[:4] and space[1::3] == [dict(c, **first) for c in plain[:4]]
-        assert space[0::3] == [dict(c, **first, PERSISTENT=True) for c in plain[:4]]
+        assert space[1::3] == plain[:4] and space[0::3] == [dict(c, **first) for c in plain[:4]]
+        assert space[2::3] == [dict(c, **first, PERSISTENT=True) for c in plain[:4]]
         assert not any(c.get("WARP_SPECIALIZE") for c in space)
     few = gemm_space("tf32", M=1024, N=512, K=4096, max_configs=10)  # 32 tiles of 128 x 128: 1 per SM at most
     assert gemm_space("tf32", M=1024, N=512, K=4096, max_configs=20, tma=True)[1::2] == few

@@ -319,10 +319,12 @@ def gemm_space(
     for float32 tensors cast to bf16 in the kernel).  tma: the operands are K-major, so each tile
     config is offered with TMA loads first, then with pointer loads.  kmajor_copy: they are not,
     but TF32 wgmma wants them so: each tile is offered first with the operands copied K-major in
-    the launcher (a tiled transpose) and TMA loads, then with strided pointer loads.  With TMA, a
-    tile config that makes at least two tiles per SM (split-K off) comes first as a persistent
-    kernel (H200, 8192 x 4096 x 4096 bf16, 128 x 256 x 64: 0.40 ms persistent vs 0.46 one program
-    per tile, cuBLAS 0.35); `persistent=False` leaves those out.  Warp specialization (the template's WARP_SPECIALIZE) is not offered:
+    the launcher (a tiled transpose) and TMA loads, then with strided pointer loads.  A tile config
+    that makes at least two tiles per SM (split-K off) is then offered a third time, as a persistent
+    TMA kernel: on the H200 it ran the bare 8192 x 4096 x 4096 bf16 GEMM in 0.40 ms against 0.46
+    (one program per tile; cuBLAS 0.35), but with fused epilogues it was the slower one in all five
+    level-3 GEMMs where both ran (e.g. 0.192 vs 0.164 ms); `persistent=False` leaves it out.
+    Warp specialization (the template's WARP_SPECIALIZE) is not offered:
     it moved times by -2..+2% there, and a bf16 bench never returned from a fused GEMM search
     (in-kernel operand cast + bias/ReLU epilogue) whose first candidate was warp-specialized."""
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=max_configs,
@@ -336,7 +338,7 @@ def gemm_space(
         tiles = math.ceil(M / c["BLOCK_M"]) * math.ceil(N / c["BLOCK_N"]) if M and N else 0
         if not persistent or c["SPLIT_K"] != 1 or tiles < 2 * num_sms:  # pays when programs walk several tiles
             return [tma_c, c]
-        return [dict(tma_c, PERSISTENT=True), tma_c, c]
+        return [tma_c, c, dict(tma_c, PERSISTENT=True)]
 
     return [v for c in space for v in variants(c)][:max_configs]
 
