@@ -272,8 +272,8 @@ class NodeTuner(KernelTuner):
 def fused_gemm_space(graph, f: gemm_epilogue.GemmEpilogue, policy: str) -> list[Config]:
     """The Triton configs searched for a fused GEMM (`f`), expert order first: the row-reduction
     template's when the epilogue ends in one, else the GEMM template's (TMA first when both
-    operands are K-major, then a persistent kernel where there are tiles enough and no operand is cast in
-    the kernel; under tf32 a K-major copy of a row-major B)."""
+    operands are K-major, a persistent variant last where there are tiles enough and no operand
+    is cast in the kernel; under tf32 a K-major copy of a row-major B)."""
     bf16_tensors = graph.meta(f.a).dtype == "bfloat16" and graph.meta(f.b).dtype == "bfloat16"
     precision, elem_bytes = ("bf16" if f.cast_bf16 else policy), 2 if bf16_tensors else 4
     if f.reduce:  # the row reduction folded into the GEMM: the product is never written
