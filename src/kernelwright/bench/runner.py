@@ -1,4 +1,5 @@
-"""Run problems one by one (one worker process per visible GPU) and summarise per level.
+"""Run problems one by one (one worker process per visible GPU) and summarise per level; a worker
+that a hung kernel ends is restarted (the problem runs once more, without the hung candidate).
 
 fast_p (KernelBench): the share of problems that are correct *and* faster than the baseline by
 more than p. Geometric means are over problems with a timing on both sides.
@@ -9,8 +10,14 @@ import json
 import math
 import multiprocessing as mp
 import os
+import threading
+import time
 import traceback
+from multiprocessing.connection import wait as wait_for
 from pathlib import Path
+
+from kernelwright.measure.watchdog import HANG_EXIT_CODE
+from kernelwright.problem.load import level_of
 
 
 def _one(path: str, opts: dict) -> dict:
@@ -59,11 +66,82 @@ def _one(path: str, opts: dict) -> dict:
     return row
 
 
-def _worker(gpu: int, paths: list[str], opts: dict, queue):
+def _exit_with_parent(parent: int, every_s: float = 0.5) -> None:
+    """End this worker once the bench that started it is gone (killed by a time limit, say): an
+    orphan would go on using the GPU under whatever runs next."""
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    os._exit(1)
+
+
+def _worker(gpu: int, paths: list[str], opts: dict, conn, one=None):
+    """Bench `paths` in order on GPU `gpu`, sending one row per problem through `conn`, then None.
+    (A pipe, not a queue: its send is written before the next problem starts, so a row is never
+    lost when a hung kernel later ends this process with os._exit.)"""
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    one = one or _one
     for p in paths:
-        queue.put(_one(p, opts))
-    queue.put(None)
+        conn.send(one(p, opts))
+    conn.send(None)
+    conn.close()
+
+
+def _died_row(path: str, code) -> dict:
+    if code == HANG_EXIT_CODE:
+        why = ("hang: a candidate kernel never finished on the GPU, twice (each recorded in the trial "
+               "database as failed and left out of later runs)")
+    else:
+        why = f"crash: the worker process died (exit code {code})"
+    return {"problem": Path(path).stem, "path": path, "level": level_of(path), "correct": False, "error": why}
+
+
+def run_workers(groups: list[list[str]], opts: dict, on_row, *, one=None) -> None:
+    """Bench each list in `groups` in its own worker process (list i on GPU i); `on_row(row)` as rows
+    arrive. A worker that dies inside a problem is restarted on the rest of its list: after a hung
+    kernel ended it (exit code HANG_EXIT_CODE; the candidate is then recorded, measure/watchdog.py)
+    the problem runs once more, without that candidate; otherwise, or when it hangs again, the
+    problem becomes an error row. `one(path, opts) -> row` benches one problem (default `_one`)."""
+    ctx = mp.get_context("spawn")
+    todo = {g: list(paths) for g, paths in enumerate(groups) if paths}
+    procs: dict = {}  # gpu -> (process, read end of its pipe)
+    hangs: dict[str, int] = {}
+
+    def start(g):
+        reader, writer = ctx.Pipe(duplex=False)
+        pr = ctx.Process(target=_worker, args=(g, todo[g], opts, writer, one))
+        pr.start()
+        writer.close()  # the child holds the write end: its exit ends the pipe (EOFError below)
+        procs[g] = (pr, reader)
+
+    for g in todo:
+        start(g)
+    while procs:
+        readers = {reader: g for g, (_, reader) in procs.items()}
+        for reader in wait_for(list(readers)):
+            g = readers[reader]
+            pr = procs[g][0]
+            try:
+                row = reader.recv()
+            except EOFError:  # the worker died inside todo[g][0]
+                pr.join()
+                reader.close()
+                del procs[g]
+                path = todo[g][0]
+                hangs[path] = hangs.get(path, 0) + (pr.exitcode == HANG_EXIT_CODE)
+                if pr.exitcode != HANG_EXIT_CODE or hangs[path] > 1:
+                    on_row(_died_row(path, pr.exitcode))
+                    todo[g].pop(0)
+                if todo[g]:
+                    start(g)
+                continue
+            if row is None:
+                pr.join()
+                reader.close()
+                del procs[g]
+            else:
+                todo[g].pop(0)
+                on_row(row)
 
 
 def geomean(xs) -> float | None:
@@ -132,29 +210,12 @@ def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_di
             line += f"  ERROR {r['error'][:80]}"
         echo(line)
 
-    if n_gpu == 1:
-        for p in paths:
-            r = _one(p, opts)
-            rows.append(r)
-            show(r)
-            save()
-    else:
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(g, paths[g::n_gpu], opts, q)) for g in range(n_gpu)]
-        for pr in procs:
-            pr.start()
-        done = 0
-        while done < n_gpu:
-            r = q.get()
-            if r is None:
-                done += 1
-                continue
-            rows.append(r)
-            show(r)
-            save()
-        for pr in procs:
-            pr.join()
+    def add(r):
+        rows.append(r)
+        show(r)
+        save()
+
+    run_workers([paths[g::n_gpu] for g in range(n_gpu)], opts, add)
     summary = summarise(rows, baseline_only)
     for lvl, s in summary.items():
         echo(f"{lvl}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items()))

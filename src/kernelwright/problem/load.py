@@ -119,6 +119,15 @@ def _first_line(e: BaseException) -> str:
     return text[0] if text else ""
 
 
+def level_of(path: "str | Path") -> int | None:
+    """The KernelBench level a problem's path names (a folder "level<N>"), else None."""
+    level = None
+    for part in Path(path).parts:
+        if part.startswith("level") and part[5:].isdigit():
+            level = int(part[5:])
+    return level
+
+
 def load_problem(path: str | Path, small: bool = False) -> Problem:
     """Load a KernelBench-format file; `small=True` applies its `SMALL` size overrides."""
     path = Path(path)
@@ -158,10 +167,7 @@ def load_problem(path: str | Path, small: bool = False) -> Problem:
             if key not in module.__dict__:
                 raise ProblemError(path, f"SMALL names {key!r}, which the file does not define")
             module.__dict__[key] = value
-    level = None
-    for part in path.parts:
-        if part.startswith("level") and part[5:].isdigit():
-            level = int(part[5:])
+    level = level_of(path)
     return Problem(
         name=path.stem,
         path=path,
