@@ -181,3 +181,10 @@ def test_backend_cuda_without_a_gpu_keeps_the_library_and_says_why(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "CUDA C++ candidates run only on a GPU" in (out / "report.md").read_text()
     assert not list((out / "kernels").glob("*.py"))
+
+
+def test_bad_hang_limit_is_one_line_and_writes_nothing(tmp_path):
+    p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "o", "--device", "cpu", "--small",
+           env_extra={"KERNELWRIGHT_HANG_S": "soon"})
+    _one_line_error(p, "KERNELWRIGHT_HANG_S", "soon")
+    assert not (tmp_path / "o").exists()

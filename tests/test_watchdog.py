@@ -120,3 +120,20 @@ def test_a_tuner_arms_the_guard_around_a_candidates_first_run(tmp_path, monkeypa
         assert len(exits) == (1 if timed else 0)
     assert tuner.seeds[0].key() in exits[0] and "did not finish its first run" in exits[0]
     assert recorded == [(tuner.seeds[0], exits[0])]
+
+
+def test_the_limit_comes_from_the_environment(monkeypatch):
+    import pytest
+
+    from kernelwright.errors import UserError
+
+    monkeypatch.delenv("KERNELWRIGHT_HANG_S", raising=False)
+    assert watchdog.limit_seconds() == watchdog.DEFAULT_SECONDS
+    monkeypatch.setenv("KERNELWRIGHT_HANG_S", "60")
+    assert watchdog.limit_seconds() == 60.0
+    monkeypatch.setenv("KERNELWRIGHT_HANG_S", "0")  # off
+    assert watchdog.limit_seconds() == 0.0
+    for bad in ("soon", "-5", "nan", "inf"):
+        monkeypatch.setenv("KERNELWRIGHT_HANG_S", bad)
+        with pytest.raises(UserError, match="KERNELWRIGHT_HANG_S"):
+            watchdog.limit_seconds()

@@ -177,6 +177,9 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
         raise UserError("no problem files found under " + ", ".join(map(str, paths)))
     if not _has_gpu():
         raise UserError("bench times kernels and needs a CUDA GPU; none is visible (try `kernelwright optimize --device cpu`)")
+    from kernelwright.measure.watchdog import limit_seconds
+
+    limit_seconds()  # a bad $KERNELWRIGHT_HANG_S: one line, before any worker starts
     run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
               seconds=seconds, json_out=json_out, out_dir=out, small=small, compile_mode=compile_mode,
               cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s))

@@ -72,6 +72,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     policy = get_policy(opts.precision)
     device = torch.device(opts.device)
     timed = device.type == "cuda"
+    watchdog.limit_seconds()  # a bad $KERNELWRIGHT_HANG_S is bad input, before any work
     log = opts.log
     started = time.time()
     out_dir = Path(out_dir)

@@ -1,7 +1,8 @@
 """A guard against candidates that never finish on the GPU.
 
-A kernel that deadlocks (measured: a warp-specialized persistent GEMM on the H200) blocks the
-process in its next synchronisation, where no Python exception can reach it. `guard` arms a timer
+A kernel that deadlocks blocks the process in its next synchronisation, where no Python exception
+can reach it (on the H200 a bench never returned from a GEMM search whose first candidate was a
+warp-specialized persistent kernel; docs/benchmarks.md, session 9). `guard` arms a timer
 around a candidate's first run (its JIT compile and verification); when the timer fires, the
 candidate is recorded as failed (error kind "hang", which the search never retries) and the
 process exits with one line on stderr: the CUDA context cannot be recovered in-process, and a
@@ -15,9 +16,26 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
+from kernelwright.errors import UserError
+
 HANG = "hang"
 HANG_EXIT_CODE = 75  # EX_TEMPFAIL: run the same command again
-DEFAULT_SECONDS = float(os.environ.get("KERNELWRIGHT_HANG_S", "240"))
+DEFAULT_SECONDS = 240.0
+
+
+def limit_seconds() -> float:
+    """Seconds a candidate's first run may take: $KERNELWRIGHT_HANG_S, else DEFAULT_SECONDS
+    (0 turns the guard off)."""
+    text = os.environ.get("KERNELWRIGHT_HANG_S", "").strip()
+    if not text:
+        return DEFAULT_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise UserError(f"KERNELWRIGHT_HANG_S={text!r}: expected a number of seconds >= 0")
+    return value
 
 
 def hang_exit(message: str, record: Optional[Callable[[str], None]] = None) -> None:

@@ -81,7 +81,7 @@ class KernelTuner:
         # called with (config, message) before the process ends when a candidate's first run
         # hangs on the GPU (measure/watchdog.py); None: no guard
         self.on_hang: Callable[[Config, str], None] | None = None
-        self.hang_s: float = watchdog.DEFAULT_SECONDS
+        self.hang_s: float | None = None  # None: watchdog.limit_seconds()
 
     def _run_library(self, dtype=None) -> dict:
         local = {k: (self.env[k].to(dtype) if dtype is not None and _floating(self.env[k]) else self.env[k])
@@ -133,9 +133,12 @@ class KernelTuner:
             worst = max(worst, ex)
         return worst
 
+    def _hang_limit(self) -> float:
+        return watchdog.limit_seconds() if self.hang_s is None else self.hang_s
+
     def _hung(self, cfg: Config) -> None:
         msg = (f"candidate {cfg.key()} of unit {self.name} did not finish its first run (compile and "
-               f"verification) within {self.hang_s:.0f} s on the GPU")
+               f"verification) within {self._hang_limit():.0f} s on the GPU")
         watchdog.hang_exit(msg, lambda m: self.on_hang(cfg, m))
 
     def run(self, configs: list[Config]) -> list[RunResult]:
@@ -147,7 +150,7 @@ class KernelTuner:
                 results.append(RunResult.failure(cfg, "compile", f"{type(e).__name__}: {str(e)[:200]}"))
                 continue
             try:
-                with watchdog.guard(self.hang_s if (self.timed and self.on_hang) else None,
+                with watchdog.guard(self._hang_limit() if (self.timed and self.on_hang) else None,
                                     lambda c=cfg: self._hung(c)):
                     ex = self.check(ins, mod)
             except ValueError as e:
