@@ -137,3 +137,33 @@ def test_the_limit_comes_from_the_environment(monkeypatch):
         monkeypatch.setenv("KERNELWRIGHT_HANG_S", bad)
         with pytest.raises(UserError, match="KERNELWRIGHT_HANG_S"):
             watchdog.limit_seconds()
+
+
+def test_a_kernel_that_never_ends_is_stopped(tmp_path):
+    """A Triton kernel spinning on a flag nobody sets (compiled on a GPU, interpreted on the CPU)
+    under the guard: the process ends with the hang exit code and its one line."""
+    import torch
+
+    on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    code = textwrap.dedent("""
+        import torch, triton, triton.language as tl
+        from kernelwright.measure import watchdog
+
+        @triton.jit
+        def spin(flag_ptr):
+            while tl.load(flag_ptr, volatile=True) == 0:
+                pass
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        flag = torch.zeros(1, dtype=torch.int32, device=dev)
+        with watchdog.guard(3.0, lambda: watchdog.hang_exit("spin did not finish")):
+            spin[(1,)](flag)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+        print("not reached")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), TRITON_INTERPRET="0" if on_gpu else "1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == watchdog.HANG_EXIT_CODE, proc.stderr[-2000:]
+    assert "not reached" not in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1].startswith("kernelwright: error: spin did not finish")
