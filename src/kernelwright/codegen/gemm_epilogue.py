@@ -2,9 +2,10 @@
 consumer is a pointwise group becomes one Triton GEMM (templates/triton/gemm.py.j2) whose
 epilogue is that group's expressions (same op table, same statements as the group kernel).
 
-A group that ends in one sum / max / min over each row of the GEMM's result (e.g. Linear ->
-sigmoid -> sum(dim=1)) becomes one Triton GEMM that folds each tile into per-row statistics
-(templates/triton/gemm_rowreduce.py.j2): the [M, N] product is never written.
+A group whose rows (N <= ROW_REDUCTION_MAX_N) end in one sum / max / min, possibly followed by
+arithmetic on the reduced value (Linear -> sigmoid -> sum(dim=1); a mean's division; a norm's
+square root), or in a softmax / log-softmax, becomes one Triton GEMM that reduces each row in
+registers (templates/triton/gemm_rowreduce.py.j2): the [M, N] product is never written.
 
 Under the bf16 policy the GEMM reads bf16 copies of its operands (plan.rewrites.bf16_operands).
 An operand cast that is a group of its own, read by this GEMM alone, is absorbed: the fused
@@ -43,7 +44,10 @@ class GemmEpilogue:
     prologue: tuple[Group, ...] = ()  # operand-cast groups the kernel absorbs (bf16 policy)
     out_shape: tuple[int, ...] = ()  # the group's output when it is a row-major view of [M, N] (else ())
     flat: tuple[str, ...] = ()  # operands of another rank the epilogue reads as row-major [M, N]
-    reduce: str | None = None  # "sum" / "max" / "min" over each row after the epilogue (output [M])
+    # over each row after the epilogue: "sum" / "max" / "min" (output [M], then `row_code` on it) or
+    # "softmax" / "log_softmax" (output [M, N])
+    reduce: str | None = None
+    row_code: str = ""  # statements turning the reduced `res` ([BLOCK_M]) into the output, e.g. a mean's / N
 
     def k_major(self, graph: Graph) -> bool:
         """Both operands have unit stride along K (A [M, K] row-major, B = W.T of a row-major W):
@@ -61,6 +65,7 @@ class GemmEpilogue:
 
 
 ROW_REDUCTIONS = ("sum", "max", "min")
+ROW_NORMALIZATIONS = ("softmax", "log_softmax")
 # The row-reduction GEMM runs one program per BLOCK_M rows through all N columns: where a row fits
 # one tile it skips the product's write and re-read; at N = 4096 (gemm_sigmoid_sum, H200) its best
 # config took 0.85-0.95 ms against 0.40 (bf16) / 0.74 (tf32) for cuBLAS + a reduction kernel
@@ -75,7 +80,7 @@ def fusable(graph: Graph, gemm: OpNode, group: Group) -> str | None:
     if gemm.target not in GEMMS:
         return "not an mm/addmm"
     if group.rdims is not None and not (tuple(group.rdims) == (1,) and len(group.domain) == 2
-                                        and group.kind == "reduction"):
+                                        and group.kind in ("reduction", "normalization")):
         return "epilogue group has reductions other than one over each row"
     if gemm.name in graph.outputs or gemm.name in graph.mutations:
         return "the GEMM output itself is a model output"
@@ -160,10 +165,12 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
         code.append(f"acc = {acc} + {bname}" + ("" if beta == 1.0 else f" * {beta!r}"))
     elif alpha != 1.0:
         code.append(f"acc = {acc}")
-    reduce, reduced = None, None
-    for st in low.stmts:
-        if reduced is not None and not (st.kind == "store" and st.deps[0] == reduced):
-            raise Unsupported("the row reduction is not the group's last step")
+    reduce, reduced, row_code = None, None, []
+    stmts = list(low.stmts)
+    for i, st in enumerate(stmts):
+        if reduced is not None:  # after a sum / max / min: per-row statements on the reduced value
+            row_code.append(_after_reduction(st, reduced, row_code))
+            continue
         if st.kind == "load":
             op = st.operand
             if op.value == gemm.name:
@@ -177,24 +184,62 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
         elif st.kind == "reduce" and st.op in ROW_REDUCTIONS and group.rdims is not None:
             code.append(f"acc = {st.deps[0]}")  # the epilogue ends here; the template reduces acc
             reduce, reduced = st.op, st.var
-        elif st.kind == "store" and reduced is None:
+            row_code.append(f"{st.var} = res")
+        elif st.kind == "reduce" and st.op == "online_softmax" and group.rdims is not None:
+            reduce = _normalization(stmts[i:])  # the rest of the group, matched as a whole
             code.append(f"acc = {st.deps[0]}")
+            break
         elif st.kind == "store":
-            pass  # the reduced value, which the template returns
+            code.append(f"acc = {st.deps[0]}")
         else:
             raise Unsupported(f"statement {st.kind} {getattr(st, 'op', '')} in a GEMM epilogue")
     if group.rdims is not None and reduce is None:
-        raise Unsupported("the group's reduction is not a sum, max or min over the rows")
+        raise Unsupported("the group's reduction is not a sum, max or min over the rows, a softmax or a log-softmax")
     out = graph.meta(group.outputs[0])
-    if reduce is not None:
+    row_output = reduce in ROW_REDUCTIONS
+    if row_output:
         if out.dtype not in ("float32", "bfloat16") or not _row_major(out, M):
             raise Unsupported(f"the reduced output {list(out.shape)} is not [M] (or [M, 1])")
     elif tuple(out.shape) != (M, N) and not _row_major(out, M * N):
         raise Unsupported(f"the epilogue's output {list(out.shape)} is not a row-major view of [M, N]")
-    natural = (M,) if reduce else (M, N)  # what the template returns
+    natural = (M,) if row_output else (M, N)  # what the template returns
     return GemmEpilogue(gemm, group, Epilogue(tuple(ops), "\n".join(code)), a_src, b_src, values, M, N, K,
                         out.dtype, tuple(prologue), tuple(out.shape) if tuple(out.shape) != natural else (),
-                        tuple(dict.fromkeys(flat)), reduce)
+                        tuple(dict.fromkeys(flat)), reduce, "\n".join(row_code) if row_output else "")
+
+
+def _after_reduction(st, reduced: str, row_code: list[str]) -> str:
+    """One statement after a row sum / max / min as row code: expressions of the reduced value
+    (and of earlier such expressions) and constants, e.g. a mean's division; the store names the
+    output. Anything reading another operand is refused."""
+    known = {reduced} | {line.split(" = ", 1)[0] for line in row_code}
+    if st.kind == "expr" and st.level == "row" and set(st.deps) <= known:
+        return f"{st.var} = {st.code}"
+    if st.kind == "store" and st.deps[0] in known:
+        return f"res = {st.deps[0]}"
+    raise Unsupported("after the row reduction the group reads more than the reduced value")
+
+
+def _normalization(stmts) -> str:
+    """"softmax" or "log_softmax" when the statements from an online-softmax reduction on are
+    exactly the lowering of torch.softmax / log_softmax of its input (templates/triton/
+    gemm_rowreduce.py.j2 computes those itself); else Unsupported."""
+    red, rest = stmts[0], stmts[1:]
+    x, mx, s = red.deps[0], red.code, red.var
+    exprs = {st.var: st.code for st in rest if st.kind == "expr"}
+    stores = [st for st in rest if st.kind == "store"]
+    if len(stores) != 1 or len(exprs) + 1 != len(rest):
+        raise Unsupported("the group around its softmax is not a softmax or log-softmax of the GEMM's epilogue")
+    shifted = next((v for v, c in exprs.items() if c == f"{x} - {mx}"), None)
+    exps = next((v for v, c in exprs.items() if shifted and c == f"tl.exp({shifted})"), None)
+    out = stores[0].deps[0]
+    if exps and exprs.get(out) == f"{exps} / {s}" and len(exprs) == 3:
+        return "softmax"
+    logs = next((v for v, c in exprs.items() if c == f"tl.log({s})"), None)
+    if shifted and logs and exprs.get(out) == f"{shifted} - {logs}" \
+            and set(exprs) <= {shifted, exps, logs, out}:
+        return "log_softmax"
+    raise Unsupported("the group around its softmax is not a softmax or log-softmax of the GEMM's epilogue")
 
 
 def _row_major(meta, numel: int) -> bool:
@@ -209,7 +254,8 @@ def _row_major(meta, numel: int) -> bool:
 def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list[str]]:
     """Module text whose `launch(*inputs)` runs the fused GEMM with `config`; and its inputs."""
     if fused.reduce:
-        text = render_gemm_rowreduce(fused.epilogue, batched=False, name=f"{fused.group.id}_gemm")
+        text = render_gemm_rowreduce(fused.epilogue, batched=False, name=f"{fused.group.id}_gemm",
+                                     row_code=fused.row_code)
     else:
         text = render_gemm(fused.epilogue, batched=False, name=f"{fused.group.id}_gemm")
     helpers = template_text("triton", "helpers.py.j2")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import textwrap
 from importlib.resources import files
 
 import jinja2
@@ -122,12 +123,13 @@ def render_gemm(epilogue: Epilogue = IDENTITY, batched: bool = False, *, name: s
 
 
 def render_gemm_rowreduce(
-    epilogue: Epilogue = IDENTITY, batched: bool = False, *, name: str = "kw_gemm_rowreduce"
+    epilogue: Epilogue = IDENTITY, batched: bool = False, *, name: str = "kw_gemm_rowreduce", row_code: str = ""
 ) -> str:
     """Module text: ``{name}_kernel`` (reduce each row of epilogue(A @ B) without writing the
     product) and ``launch(a, b, *operands, *, reduce="sum", out_dtype=None, BLOCK_M, BLOCK_N,
     BLOCK_K, INPUT_PRECISION, CAST_BF16, num_warps, num_stages)``; reduce is one of sum, mean,
-    max, min, logsumexp (output [M]) or softmax (output [M, N])."""
+    max, min, logsumexp (output [M]), softmax or log_softmax (output [M, N]).  `row_code`:
+    statements applied to the reduced vector `res` before it is stored (e.g. ``res = res / 16.0``)."""
     ctx = _common_context(epilogue, name)
     batch = "pid_b" if batched else None
     ctx.update(
@@ -135,6 +137,8 @@ def render_gemm_rowreduce(
         params=operand_params(epilogue, batched=batched),
         loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch=batch, indent=" " * 8),
         code=render_code(epilogue, indent=" " * 8),
+        row_code=textwrap.indent(row_code, " " * 8) if row_code.strip() else "",
+        row_code_doc=textwrap.indent(row_code, " " * 4) if row_code.strip() else "",
     )
     if batched:
         ctx["kind_doc"] = _KIND_DOC_BATCHED
@@ -359,7 +363,7 @@ def rowreduce_space(
     (M = 8192 on 132 SMs: BLOCK_M = 64 runs 128 programs, 128 only 64)."""
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=1000,
                         split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS, group_m=(1,))
-    if reduce == "softmax" and N:
+    if reduce in ("softmax", "log_softmax") and N:
         bn = max(16, _p2(N))
         out = []
         for c in space:
