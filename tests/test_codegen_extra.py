@@ -222,20 +222,20 @@ def test_gemm_with_its_row_reduction_folded_in(policy):
     assert out.shape == want.shape and out.dtype == want.dtype
     tol = 1e-5 if policy == "fp32" else 1e-2  # (bf16: the library sums the GEMM's bf16-rounded output)
     torch.testing.assert_close(out, want, rtol=tol, atol=tol)
-    # logsumexp (a max, then a sum of exps shifted by it) and layer norm are not taken (the
-    # softmax is: test_gemm_with_a_softmax_mean_or_norm_folded_in)
-    for name, why in (("gemm_logsumexp.py", "reads more than the reduced value"),
-                      ("gemm_layer_norm.py", "in a GEMM epilogue")):
-        _, g2, plan2, found2 = pairs(name)
-        assert found2
-        for gm, grp in found2:
-            with pytest.raises(gemm_epilogue.Unsupported, match=why):
-                gemm_epilogue.build(g2, gm, grp, plan2.groups)
+    # layer norm is not taken (softmax, logsumexp are: test_gemm_with_a_softmax_mean_or_norm_folded_in)
+    _, g2, plan2, found2 = pairs("gemm_layer_norm.py")
+    assert found2
+    for gm, grp in found2:
+        with pytest.raises(gemm_epilogue.Unsupported, match="in a GEMM epilogue"):
+            gemm_epilogue.build(g2, gm, grp, plan2.groups)
+    _, g3, plan3, ((gm, grp),) = pairs("gemm_logsumexp.py")
+    assert gemm_epilogue.build(g3, gm, grp, plan3.groups).reduce == "logsumexp"
 
 
 @pytest.mark.parametrize("policy", ["fp32", "bf16"])
 @pytest.mark.parametrize("op,reduce", [
     ("softmax", "softmax"), ("log_softmax", "log_softmax"), ("mean", "sum"), ("norm", "sum"), ("amax", "max"),
+    ("logsumexp", "logsumexp"),
 ])
 def test_gemm_with_a_softmax_mean_or_norm_folded_in(policy, op, reduce):
     """Strategy 3 beyond sum / max / min: a Linear whose row (N <= 256) ends in a softmax or
@@ -246,7 +246,7 @@ def test_gemm_with_a_softmax_mean_or_norm_folded_in(policy, op, reduce):
 
     fns = {"softmax": lambda y: torch.softmax(y, 1), "log_softmax": lambda y: F.log_softmax(y, 1),
            "mean": lambda y: torch.sigmoid(y).mean(1), "norm": lambda y: torch.linalg.vector_norm(y, dim=1),
-           "amax": lambda y: torch.tanh(y).amax(1) * 2 + 1}
+           "amax": lambda y: torch.tanh(y).amax(1) * 2 + 1, "logsumexp": lambda y: torch.logsumexp(y, 1)}
 
     class M(nn.Module):
         def __init__(self):
@@ -275,6 +275,47 @@ def test_gemm_with_a_softmax_mean_or_norm_folded_in(policy, op, reduce):
     assert out.shape == want.shape and out.dtype == want.dtype
     tol = 1e-5 if policy == "fp32" else 2e-2
     torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+
+
+def test_a_hand_written_log_sum_exp_without_the_max_added_back_is_refused():
+    """Only torch.logsumexp's exact decomposition becomes the logsumexp reduction: log(sum(exp(y -
+    max))) (the max not added back) reads the row again after its max, and is refused."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(8, 16)
+
+        def forward(self, x):
+            y = self.l(x)
+            return (y - y.amax(1, keepdim=True)).exp().sum(1).log()
+
+    g = capture(from_module(M(), [torch.randn(4, 8)]))
+    plan = plan_graph(g)
+    ((gemm, group),) = [(g.node(v), grp) for grp in plan.groups for v in grp.inputs
+                        if not g.is_input(v) and g.node(v).target in gemm_epilogue.GEMMS]
+    with pytest.raises(gemm_epilogue.Unsupported, match="reads more than the reduced value"):
+        gemm_epilogue.build(g, gemm, group, plan.groups)
+
+
+def test_gemm_logsumexp_keeps_torchs_infinities():
+    """The row-reduction GEMM's logsumexp over several column tiles matches torch.logsumexp on rows
+    holding +inf (in a later tile), only -inf, some -inf, or NaN."""
+    from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
+    from kernelwright.codegen.triton_gemm import render_gemm_rowreduce
+
+    torch.manual_seed(0)
+    a, b, e = torch.randn(6, 16), torch.randn(16, 40), torch.zeros(6, 40)
+    e[0, 37] = float("inf")
+    e[1] = float("-inf")
+    e[2, :20] = float("-inf")
+    e[3, 5] = float("nan")
+    e[4, 3] = 100.0  # a large finite max in the first tile, smaller values after it
+    text = render_gemm_rowreduce(Epilogue((EpilogueOperand("e0", "full"),), "acc = acc + e0"), name="lse_edges")
+    mod = load_module_from_source(text, "lse_edges", os.path.join(ROOT, ".pytest_kw_cache"))
+    out = mod.launch(a, b, e, reduce="logsumexp", BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4)
+    want = torch.logsumexp(a @ b + e, 1)
+    assert out[0] == float("inf") and out[1] == float("-inf") and out[3].isnan()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_gemm_epilogue_refuses_groups_with_reductions():

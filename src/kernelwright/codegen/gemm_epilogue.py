@@ -4,7 +4,7 @@ epilogue is that group's expressions (same op table, same statements as the grou
 
 A group whose rows (N <= ROW_REDUCTION_MAX_N) end in one sum / max / min, possibly followed by
 arithmetic on the reduced value (Linear -> sigmoid -> sum(dim=1); a mean's division; a norm's
-square root), or in a softmax / log-softmax, becomes one Triton GEMM that reduces each row in
+square root), in a logsumexp, or in a softmax / log-softmax, becomes one Triton GEMM that reduces each row in
 registers (templates/triton/gemm_rowreduce.py.j2): the [M, N] product is never written.
 
 Under the bf16 policy the GEMM reads bf16 copies of its operands (plan.rewrites.bf16_operands).
@@ -181,6 +181,10 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
                 code.append(f"{st.var} = {operand(op.value, op.strides)}")
         elif st.kind == "expr":
             code.append(f"{st.var} = {st.code}")
+        elif st.kind == "reduce" and st.op == "max" and group.rdims is not None and _is_logsumexp(graph, stmts[i:]):
+            reduce = "logsumexp"  # the rest of the group, matched as a whole
+            code.append(f"acc = {st.deps[0]}")
+            break
         elif st.kind == "reduce" and st.op in ROW_REDUCTIONS and group.rdims is not None:
             code.append(f"acc = {st.deps[0]}")  # the epilogue ends here; the template reduces acc
             reduce, reduced = st.op, st.var
@@ -189,6 +193,7 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
             reduce = _normalization(stmts[i:])  # the rest of the group, matched as a whole
             code.append(f"acc = {st.deps[0]}")
             break
+
         elif st.kind == "store":
             code.append(f"acc = {st.deps[0]}")
         else:
@@ -196,7 +201,7 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
     if group.rdims is not None and reduce is None:
         raise Unsupported("the group's reduction is not a sum, max or min over the rows, a softmax or a log-softmax")
     out = graph.meta(group.outputs[0])
-    row_output = reduce in ROW_REDUCTIONS
+    row_output = reduce in ROW_REDUCTIONS or reduce == "logsumexp"
     if row_output:
         if out.dtype not in ("float32", "bfloat16") or not _row_major(out, M):
             raise Unsupported(f"the reduced output {list(out.shape)} is not [M] (or [M, 1])")
@@ -205,7 +210,7 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
     natural = (M,) if row_output else (M, N)  # what the template returns
     return GemmEpilogue(gemm, group, Epilogue(tuple(ops), "\n".join(code)), a_src, b_src, values, M, N, K,
                         out.dtype, tuple(prologue), tuple(out.shape) if tuple(out.shape) != natural else (),
-                        tuple(dict.fromkeys(flat)), reduce, "\n".join(row_code) if row_output else "")
+                        tuple(dict.fromkeys(flat)), reduce, "\n".join(row_code) if reduce in ROW_REDUCTIONS else "")
 
 
 def _after_reduction(st, reduced: str, row_code: list[str]) -> str:
@@ -218,6 +223,38 @@ def _after_reduction(st, reduced: str, row_code: list[str]) -> str:
     if st.kind == "store" and st.deps[0] in known:
         return f"res = {st.deps[0]}"
     raise Unsupported("after the row reduction the group reads more than the reduced value")
+
+
+def _is_logsumexp(graph: Graph, stmts) -> bool:
+    """Whether the statements from a row max on are exactly torch.logsumexp's decomposition of the
+    max's input x: m = amax(x); s = where(|m| == inf, 0, m); log(sum(exp(x - s))) + s."""
+    red, rest = stmts[0], stmts[1:]
+    x, m = red.deps[0], red.var
+    exprs = {st.var: st.code for st in rest if st.kind == "expr"}
+    # the 0 is a scalar_tensor node, or the literal once the rewrites folded it into the where
+    zeros = [st.var for st in rest if st.kind == "load" and st.operand is not None
+             and not graph.is_input(st.operand.value) and _zero_scalar(graph.node(st.operand.value))]
+    sums = [st for st in rest if st.kind == "reduce" and st.op == "sum"]
+    if not rest or rest[-1].kind != "store" or len(exprs) != 7 or len(zeros) > 1 or len(sums) != 1 \
+            or len(rest) != 9 + len(zeros):
+        return False
+
+    def find(code):
+        return next((v for v, c in exprs.items() if c == code), None)
+
+    absm = find(f"tl.abs({m})")
+    isinf = absm and find(f"({absm} == float('inf'))")
+    shift = isinf and find(f"tl.where({isinf}, {zeros[0] if zeros else '0.0'}, {m})")
+    diff = shift and find(f"({x} - {shift})")
+    ex = diff and find(f"tl.exp({diff})")
+    s = sums[0].var if ex and sums[0].deps == (ex,) else None
+    log = s and find(f"tl.log({s})")
+    out = log and (find(f"({log} + {shift})") or find(f"({shift} + {log})"))
+    return bool(out) and rest[-1].deps == (out,)
+
+
+def _zero_scalar(node) -> bool:
+    return node.target == "aten.scalar_tensor.default" and node.args and node.args[0] == 0
 
 
 def _normalization(stmts) -> str:
