@@ -44,8 +44,8 @@ class GemmEpilogue:
     prologue: tuple[Group, ...] = ()  # operand-cast groups the kernel absorbs (bf16 policy)
     out_shape: tuple[int, ...] = ()  # the group's output when it is a row-major view of [M, N] (else ())
     flat: tuple[str, ...] = ()  # operands of another rank the epilogue reads as row-major [M, N]
-    # over each row after the epilogue: "sum" / "max" / "min" (output [M], then `row_code` on it) or
-    # "softmax" / "log_softmax" (output [M, N])
+    # over each row after the epilogue: "sum" / "max" / "min" (output [M], then `row_code` on it),
+    # "logsumexp" (output [M]) or "softmax" / "log_softmax" (output [M, N])
     reduce: str | None = None
     row_code: str = ""  # statements turning the reduced `res` ([BLOCK_M]) into the output, e.g. a mean's / N
 
@@ -193,13 +193,13 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
             reduce = _normalization(stmts[i:])  # the rest of the group, matched as a whole
             code.append(f"acc = {st.deps[0]}")
             break
-
         elif st.kind == "store":
             code.append(f"acc = {st.deps[0]}")
         else:
             raise Unsupported(f"statement {st.kind} {getattr(st, 'op', '')} in a GEMM epilogue")
     if group.rdims is not None and reduce is None:
-        raise Unsupported("the group's reduction is not a sum, max or min over the rows, a softmax or a log-softmax")
+        raise Unsupported("the group's reduction is not a sum, max or min over the rows, a logsumexp, a softmax or "
+                          "a log-softmax")
     out = graph.meta(group.outputs[0])
     row_output = reduce in ROW_REDUCTIONS or reduce == "logsumexp"
     if row_output:
