@@ -29,6 +29,7 @@ from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
 from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, packaged_priors, tune
 from kernelwright.search.budget import shares
+from kernelwright.search.database import record_result
 from kernelwright.search.units import (CudaTuner, GemmTuner, GroupTuner, KernelTuner, NodeTuner, group_impl,
                                       kernel_resources)
 from kernelwright.space.config import Config
@@ -142,8 +143,8 @@ def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
 def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, kernels, sources, result, per_trials,
                          per_s, db, problem, log):
     """Strategies 2 and 3 of issue 4: try each (library GEMM, epilogue group) pair as one Triton
-    GEMM (a group ending in a row sum / max / min folds it in; a bias + ReLU group may also be one
-    cuBLASLt call with that epilogue); it replaces the pair only when verified and faster than
+    GEMM (a group whose rows of <= 256 end in a sum / max / min, a logsumexp or a (log-)softmax
+    folds it in; a bias + ReLU group may also be one cuBLASLt call with that epilogue); it replaces the pair only when verified and faster than
     library GEMM + chosen group."""
     groups = {g.id: g for g in plan.groups}
     for unit in plan.units:
@@ -341,11 +342,12 @@ def _hung_configs(db, common) -> set[str]:
     """Keys of the configs that hung on this device before (never tried again)."""
     keys = set()
     for r in db.records(task_key=common["task_key"], device=common.get("device"), precision=common.get("precision")):
-        if str(r.get("error") or "").startswith(watchdog.HANG + ":"):
-            try:
-                keys.add(Config.from_json(r["config"]).key())
-            except (KeyError, TypeError, ValueError):
-                continue
+        try:
+            res = record_result(r)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if res.error_kind == watchdog.HANG:
+            keys.add(res.config.key())
     return keys
 
 

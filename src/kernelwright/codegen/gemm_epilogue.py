@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
 from kernelwright.codegen.templating import template_text
-from kernelwright.codegen.triton_gemm import precision_kwargs, render_gemm, render_gemm_rowreduce
+from kernelwright.codegen.triton_gemm import ROW_NORMALIZATIONS, precision_kwargs, render_gemm, render_gemm_rowreduce
 from kernelwright.codegen.triton_group import Lowering, Unsupported, lower
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
@@ -65,7 +65,6 @@ class GemmEpilogue:
 
 
 ROW_REDUCTIONS = ("sum", "max", "min")
-ROW_NORMALIZATIONS = ("softmax", "log_softmax")
 # The row-reduction GEMM runs one program per BLOCK_M rows through all N columns: where a row fits
 # one tile it skips the product's write and re-read; at N = 4096 (gemm_sigmoid_sum, H200) its best
 # config took 0.85-0.95 ms against 0.40 (bf16) / 0.74 (tf32) for cuBLAS + a reduction kernel
@@ -201,7 +200,7 @@ def build(graph: Graph, gemm: OpNode, group: Group, groups: list[Group] = ()) ->
         raise Unsupported("the group's reduction is not a sum, max or min over the rows, a logsumexp, a softmax or "
                           "a log-softmax")
     out = graph.meta(group.outputs[0])
-    row_output = reduce in ROW_REDUCTIONS or reduce == "logsumexp"
+    row_output = reduce is not None and reduce not in ROW_NORMALIZATIONS  # one value per row
     if row_output:
         if out.dtype not in ("float32", "bfloat16") or not _row_major(out, M):
             raise Unsupported(f"the reduced output {list(out.shape)} is not [M] (or [M, 1])")

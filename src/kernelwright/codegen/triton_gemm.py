@@ -138,7 +138,7 @@ def render_gemm_rowreduce(
         loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch=batch, indent=" " * 8),
         code=render_code(epilogue, indent=" " * 8),
         row_code=textwrap.indent(row_code, " " * 8) if row_code.strip() else "",
-        row_code_doc=textwrap.indent(row_code, " " * 4) if row_code.strip() else "",
+        row_code_doc=textwrap.indent(row_code, " " * 4),
     )
     if batched:
         ctx["kind_doc"] = _KIND_DOC_BATCHED
@@ -347,6 +347,10 @@ def gemm_space(
     return [v for c in space for v in variants(c)][:max_configs]
 
 
+# row-reduction modes of templates/triton/gemm_rowreduce.py.j2 whose output is [M, N] (a row in one tile)
+ROW_NORMALIZATIONS = ("softmax", "log_softmax")
+
+
 def rowreduce_space(
     precision: str = "tf32",
     *,
@@ -363,7 +367,7 @@ def rowreduce_space(
     (M = 8192 on 132 SMs: BLOCK_M = 64 runs 128 programs, 128 only 64)."""
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=1000,
                         split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS, group_m=(1,))
-    if reduce in ("softmax", "log_softmax") and N:
+    if reduce in ROW_NORMALIZATIONS and N:
         bn = max(16, _p2(N))
         out = []
         for c in space:

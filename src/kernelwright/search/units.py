@@ -295,8 +295,8 @@ def fused_gemm_space(graph, f: gemm_epilogue.GemmEpilogue, policy: str) -> list[
 
 class GemmTuner(KernelTuner):
     """A library GEMM node and its epilogue group (and, under bf16, the operand-cast groups it
-    absorbs) as one Triton GEMM (codegen/gemm_epilogue.py; a group ending in a sum / max / min over
-    each row folds it into the GEMM), or, when the group is a bias + ReLU, as one cuBLASLt call
+    absorbs) as one Triton GEMM (codegen/gemm_epilogue.py; a row reduction or (log-)softmax ending
+    the group is folded into the GEMM where a row fits one tile), or, when the group is a bias + ReLU, as one cuBLASLt call
     with that epilogue (codegen/library_epilogue.py).
 
     The reference to beat is what the program would otherwise run: the absorbed casts' and the
