@@ -188,6 +188,12 @@ def test_gemm_epilogue_reads_and_writes_views_of_another_rank():
     assert found == 1
 
 
+def _gemm_groups(g, plan):
+    """(library GEMM node, group reading its output) pairs of a plan."""
+    return [(g.node(v), grp) for grp in plan.groups for v in grp.inputs
+            if not g.is_input(v) and g.node(v).target in gemm_epilogue.GEMMS]
+
+
 @pytest.mark.parametrize("policy", ["fp32", "bf16"])
 def test_gemm_with_its_row_reduction_folded_in(policy):
     """Strategy 3: gemm_sigmoid_sum's Linear -> sigmoid -> sum(dim=1, keepdim) as one Triton GEMM
@@ -201,9 +207,7 @@ def test_gemm_with_its_row_reduction_folded_in(policy):
         p = load_problem(os.path.join(ROOT, "problems", "level2", name), small=True)
         g = rewrite(capture(p), policy)[0]
         plan = plan_graph(g)
-        out = [(g.node(v), grp) for grp in plan.groups for v in grp.inputs
-               if not g.is_input(v) and g.node(v).target in gemm_epilogue.GEMMS]
-        return p, g, plan, out
+        return p, g, plan, _gemm_groups(g, plan)
 
     p, g, plan, found = pairs("gemm_sigmoid_sum.py")
     ((gemm, group),) = found
@@ -260,8 +264,7 @@ def test_gemm_with_a_softmax_mean_or_norm_folded_in(policy, op, reduce):
     model, x = M(), torch.randn(20, 32)
     g = rewrite(capture(from_module(model, [x])), policy)[0]
     plan = plan_graph(g)
-    ((gemm, group),) = [(g.node(v), grp) for grp in plan.groups for v in grp.inputs
-                        if not g.is_input(v) and g.node(v).target in gemm_epilogue.GEMMS]
+    ((gemm, group),) = _gemm_groups(g, plan)
     assert gemm_epilogue.fusable(g, gemm, group) is None
     fused = gemm_epilogue.build(g, gemm, group, plan.groups)
     assert fused.reduce == reduce and bool(fused.row_code) == (reduce == "sum" or op == "amax")
@@ -291,8 +294,7 @@ def test_a_hand_written_log_sum_exp_without_the_max_added_back_is_refused():
 
     g = capture(from_module(M(), [torch.randn(4, 8)]))
     plan = plan_graph(g)
-    ((gemm, group),) = [(g.node(v), grp) for grp in plan.groups for v in grp.inputs
-                        if not g.is_input(v) and g.node(v).target in gemm_epilogue.GEMMS]
+    ((gemm, group),) = _gemm_groups(g, plan)
     with pytest.raises(gemm_epilogue.Unsupported, match="reads more than the reduced value"):
         gemm_epilogue.build(g, gemm, group, plan.groups)
 
@@ -348,8 +350,7 @@ def test_gemm_row_reduction_needs_a_row_to_fit_one_tile(n, fits):
 
     g = capture(from_module(M(), [torch.randn(4, 8)]))
     plan = plan_graph(g)
-    gemm = next(g.node(u.node) for u in plan.units if u.node and g.node(u.node).target in gemm_epilogue.GEMMS)
-    (group,) = [grp for grp in plan.groups if gemm.name in grp.inputs]
+    ((gemm, group),) = _gemm_groups(g, plan)
     why = gemm_epilogue.fusable(g, gemm, group)
     assert (why is None) if fits else ("does not fit one tile" in why)
 
@@ -372,8 +373,7 @@ def test_fused_gemm_space_is_persistent_only_without_in_kernel_casts():
     for policy, persistent in (("tf32", True), ("bf16", False)):
         g = rewrite(capture(from_module(M(), [x])), policy)[0]
         plan = plan_graph(g)
-        ((gemm, group),) = [(g.node(v), grp) for grp in plan.groups for v in grp.inputs
-                            if not g.is_input(v) and g.node(v).target in gemm_epilogue.GEMMS]
+        ((gemm, group),) = _gemm_groups(g, plan)
         fused = gemm_epilogue.build(g, gemm, group, plan.groups)
         assert bool(fused.prologue) == (policy == "bf16")
         space = fused_gemm_space(g, fused, policy)
