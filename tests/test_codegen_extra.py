@@ -198,9 +198,8 @@ def _gemm_groups(g, plan):
 def test_gemm_with_its_row_reduction_folded_in(policy):
     """Strategy 3: gemm_sigmoid_sum's Linear -> sigmoid -> sum(dim=1, keepdim) as one Triton GEMM
     that sums each row's tiles as it goes (the [M, N] product is never written), returning the
-    [M, 1] view; under bf16 it reads the float32 activation and rounds its tiles itself. Groups
-    whose reduction is not the last step (logsumexp's max then exp-sum, softmax, layer norm)
-    are refused."""
+    [M, 1] view; under bf16 it reads the float32 activation and rounds its tiles itself. The
+    shrunk layer / group norm problems become whole-row ("tile") GEMMs, logsumexp its own mode."""
     from kernelwright.plan.rewrites import rewrite
 
     def pairs(name):
@@ -226,12 +225,11 @@ def test_gemm_with_its_row_reduction_folded_in(policy):
     assert out.shape == want.shape and out.dtype == want.dtype
     tol = 1e-5 if policy == "fp32" else 1e-2  # (bf16: the library sums the GEMM's bf16-rounded output)
     torch.testing.assert_close(out, want, rtol=tol, atol=tol)
-    # layer norm is not taken (softmax, logsumexp are: test_gemm_with_a_softmax_mean_or_norm_folded_in)
-    _, g2, plan2, found2 = pairs("gemm_layer_norm.py")
-    assert found2
-    for gm, grp in found2:
-        with pytest.raises(gemm_epilogue.Unsupported, match="in a GEMM epilogue"):
-            gemm_epilogue.build(g2, gm, grp, plan2.groups)
+    # layer / group norm run statement by statement on the whole row (test_gemm_with_a_norm_on_whole_rows)
+    for name in ("gemm_layer_norm.py", "gemm_group_norm_swish.py"):
+        _, g2, plan2, found2 = pairs(name)
+        ((gm, grp),) = [(gm, grp) for gm, grp in found2 if gemm_epilogue.fusable(g2, gm, grp) is None]
+        assert gemm_epilogue.build(g2, gm, grp, plan2.groups).reduce == "tile"
     _, g3, plan3, ((gm, grp),) = pairs("gemm_logsumexp.py")
     assert gemm_epilogue.build(g3, gm, grp, plan3.groups).reduce == "logsumexp"
 
@@ -280,9 +278,79 @@ def test_gemm_with_a_softmax_mean_or_norm_folded_in(policy, op, reduce):
     torch.testing.assert_close(out, want, rtol=tol, atol=tol)
 
 
-def test_a_hand_written_log_sum_exp_without_the_max_added_back_is_refused():
-    """Only torch.logsumexp's exact decomposition becomes the logsumexp reduction: log(sum(exp(y -
-    max))) (the max not added back) reads the row again after its max, and is refused."""
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+@pytest.mark.parametrize("op,reduce", [
+    ("layer_norm", "tile"), ("layer_norm_relu", "tile"), ("group_norm_silu", "tile"), ("var", "tile_row"),
+    ("rms", "tile"),
+])
+def test_gemm_with_a_norm_on_whole_rows(policy, op, reduce):
+    """Strategy 3 for any other row reduction of rows of N <= 256: a layer norm (then more
+    pointwise work), a group norm (each row viewed as [G, N / G] segments), a row variance and a
+    hand-written RMS norm run statement by statement on the tile that holds whole rows; the
+    kernel (interpreter) matches eager, with rows masked at the edge (M = 20, BLOCK_M = 16) and a
+    row narrower than the tile (N = 24 in a 32-column tile) where there are no segments."""
+    from kernelwright.plan.rewrites import rewrite
+
+    n = 32 if op == "group_norm_silu" else 24
+    fns = {"layer_norm": lambda m, y: m.ln(y), "layer_norm_relu": lambda m, y: torch.relu(m.ln(y)) * 0.5,
+           "group_norm_silu": lambda m, y: F.silu(m.gn(y)), "var": lambda m, y: y.var(1),
+           "rms": lambda m, y: y * torch.rsqrt(y.pow(2).mean(1, keepdim=True) + 1e-6)}
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.ln, self.gn = nn.Linear(40, n), nn.LayerNorm(n), nn.GroupNorm(4, n)
+            nn.init.normal_(self.ln.weight)
+            nn.init.normal_(self.gn.bias)
+
+        def forward(self, x):
+            return fns[op](self, self.l(x))
+
+    torch.manual_seed(0)
+    model, x = M(), torch.randn(20, 40)
+    g = rewrite(capture(from_module(model, [x])), policy)[0]
+    plan = plan_graph(g)
+    ((gemm, group),) = _gemm_groups(g, plan)
+    assert gemm_epilogue.fusable(g, gemm, group) is None
+    fused = gemm_epilogue.build(g, gemm, group, plan.groups)
+    assert fused.reduce == reduce
+    assert ("tl.reshape(acc, (BLOCK_M, 4, 8))" in fused.epilogue.code) == (op == "group_norm_silu")
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2}
+    text, ins = gemm_epilogue.render(fused, cfg, policy)
+    assert "BLOCK_N=32" in text  # the whole row's tile, whatever the config said
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+    mod = load_module_from_source(text, f"rownorm_{op}_{policy}", os.path.join(ROOT, ".pytest_kw_cache"))
+    (out,) = mod.launch(*[env[v] for v in ins])
+    want = env[group.outputs[0]]
+    assert out.shape == want.shape and out.dtype == want.dtype
+    tol = 2e-5 if policy == "fp32" else 5e-2  # (bf16: the library normalizes the GEMM's bf16-rounded output)
+    torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+
+
+def test_segmented_rows_need_powers_of_two():
+    """A group norm whose segments are not a power of two wide (3 groups of 8) stays with the
+    library path, with both reasons given."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.gn = nn.Linear(8, 24), nn.GroupNorm(3, 24)
+
+        def forward(self, x):
+            return self.gn(self.l(x))
+
+    g = capture(from_module(M(), [torch.randn(4, 8)]))
+    plan = plan_graph(g)
+    ((gemm, group),) = _gemm_groups(g, plan)
+    assert gemm_epilogue.fusable(g, gemm, group) is None
+    with pytest.raises(gemm_epilogue.Unsupported, match="segments of each row.*powers of two"):
+        gemm_epilogue.build(g, gemm, group, plan.groups)
+
+
+def test_a_hand_written_log_sum_exp_is_not_taken_for_torchs():
+    """Only torch.logsumexp's exact decomposition becomes the template's logsumexp reduction:
+    log(sum(exp(y - max))) (the max not added back) reads the row again after its max, so it runs
+    statement by statement on the whole row ("tile_row") and still matches eager."""
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -292,11 +360,18 @@ def test_a_hand_written_log_sum_exp_without_the_max_added_back_is_refused():
             y = self.l(x)
             return (y - y.amax(1, keepdim=True)).exp().sum(1).log()
 
-    g = capture(from_module(M(), [torch.randn(4, 8)]))
+    torch.manual_seed(0)
+    model, x = M(), torch.randn(4, 8)
+    g = capture(from_module(model, [x]))
     plan = plan_graph(g)
     ((gemm, group),) = _gemm_groups(g, plan)
-    with pytest.raises(gemm_epilogue.Unsupported, match="reads more than the reduced value"):
-        gemm_epilogue.build(g, gemm, group, plan.groups)
+    fused = gemm_epilogue.build(g, gemm, group, plan.groups)
+    assert fused.reduce == "tile_row"
+    text, ins = gemm_epilogue.render(fused, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4}, "fp32")
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+    mod = load_module_from_source(text, "hand_lse", os.path.join(ROOT, ".pytest_kw_cache"))
+    torch.testing.assert_close(mod.launch(*[env[v] for v in ins])[0], env[group.outputs[0]], rtol=1e-5, atol=1e-5)
 
 
 def test_gemm_logsumexp_keeps_torchs_infinities():

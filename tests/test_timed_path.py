@@ -149,15 +149,20 @@ def test_cublaslt_bias_relu_epilogue_wins_when_faster(fake_clock, tmp_path, name
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_gemm_and_row_reduction_ship_as_one_kernel_when_faster(fake_clock, tmp_path, precision):
-    """gemm_sigmoid_sum: the GEMM with its row sum folded in wins on the fake clock; the emitted
-    forward runs it in place of the GEMM and the reduction group and matches the float64 model."""
-    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level2/gemm_sigmoid_sum.py", 5.0, 1.0,
+@pytest.mark.parametrize("name", ["gemm_sigmoid_sum", "gemm_layer_norm", "gemm_group_norm_swish"])
+def test_gemm_and_row_reduction_ship_as_one_kernel_when_faster(fake_clock, tmp_path, precision, name):
+    """The shrunk gemm_sigmoid_sum (row sum), gemm_layer_norm and gemm_group_norm_swish (the norm
+    on whole rows / row segments in one tile): the GEMM with its row reduction folded in wins on
+    the fake clock; the emitted forward runs it in place of the GEMM and the reduction group and
+    matches the float64 model."""
+    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, f"level2/{name}.py", 5.0, 1.0,
                                                    precision)
     (fused,) = [g for g in result["groups"] if g["kind"] == "gemm_rowreduce"]
     assert fused["strategy"] == "triton" and fused["config"]["BLOCK_M"] >= 16
     gemm = next(u.node for u in plan.units if u.node and "mm" in u.node)
     assert kernels[gemm] is None
+    mode = "sum" if name == "gemm_sigmoid_sum" else "tile"
+    assert sum(f"reduce={mode!r}" in text for text in sources.values()) == 1
     path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, precision, [], None), sources)
     body = path.read_text().split("class ModelNew", 1)[1]
     assert "torch.mm(" not in body and "torch.addmm(" not in body

@@ -200,6 +200,39 @@ def test_gemm_rowreduce(cache, reduce):
     _close(out, ref)
 
 
+def test_gemm_rowreduce_whole_row_modes(cache):
+    """"tile" / "tile_row": the epilogue code reduces the whole row itself (what gemm_epilogue
+    renders for a layer / group norm): a layer norm with weight and bias over rows of 24 in a
+    32-column tile, a group norm over 4 segments of 8 columns (the tile viewed [BLOCK_M, 4, 8]),
+    a row variance; rows masked at the edge (M = 20)."""
+    g = _gen(9)
+    M, K = 20, 24
+    a, w, bias = _rand(M, K, g=g), _rand(K, 32, g=g), _rand(32, g=g)
+    ln = Epilogue((EpilogueOperand("e0", "col"), EpilogueOperand("e1", "col")), """
+m = tl.sum(tl.where(mask, acc, 0.0), axis=1)[:, None] / N
+d = acc - m
+v = tl.sum(tl.where(mask, d * d, 0.0), axis=1)[:, None] / N
+acc = d * tl.rsqrt(v + 1e-5) * e0 + e1""")
+    mod = _load(render_gemm_rowreduce(ln), "gemm_rr_tile", cache)
+    z = a @ w[:, :24]
+    out = mod.launch(a, w[:, :24], bias[:24], bias[8:], reduce="tile", BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    _close(out, F.layer_norm(z, (24,), bias[:24], bias[8:]))  # BLOCK_N raised to 32
+    gn = Epilogue((EpilogueOperand("e0", "col"),), """
+x = tl.reshape(acc + e0, (BLOCK_M, 4, 8))
+m = tl.sum(tl.where(row_mask[:, None, None], x, 0.0), axis=2)[:, :, None] / 8
+d = x - m
+v = tl.sum(tl.where(row_mask[:, None, None], d * d, 0.0), axis=2)[:, :, None] / 8
+acc = tl.reshape(d * tl.rsqrt(v + 1e-5), (BLOCK_M, BLOCK_N))""")
+    mod = _load(render_gemm_rowreduce(gn), "gemm_rr_tile_gn", cache)
+    out = mod.launch(a, w, bias, reduce="tile", BLOCK_M=16, BLOCK_N=32, BLOCK_K=16)
+    _close(out, F.group_norm(a @ w + bias, 4).view(M, 32))
+    var = Epilogue((), """
+m = tl.sum(tl.where(mask, acc, 0.0), axis=1)[:, None] / N
+res = tl.sum(tl.sum(tl.where(mask, (acc - m) * (acc - m), 0.0), axis=1)[:, None] / (N - 1), axis=1)""")
+    mod = _load(render_gemm_rowreduce(var), "gemm_rr_tile_row", cache)
+    _close(mod.launch(a, w[:, :24], reduce="tile_row", BLOCK_M=16, BLOCK_N=32, BLOCK_K=16), z.var(1))
+
+
 def test_gemm_rowreduce_batched(cache):
     g = _gen(8)
     a, b = _rand(2, 12, 16, g=g), _rand(2, 16, 20, g=g)

@@ -347,8 +347,10 @@ def gemm_space(
     return [v for c in space for v in variants(c)][:max_configs]
 
 
-# row-reduction modes of templates/triton/gemm_rowreduce.py.j2 whose output is [M, N] (a row in one tile)
-ROW_NORMALIZATIONS = ("softmax", "log_softmax")
+# row-reduction modes of templates/triton/gemm_rowreduce.py.j2 whose output is [M, N] (a row in one tile);
+# WHOLE_ROW: the modes that need a whole row in one tile ("tile" / "tile_row": the epilogue code reduces it)
+ROW_NORMALIZATIONS = ("softmax", "log_softmax", "tile")
+WHOLE_ROW = ROW_NORMALIZATIONS + ("tile_row",)
 
 
 def rowreduce_space(
@@ -361,18 +363,20 @@ def rowreduce_space(
     reduce: str = "sum",
     max_configs: int = 40,
 ) -> list[dict]:
-    """Configs for the GEMM + row-reduction template (GROUP_M and SPLIT_K fixed at 1; for
-    softmax BLOCK_N is the next power of two >= N). One program owns BLOCK_M whole rows, so the
-    grid is M / BLOCK_M programs: configs that fill the GPU's SMs in whole waves come first
-    (M = 8192 on 132 SMs: BLOCK_M = 64 runs 128 programs, 128 only 64)."""
+    """Configs for the GEMM + row-reduction template (GROUP_M and SPLIT_K fixed at 1; where a
+    whole row must fit one tile, WHOLE_ROW, BLOCK_N is the next power of two >= N). One program
+    owns BLOCK_M whole rows, so the grid is M / BLOCK_M programs: configs that fill the GPU's SMs
+    in whole waves come first (M = 8192 on 132 SMs: BLOCK_M = 64 runs 128 programs, 128 only 64),
+    and the first four (the search's seeds) differ in BLOCK_M x num_warps where they can."""
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=1000,
                         split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS, group_m=(1,))
-    if reduce in ROW_NORMALIZATIONS and N:
+    if reduce in WHOLE_ROW and N:
         bn = max(16, _p2(N))
         out = []
         for c in space:
             c = dict(c, BLOCK_N=bn)
-            if c["BLOCK_M"] * bn / (32 * c["num_warps"]) <= 256 and c not in out:
+            # at most 128 accumulator values per thread: the epilogue keeps more than one row-tile live
+            if c["BLOCK_M"] * bn / (32 * c["num_warps"]) <= 128 and c not in out:
                 out.append(c)
         space = out or [_cfg(16, bn, 32, 1, 8, 2, 1)]
     if M:
@@ -380,7 +384,12 @@ def rowreduce_space(
             programs = -(-M // c["BLOCK_M"])
             return programs / (-(-programs // H200_NUM_SMS) * H200_NUM_SMS)
         space = sorted(space, key=lambda c: -round(waves(c), 1))  # stable: expert order within
-    return space[:max_configs]
+    seen, first = set(), []
+    for c in space:
+        if len(first) < 4 and (c["BLOCK_M"], c["num_warps"]) not in seen:
+            seen.add((c["BLOCK_M"], c["num_warps"]))
+            first.append(c)
+    return (first + [c for c in space if c not in first])[:max_configs]
 
 
 def conv_space(

@@ -503,6 +503,27 @@ def extent(low: Lowering) -> tuple[int, int, bool]:
     return M, R, strides[ops.index(main)] == 1 and (size >= 16 or len(red) == 1)
 
 
+def reduce_tile_lines(s: Stmt, R: int, *, mask: str = "mask", axis: int = 1, index: str = "r") -> list[str]:
+    """Lines computing reduction statement `s` over a tile that holds whole rows of R elements
+    along `axis` (the last axis of a 2-D [BLOCK_M, BLOCK_R] or 3-D tile), the result kept with that
+    axis as size 1; `mask` marks the lanes in bounds, `index` is the lanes' position along the
+    reduced axis (arg-reductions only)."""
+    src = s.deps[0]
+    keep = "[:, None]" if axis == 1 else "[:, :, None]"
+    if s.op == "welford":
+        return [f"{s.code} = tl.sum(tl.where({mask}, {src}, 0.0), axis={axis}){keep} / {R}",
+                f"{s.var} = tl.sum(tl.where({mask}, ({src} - {s.code}) * ({src} - {s.code}), 0.0), axis={axis}){keep}"]
+    if s.op == "online_softmax":
+        return [f"{s.code} = tl.max(tl.where({mask}, {src}, float('-inf')), axis={axis}){keep}",
+                f"{s.var} = tl.sum(tl.where({mask}, tl.exp({src} - {s.code}), 0.0), axis={axis}){keep}"]
+    if s.op in ("sum", "max", "min"):
+        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[s.op]
+        return [f"{s.var} = {fn}(tl.where({mask}, {src}, {NEUTRAL[s.op]}), axis={axis}){keep}"]
+    best = "tl.max" if s.op == "argmax" else "tl.min"
+    return [f"{s.var}_v = {best}(tl.where({mask}, {src}, {NEUTRAL[s.op]}), axis={axis}){keep}",
+            f"{s.var} = tl.min(tl.where({mask} & ({src} == {s.var}_v), {index}, {R}), axis={axis}){keep}"]
+
+
 def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None = None) -> GroupKernel:
     low = low or lower(graph, group)
     ops = low.inputs + low.outputs
@@ -565,21 +586,6 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
             return [f"tl.store({addr(op)}, {val}, mask={msk})"]
         raise AssertionError(s.kind)
 
-    def reduce_tile(s: Stmt) -> list[str]:
-        src = s.deps[0]
-        if s.op == "welford":
-            return [f"{s.code} = tl.sum(tl.where(mask, {src}, 0.0), axis=1)[:, None] / {R}",
-                    f"{s.var} = tl.sum(tl.where(mask, ({src} - {s.code}) * ({src} - {s.code}), 0.0), axis=1)[:, None]"]
-        if s.op == "online_softmax":
-            return [f"{s.code} = tl.max(tl.where(mask, {src}, float('-inf')), axis=1)[:, None]",
-                    f"{s.var} = tl.sum(tl.where(mask, tl.exp({src} - {s.code}), 0.0), axis=1)[:, None]"]
-        if s.op in ("sum", "max", "min"):
-            fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[s.op]
-            return [f"{s.var} = {fn}(tl.where(mask, {src}, {NEUTRAL[s.op]}), axis=1)[:, None]"]
-        best = "tl.max" if s.op == "argmax" else "tl.min"
-        return [f"{s.var}_v = {best}(tl.where(mask, {src}, {NEUTRAL[s.op]}), axis=1)[:, None]",
-                f"{s.var} = tl.min(tl.where(mask & ({src} == {s.var}_v), r, {R}), axis=1)[:, None]"]
-
     body: list[str] = []
     phases: list[dict] = []
     by_var = {s.var: s for s in low.stmts}
@@ -588,7 +594,7 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         return _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines, render, by_var)
     if pointwise or one_pass:
         for s in low.stmts:
-            body += reduce_tile(s) if s.kind == "reduce" else render(s)
+            body += reduce_tile_lines(s, R) if s.kind == "reduce" else render(s)
     else:
         def closure(roots) -> list[Stmt]:
             return _closure(low, by_var, roots)
