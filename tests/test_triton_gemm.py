@@ -1,7 +1,8 @@
 """Triton GEMM / conv templates with fused epilogues, run by Triton's interpreter on the CPU."""
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("KW_TRITON_TEST_DEVICE", "cpu") == "cpu":  # compiled on a GPU otherwise (below)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -30,7 +31,8 @@ from kernelwright.codegen.triton_gemm import (  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
-# The same tests run compiled on a GPU with TRITON_INTERPRET=0 KW_TRITON_TEST_DEVICE=cuda.
+# The same tests run compiled on a GPU with KW_TRITON_TEST_DEVICE=cuda (run this file alone: other test
+# modules switch the interpreter on when they are imported).
 DEVICE = os.environ.get("KW_TRITON_TEST_DEVICE", "cpu")
 if DEVICE == "cuda":  # references in IEEE float32: no TF32 in cuBLAS / cuDNN
     torch.backends.cuda.matmul.allow_tf32 = False

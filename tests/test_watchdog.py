@@ -146,7 +146,7 @@ def test_a_kernel_that_never_ends_is_stopped(tmp_path):
 
     on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
     code = textwrap.dedent("""
-        import torch, triton, triton.language as tl
+        import os, torch, triton, triton.language as tl
         from kernelwright.measure import watchdog
 
         @triton.jit
@@ -154,7 +154,7 @@ def test_a_kernel_that_never_ends_is_stopped(tmp_path):
             while tl.load(flag_ptr, volatile=True) == 0:
                 pass
 
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        dev = "cuda" if os.environ["TRITON_INTERPRET"] == "0" else "cpu"
         flag = torch.zeros(1, dtype=torch.int32, device=dev)
         with watchdog.guard(3.0, lambda: watchdog.hang_exit("spin did not finish")):
             spin[(1,)](flag)
@@ -163,7 +163,9 @@ def test_a_kernel_that_never_ends_is_stopped(tmp_path):
         print("not reached")
     """)
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), TRITON_INTERPRET="0" if on_gpu else "1")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    script = tmp_path / "spin.py"  # compiled @triton.jit functions need a source file
+    script.write_text(code)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == watchdog.HANG_EXIT_CODE, proc.stderr[-2000:]
     assert "not reached" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].startswith("kernelwright: error: spin did not finish")
