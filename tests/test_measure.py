@@ -114,6 +114,25 @@ def test_time_copy_sanity():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+def test_device_only_timing_hides_the_hosts_launch_overhead():
+    """A 10 us kernel behind 0.5 ms of host work: timed as it is, the events see the host's time;
+    with device_only the stream is kept busy until the call is queued, and they see the kernel's."""
+    import time as _time
+
+    x = torch.randn(2**20, device="cuda")
+
+    def slow_host():
+        _time.sleep(0.0005)
+        x.mul_(1.0)
+
+    res = time_interleaved({"k": slow_host}, warmup_s=0.05, min_runs=20)["k"]
+    dev = time_interleaved({"k": slow_host}, warmup_s=0.05, min_runs=20, device_only=True)["k"]
+    assert res.median_ms > 0.4 and res.issue_ms > 0.4
+    assert dev.median_ms < 0.1, dev
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
 def test_time_problem_interleaves_baselines_and_candidates():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(512, 512), nn.ReLU())

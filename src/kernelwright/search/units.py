@@ -33,9 +33,11 @@ def _floating(v):
 
 
 def _time_fns(fns: dict[str, Callable], device) -> dict[str, float]:
+    """Median device time (ms) of each candidate or library path: the search's short protocol, the
+    host's launch overhead hidden (measure.timer `device_only`)."""
     from kernelwright.measure.timer import time_interleaved
 
-    t = time_interleaved(fns, warmup_s=0.05, min_runs=20, max_runs=60, flush=True, device=device)
+    t = time_interleaved(fns, warmup_s=0.05, min_runs=20, max_runs=60, flush=True, device=device, device_only=True)
     return {k: v.median_ms for k, v in t.items()}
 
 
