@@ -3,7 +3,11 @@
 Renders PROBLEM's ModelNew with library ops only and graph replay on (the replay path's host work
 is the same whatever kernels the graph holds), captures it, then times each part of a call back
 to back (no synchronisation inside a batch): the whole call, the signature, the state stamp, the
-replay alone; and prints cProfile's top functions of the whole call.
+replay alone; then times the whole call, the replay alone and the plain forward the way
+measure.timer does (L2 flush, event pair around one call, a synchronisation per round), with and
+without a GPU-side lead that hides the host's issue time (`device_only`), so that the exposed
+host latency of a call is the difference of the two; and prints cProfile's top functions of the
+whole call.
 
 usage: PYTHONPATH=src python3 scripts/replay_host_probe.py PROBLEM.py [--precision bf16] [--calls 2000]
 """
@@ -71,6 +75,33 @@ with torch.no_grad(), policy.active():
     }
     for name, fn in rows.items():
         print(f"{name:24s} {per_call_us(fn):9.1f} us")
+    from kernelwright.measure.l2 import L2Flusher
+    from kernelwright.measure.timer import _sleep_cycles_per_ms
+
+    flusher, rate = L2Flusher(), _sleep_cycles_per_ms(torch.device("cuda"))
+
+    def in_rounds(fn, lead_ms=0.0, rounds=60):
+        """(median host issue us, median event-timed us) of fn in the timer's rounds."""
+        issue, events = [], []
+        for _ in range(rounds):
+            flusher.flush()
+            if lead_ms:
+                torch.cuda._sleep(int(rate * lead_ms))
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            fn()
+            issue.append((time.perf_counter() - t0) * 1e6)
+            end.record()
+            torch.cuda.synchronize()
+            events.append(start.elapsed_time(end) * 1e3)
+        return statistics.median(issue[5:]), statistics.median(events[5:])
+
+    print(f"\n{'in the timer rounds':24s} {'issue us':>9s} {'timed us':>9s} {'device us':>9s} {'exposed us':>10s}")
+    for name in ("whole call (graphs)", "graph.replay()", "plain forward"):
+        issue, timed = in_rounds(rows[name])
+        _, device = in_rounds(rows[name], lead_ms=1.0)
+        print(f"{name:24s} {issue:9.1f} {timed:9.1f} {device:9.1f} {timed - device:10.1f}")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(500):

@@ -328,6 +328,27 @@ def test_gemm_with_a_norm_on_whole_rows(policy, op, reduce):
     torch.testing.assert_close(out, want, rtol=tol, atol=tol)
 
 
+def test_row_segments_and_matrix_strides():
+    """Which reductions over a GEMM's [M, N] output are row (segment) reductions, and operand
+    strides over such a group's domain read back as [M, N] strides (or refused)."""
+    from types import SimpleNamespace as NS
+
+    seg = gemm_epilogue.row_segments
+    assert seg(NS(domain=(8, 16), rdims=(1,)), 8, 16) == (1, 16)  # layer norm, row sum
+    assert seg(NS(domain=(8, 4, 4, 1), rdims=(2, 3)), 8, 16) == (4, 4)  # group norm: 4 segments of 4
+    assert seg(NS(domain=(8, 16), rdims=(0,)), 8, 16) is None  # over the rows (batch norm)
+    assert seg(NS(domain=(8, 4, 4), rdims=(1,)), 8, 16) is None  # not a trailing block of dims
+    assert seg(NS(domain=(4, 32), rdims=(1,)), 8, 16) is None  # another shape
+    ms = gemm_epilogue._matrix_strides
+    D = (8, 4, 4, 1)
+    assert ms((16, 4, 1, 0), D, 16) == (16, 1)  # the GEMM output itself
+    assert ms((0, 4, 1, 0), D, 16) == (0, 1)  # a per-feature weight
+    assert ms((1, 0, 0, 0), D, 16) == (1, 0)  # one value per row
+    with pytest.raises(gemm_epilogue.Unsupported, match="not a \\[M, N\\] matrix"):
+        ms((16, 1, 0, 0), D, 16)  # one value per segment
+    assert ms((5, 7), (8, 16), 16) == (5, 7)  # a 2-D domain is the matrix
+
+
 def test_segmented_rows_need_powers_of_two():
     """A group norm whose segments are not a power of two wide (3 groups of 8) stays with the
     library path, with both reasons given."""
