@@ -80,10 +80,11 @@ with torch.no_grad(), policy.active():
 
     flusher, rate = L2Flusher(), _sleep_cycles_per_ms(torch.device("cuda"))
 
-    def in_rounds(fn, lead_ms=0.0, rounds=60):
-        """(median host issue us, median event-timed us) of fn in the timer's rounds."""
-        issue, events = [], []
-        for _ in range(rounds):
+    def in_rounds(fn, lead_ms=0.0, rounds=60, sync_every=1):
+        """(median host issue us, median event-timed us) of fn in the timer's rounds (a
+        synchronisation every `sync_every` rounds)."""
+        issue, events, pending = [], [], []
+        for r in range(rounds):
             flusher.flush()
             if lead_ms:
                 torch.cuda._sleep(int(rate * lead_ms))
@@ -93,8 +94,11 @@ with torch.no_grad(), policy.active():
             fn()
             issue.append((time.perf_counter() - t0) * 1e6)
             end.record()
-            torch.cuda.synchronize()
-            events.append(start.elapsed_time(end) * 1e3)
+            pending.append((start, end))
+            if (r + 1) % sync_every == 0 or r == rounds - 1:
+                torch.cuda.synchronize()
+                events += [a.elapsed_time(b) * 1e3 for a, b in pending]
+                pending = []
         return statistics.median(issue[5:]), statistics.median(events[5:])
 
     print(f"\n{'in the timer rounds':24s} {'issue us':>9s} {'timed us':>9s} {'device us':>9s} {'exposed us':>10s}")
@@ -102,6 +106,8 @@ with torch.no_grad(), policy.active():
         issue, timed = in_rounds(rows[name])
         _, device = in_rounds(rows[name], lead_ms=1.0)
         print(f"{name:24s} {issue:9.1f} {timed:9.1f} {device:9.1f} {timed - device:10.1f}")
+        issue, timed = in_rounds(rows[name], sync_every=10)
+        print(f"{'  (sync every 10 rounds)':24s} {issue:9.1f} {timed:9.1f}")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(500):
