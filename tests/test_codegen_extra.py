@@ -194,6 +194,29 @@ def _gemm_groups(g, plan):
             if not g.is_input(v) and g.node(v).target in gemm_epilogue.GEMMS]
 
 
+def _fused_linear(model, x, policy):
+    """The one (GEMM, epilogue group) pair of `model` captured on `x` under `policy`, fusable,
+    with its GemmEpilogue: (graph, group, fused)."""
+    from kernelwright.plan.rewrites import rewrite
+
+    g = rewrite(capture(from_module(model, [x])), policy)[0]
+    plan = plan_graph(g)
+    ((gemm, group),) = _gemm_groups(g, plan)
+    assert gemm_epilogue.fusable(g, gemm, group) is None
+    return g, group, gemm_epilogue.build(g, gemm, group, plan.groups)
+
+
+def _assert_fused_matches(g, model, x, group, text, ins, name, tol):
+    """The fused kernel module `text` (interpreter) gives the group's output as the graph does."""
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+    mod = load_module_from_source(text, name, os.path.join(ROOT, ".pytest_kw_cache"))
+    (out,) = mod.launch(*[env[v] for v in ins])
+    want = env[group.outputs[0]]
+    assert out.shape == want.shape and out.dtype == want.dtype
+    torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("policy", ["fp32", "bf16"])
 def test_gemm_with_its_row_reduction_folded_in(policy):
     """Strategy 3: gemm_sigmoid_sum's Linear -> sigmoid -> sum(dim=1, keepdim) as one Triton GEMM
@@ -244,8 +267,6 @@ def test_gemm_with_a_softmax_mean_or_norm_folded_in(policy, op, reduce):
     log-softmax becomes one GEMM writing the normalized rows; a mean, a vector norm or an amax
     followed by per-row arithmetic keeps that arithmetic as row code after the reduction; the
     kernel (interpreter) matches eager."""
-    from kernelwright.plan.rewrites import rewrite
-
     fns = {"softmax": lambda y: torch.softmax(y, 1), "log_softmax": lambda y: F.log_softmax(y, 1),
            "mean": lambda y: torch.sigmoid(y).mean(1), "norm": lambda y: torch.linalg.vector_norm(y, dim=1),
            "amax": lambda y: torch.tanh(y).amax(1) * 2 + 1, "logsumexp": lambda y: torch.logsumexp(y, 1)}
@@ -260,22 +281,11 @@ def test_gemm_with_a_softmax_mean_or_norm_folded_in(policy, op, reduce):
 
     torch.manual_seed(0)
     model, x = M(), torch.randn(20, 32)
-    g = rewrite(capture(from_module(model, [x])), policy)[0]
-    plan = plan_graph(g)
-    ((gemm, group),) = _gemm_groups(g, plan)
-    assert gemm_epilogue.fusable(g, gemm, group) is None
-    fused = gemm_epilogue.build(g, gemm, group, plan.groups)
+    g, group, fused = _fused_linear(model, x, policy)
     assert fused.reduce == reduce and bool(fused.row_code) == (reduce == "sum" or op == "amax")
     cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2}
     text, ins = gemm_epilogue.render(fused, cfg, policy)
-    with torch.no_grad():
-        env = run_graph(g, model, [x], keep=True)
-    mod = load_module_from_source(text, f"rowop_{op}_{policy}", os.path.join(ROOT, ".pytest_kw_cache"))
-    (out,) = mod.launch(*[env[v] for v in ins])
-    want = env[group.outputs[0]]
-    assert out.shape == want.shape and out.dtype == want.dtype
-    tol = 1e-5 if policy == "fp32" else 2e-2
-    torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+    _assert_fused_matches(g, model, x, group, text, ins, f"rowop_{op}_{policy}", 1e-5 if policy == "fp32" else 2e-2)
 
 
 @pytest.mark.parametrize("policy", ["fp32", "bf16"])
@@ -289,8 +299,6 @@ def test_gemm_with_a_norm_on_whole_rows(policy, op, reduce):
     hand-written RMS norm run statement by statement on the tile that holds whole rows; the
     kernel (interpreter) matches eager, with rows masked at the edge (M = 20, BLOCK_M = 16) and a
     row narrower than the tile (N = 24 in a 32-column tile) where there are no segments."""
-    from kernelwright.plan.rewrites import rewrite
-
     n = 32 if op == "group_norm_silu" else 24
     fns = {"layer_norm": lambda m, y: m.ln(y), "layer_norm_relu": lambda m, y: torch.relu(m.ln(y)) * 0.5,
            "group_norm_silu": lambda m, y: F.silu(m.gn(y)), "var": lambda m, y: y.var(1),
@@ -308,24 +316,14 @@ def test_gemm_with_a_norm_on_whole_rows(policy, op, reduce):
 
     torch.manual_seed(0)
     model, x = M(), torch.randn(20, 40)
-    g = rewrite(capture(from_module(model, [x])), policy)[0]
-    plan = plan_graph(g)
-    ((gemm, group),) = _gemm_groups(g, plan)
-    assert gemm_epilogue.fusable(g, gemm, group) is None
-    fused = gemm_epilogue.build(g, gemm, group, plan.groups)
+    g, group, fused = _fused_linear(model, x, policy)
     assert fused.reduce == reduce
     assert ("tl.reshape(acc, (BLOCK_M, 4, 8))" in fused.epilogue.code) == (op == "group_norm_silu")
     cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2}
     text, ins = gemm_epilogue.render(fused, cfg, policy)
     assert "BLOCK_N=32" in text  # the whole row's tile, whatever the config said
-    with torch.no_grad():
-        env = run_graph(g, model, [x], keep=True)
-    mod = load_module_from_source(text, f"rownorm_{op}_{policy}", os.path.join(ROOT, ".pytest_kw_cache"))
-    (out,) = mod.launch(*[env[v] for v in ins])
-    want = env[group.outputs[0]]
-    assert out.shape == want.shape and out.dtype == want.dtype
-    tol = 2e-5 if policy == "fp32" else 5e-2  # (bf16: the library normalizes the GEMM's bf16-rounded output)
-    torch.testing.assert_close(out, want, rtol=tol, atol=tol)
+    # (bf16: the library normalizes the GEMM's bf16-rounded output)
+    _assert_fused_matches(g, model, x, group, text, ins, f"rownorm_{op}_{policy}", 2e-5 if policy == "fp32" else 5e-2)
 
 
 def test_row_segments_and_matrix_strides():
@@ -383,16 +381,10 @@ def test_a_hand_written_log_sum_exp_is_not_taken_for_torchs():
 
     torch.manual_seed(0)
     model, x = M(), torch.randn(4, 8)
-    g = capture(from_module(model, [x]))
-    plan = plan_graph(g)
-    ((gemm, group),) = _gemm_groups(g, plan)
-    fused = gemm_epilogue.build(g, gemm, group, plan.groups)
+    g, group, fused = _fused_linear(model, x, "fp32")
     assert fused.reduce == "tile_row"
     text, ins = gemm_epilogue.render(fused, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4}, "fp32")
-    with torch.no_grad():
-        env = run_graph(g, model, [x], keep=True)
-    mod = load_module_from_source(text, "hand_lse", os.path.join(ROOT, ".pytest_kw_cache"))
-    torch.testing.assert_close(mod.launch(*[env[v] for v in ins])[0], env[group.outputs[0]], rtol=1e-5, atol=1e-5)
+    _assert_fused_matches(g, model, x, group, text, ins, "hand_lse", 1e-5)
 
 
 def test_gemm_logsumexp_keeps_torchs_infinities():
