@@ -123,10 +123,11 @@ def time_interleaved(
     `min_runs` timed runs each (at least 50 is the protocol's floor; fewer is allowed for quick
     looks), more up to `max_runs` when `budget_s` (seconds for the timed rounds) allows.
     `device_only`: before each timed call the stream spins (torch.cuda._sleep) for twice the
-    longest host issue time seen in the warm-up (at most 1 ms), so the call is queued before its start event
-    fires and the events see the GPU's time alone, not the host's launch overhead (a kernel of
-    20 us behind 40 us of Python launch code measures 20 us; the search compares candidates so,
-    since the emitted forward may replay as a CUDA graph; whole models are timed without it).
+    longest host issue time seen in the warm-up (at most 1 ms), so the call is queued before its
+    start event fires and the events see the GPU's time alone, not the host's launch overhead (a
+    kernel of 20 us behind 40 us of Python launch code measures 20 us; the search compares
+    candidates so, since the emitted forward may replay as a CUDA graph; whole models are timed
+    without it).
     """
     device = require_gpu(device)
     if not fns:
