@@ -52,7 +52,9 @@ def test_prior_files_are_parsed_once_until_they_change(tmp_path):
 def test_cost_model_from_priors_ranks_narrow_channel_tiles_last():
     """Layout-changing epilogues (channels-last bf16 in, NCHW float32 out) measured on the H200
     (session 8): tiles 8 channels tall read 16-byte runs and were the slowest; the model fitted on
-    those trials ranks them last and wide tiles first, so the search stops proposing them."""
+    those trials ranks wide tiles first and the narrow ones low (on average below the middle, the
+    last two places theirs), so the search stops proposing them. (Its order among unmeasured tiles
+    is extrapolation: with session 10's trials a 16 x 32 tile, never measured, ranks third-last.)"""
     from kernelwright.space.group_space import tiled_space
 
     recs = [r for r in TrialDB("/nonexistent/none.jsonl", priors=packaged_priors()).records(include_priors=True)
@@ -62,4 +64,6 @@ def test_cost_model_from_priors_ranks_narrow_channel_tiles_last():
     feats = {"kind": "pointwise", "log2_M": 27.6, "log2_R": 0.0, "log2_bytes": 28.6, "n_nodes": 4, "n_reduce": 0}
     ranked = model.rank(tiled_space(), feats)
     assert all(c["BLOCK_Q"] >= 16 for c in ranked[:4]), ranked[:4]
-    assert all(c["BLOCK_Q"] == 8 for c in ranked[-3:]), ranked[-3:]
+    assert all(c["BLOCK_Q"] == 8 for c in ranked[-2:]), ranked[-2:]
+    narrow = [i for i, c in enumerate(ranked) if c["BLOCK_Q"] == 8]
+    assert sum(narrow) / len(narrow) > (len(ranked) - 1) / 2, narrow
