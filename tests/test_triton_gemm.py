@@ -235,6 +235,26 @@ res = tl.sum(tl.sum(tl.where(mask, (acc - m) * (acc - m), 0.0), axis=1)[:, None]
     _close(mod.launch(a, w[:, :24], reduce="tile_row", BLOCK_M=16, BLOCK_N=32, BLOCK_K=16), z.var(1))
 
 
+@pytest.mark.parametrize("reduce", ["sum", "logsumexp", "tile"])
+def test_gemm_rowreduce_tma(cache, reduce):
+    """TMA=True: the row-reduction GEMM loads A and B^T tiles through tensor descriptors (zeros
+    past the edges: M = 20, N = 40, K = 24 are not tile multiples) and gives the pointer path's
+    result, with the in-kernel bf16 cast too; a B that is not K-major is refused."""
+    g = _gen(10)
+    a, w = _rand(20, 24, g=g), _rand(40, 24, g=g)
+    ep = IDENTITY if reduce != "tile" else Epilogue((), "acc = acc - tl.sum(tl.where(mask, acc, 0.0), axis=1)[:, None] / N")
+    mod = _load(render_gemm_rowreduce(ep), f"gemm_rr_tma_{reduce}", cache)
+    z = a @ w.t()
+    ref = {"sum": lambda y: y.sum(1), "logsumexp": lambda y: torch.logsumexp(y, 1),
+           "tile": lambda y: y - y.mean(1, keepdim=True)}[reduce]
+    cfg = dict(reduce=reduce, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, TMA=True)
+    _close(mod.launch(a, w.t(), **cfg), ref(z))
+    _close(mod.launch(a, w.t(), **cfg, CAST_BF16=True), ref(a.bfloat16().float() @ w.t().bfloat16().float()),
+           tol=1e-3)
+    with pytest.raises(ValueError, match="K-major"):
+        mod.launch(a, w.t().contiguous(), **cfg)
+
+
 def test_gemm_rowreduce_batched(cache):
     g = _gen(8)
     a, b = _rand(2, 12, 16, g=g), _rand(2, 16, 20, g=g)
@@ -351,6 +371,14 @@ def test_config_spaces():
     # not with 128-row ones (64 programs), so those come first
     full = rowreduce_space("bf16", M=8192, N=4096, K=4096, elem_bytes=2)
     assert full[0]["BLOCK_M"] == 64 and {c["BLOCK_M"] for c in full} > {64}
+    # whole rows: <= 128 accumulator values a thread; seeds of distinct BLOCK_M x num_warps, the
+    # fourth the first tile with TMA loads when the operands are K-major; every tile both ways
+    whole = rowreduce_space("tf32", M=32768, N=256, K=1024, reduce="tile", max_configs=200)
+    assert all(c["BLOCK_N"] == 256 and c["BLOCK_M"] * 256 <= 128 * 32 * c["num_warps"] for c in whole)
+    assert len({(c["BLOCK_M"], c["num_warps"]) for c in whole[:4]}) == 4 and not any(c.get("TMA") for c in whole)
+    tma = rowreduce_space("tf32", M=32768, N=256, K=1024, reduce="tile", max_configs=200, tma=True)
+    assert tma[:3] == whole[:3] and tma[3] == dict(whole[0], TMA=True)
+    assert sorted(map(str, tma)) == sorted(map(str, whole + [dict(c, TMA=True) for c in whole]))
     dw = depthwise_space(C=64)
     assert 3 <= len(dw) <= 30
 

@@ -362,12 +362,15 @@ def rowreduce_space(
     elem_bytes: int | None = None,
     reduce: str = "sum",
     max_configs: int = 40,
+    tma: bool = False,
 ) -> list[dict]:
     """Configs for the GEMM + row-reduction template (GROUP_M and SPLIT_K fixed at 1; where a
     whole row must fit one tile, WHOLE_ROW, BLOCK_N is the next power of two >= N). One program
     owns BLOCK_M whole rows, so the grid is M / BLOCK_M programs: configs that fill the GPU's SMs
     in whole waves come first (M = 8192 on 132 SMs: BLOCK_M = 64 runs 128 programs, 128 only 64),
-    and the first four (the search's seeds) differ in BLOCK_M x num_warps where they can."""
+    and the first four (the search's seeds) differ in BLOCK_M x num_warps where they can. With
+    `tma` (both operands K-major) each tile also comes with TMA loads: the fourth seed is the first
+    tile's (UNMEASURED on this template; the plain GEMM template's TMA tiles were its fastest)."""
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=1000,
                         split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS, group_m=(1,))
     if reduce in WHOLE_ROW and N:
@@ -389,7 +392,13 @@ def rowreduce_space(
         if len(first) < 4 and (c["BLOCK_M"], c["num_warps"]) not in seen:
             seen.add((c["BLOCK_M"], c["num_warps"]))
             first.append(c)
-    return (first + [c for c in space if c not in first])[:max_configs]
+    rest = [c for c in space if c not in first]
+    if not tma:
+        return (first + rest)[:max_configs]
+    seeds = first[:3] + [dict(first[0], TMA=True)]
+    more = first[3:] + rest
+    return (seeds + [dict(c, TMA=True) for c in first[1:3]]
+            + [v for c in more for v in (c, dict(c, TMA=True))])[:max_configs]
 
 
 def conv_space(

@@ -276,16 +276,17 @@ class NodeTuner(KernelTuner):
 
 def fused_gemm_space(graph, f: gemm_epilogue.GemmEpilogue, policy: str) -> list[Config]:
     """The Triton configs searched for a fused GEMM (`f`), expert order first: the row-reduction
-    template's when the epilogue ends in one, else the GEMM template's (TMA first when both
-    operands are K-major, a persistent variant last where there are tiles enough and no operand
-    is cast in the kernel; under tf32 a K-major copy of a row-major B)."""
+    template's when the epilogue ends in one (with TMA variants when both operands are K-major),
+    else the GEMM template's (TMA first when both operands are K-major, a persistent variant last
+    where there are tiles enough and no operand is cast in the kernel; under tf32 a K-major copy
+    of a row-major B)."""
     bf16_tensors = graph.meta(f.a).dtype == "bfloat16" and graph.meta(f.b).dtype == "bfloat16"
     precision, elem_bytes = ("bf16" if f.cast_bf16 else policy), 2 if bf16_tensors else 4
+    k_major = f.k_major(graph)
     if f.reduce:  # the row reduction folded into the GEMM: the product is never written
         return [Config.make("triton.gemm_rowreduce", **c) for c in
                 rowreduce_space(precision, M=f.M, N=f.N, K=f.K, elem_bytes=elem_bytes, reduce=f.reduce,
-                                max_configs=40)]
-    k_major = f.k_major(graph)
+                                max_configs=40, tma=k_major)]
     # no persistent kernels where a float32 operand is rounded to bf16 in the kernel: on the H200
     # (Triton 3.6) 2 of 7 such configs returned NaN, both tried with a bias + ReLU epilogue inf, and the
     # best ran 0.476 ms against 0.43 for a cast kernel + cuBLAS (8192 x 4096 x 4096; session 9)
