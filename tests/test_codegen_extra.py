@@ -195,11 +195,11 @@ def _gemm_groups(g, plan):
 
 
 def _fused_linear(model, x, policy):
-    """The one (GEMM, epilogue group) pair of `model` captured on `x` under `policy`, fusable,
-    with its GemmEpilogue: (graph, group, fused)."""
+    """The one (GEMM, epilogue group) pair of `model` captured on `x` (a tensor or a list of
+    them) under `policy`, fusable, with its GemmEpilogue: (graph, group, fused)."""
     from kernelwright.plan.rewrites import rewrite
 
-    g = rewrite(capture(from_module(model, [x])), policy)[0]
+    g = rewrite(capture(from_module(model, x if isinstance(x, list) else [x])), policy)[0]
     plan = plan_graph(g)
     ((gemm, group),) = _gemm_groups(g, plan)
     assert gemm_epilogue.fusable(g, gemm, group) is None
@@ -209,7 +209,7 @@ def _fused_linear(model, x, policy):
 def _assert_fused_matches(g, model, x, group, text, ins, name, tol):
     """The fused kernel module `text` (interpreter) gives the group's output as the graph does."""
     with torch.no_grad():
-        env = run_graph(g, model, [x], keep=True)
+        env = run_graph(g, model, x if isinstance(x, list) else [x], keep=True)
     mod = load_module_from_source(text, name, os.path.join(ROOT, ".pytest_kw_cache"))
     (out,) = mod.launch(*[env[v] for v in ins])
     want = env[group.outputs[0]]
@@ -324,6 +324,37 @@ def test_gemm_with_a_norm_on_whole_rows(policy, op, reduce):
     assert "BLOCK_N=32" in text  # the whole row's tile, whatever the config said
     # (bf16: the library normalizes the GEMM's bf16-rounded output)
     _assert_fused_matches(g, model, x, group, text, ins, f"rownorm_{op}_{policy}", 2e-5 if policy == "fp32" else 5e-2)
+
+
+@pytest.mark.parametrize("policy", ["fp32", "bf16"])
+def test_whole_row_epilogues_read_row_operands_and_scaled_addmm(policy):
+    """A whole-row epilogue with a per-row operand in the segmented [BLOCK_M, G, S] view (group
+    norm times a [M, 1] input), and a layer norm after addmm(beta=0.5, alpha=2)."""
+    class GroupNormRow(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.gn = nn.Linear(40, 32), nn.GroupNorm(4, 32)
+
+        def forward(self, x, r):
+            return self.gn(self.l(x)) * r
+
+    class ScaledAddmm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = nn.Parameter(torch.randn(40, 32)), nn.Parameter(torch.randn(32))
+
+        def forward(self, x):
+            return F.layer_norm(torch.addmm(self.b, x, self.w, beta=0.5, alpha=2.0), (32,))
+
+    torch.manual_seed(0)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 4}
+    tol = 2e-5 if policy == "fp32" else 5e-2
+    for model, x, kinds in ((GroupNormRow(), [torch.randn(20, 40), torch.randn(20, 1)], {"row", "col"}),
+                            (ScaledAddmm(), [torch.randn(20, 40)], {"col"})):
+        g, group, fused = _fused_linear(model, x, policy)
+        assert fused.reduce == "tile" and {o.kind for o in fused.epilogue.operands} == kinds
+        text, ins = gemm_epilogue.render(fused, cfg, policy)
+        _assert_fused_matches(g, model, x, group, text, ins, f"wholerow_{type(model).__name__}_{policy}", tol)
 
 
 def test_row_segments_and_matrix_strides():
