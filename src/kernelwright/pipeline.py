@@ -143,9 +143,9 @@ def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
 def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, kernels, sources, result, per_trials,
                          per_s, db, problem, log):
     """Strategies 2 and 3 of issue 4: try each (library GEMM, epilogue group) pair as one Triton
-    GEMM (a group whose rows of <= 256 end in a sum / max / min, a logsumexp or a (log-)softmax
-    folds it in; a bias + ReLU group may also be one cuBLASLt call with that epilogue); it replaces the pair only when verified and faster than
-    library GEMM + chosen group."""
+    GEMM (a group reducing rows of <= 256, or segments of them, folds the reduction in; a bias +
+    ReLU group may also be one cuBLASLt call with that epilogue); it replaces the pair only when
+    verified and faster than library GEMM + chosen group."""
     groups = {g.id: g for g in plan.groups}
     for unit in plan.units:
         if unit.node is None or graph.node(unit.node).target not in gemm_epilogue.GEMMS:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
 from kernelwright.codegen.templating import template_text
-from kernelwright.codegen.triton_gemm import ROW_NORMALIZATIONS, precision_kwargs, render_gemm, render_gemm_rowreduce
+from kernelwright.codegen.triton_gemm import (ROW_NORMALIZATIONS, precision_kwargs, render_gemm, render_gemm_rowreduce,
+                                              whole_row_block_n)
 from kernelwright.codegen.triton_group import Lowering, Unsupported, lower, reduce_tile_lines
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
@@ -420,7 +421,7 @@ def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list
                                  "TMA", "KMAJOR", "PERSISTENT", "WARP_SPECIALIZE") if k in config}
     kw.update(precision_kwargs("bf16" if fused.cast_bf16 else precision))
     if fused.reduce in ("tile", "tile_row"):  # the code's view of the row (segments) is of exactly this tile
-        kw["BLOCK_N"] = max(16, 1 << (fused.N - 1).bit_length())
+        kw["BLOCK_N"] = whole_row_block_n(fused.N)
 
     def operand(v):  # an operand of another rank, read row-major as [M, N] (a view when contiguous)
         return f"{arg[v]}.reshape({fused.M}, {fused.N})" if v in fused.flat else arg[v]

@@ -139,6 +139,7 @@ def render_gemm_rowreduce(
         code=render_code(epilogue, indent=" " * 8),
         row_code=textwrap.indent(row_code, " " * 8) if row_code.strip() else "",
         row_code_doc=textwrap.indent(row_code, " " * 4),
+        modes=repr(ROW_REDUCE_MODES), normalizations=repr(ROW_NORMALIZATIONS), whole_row=repr(WHOLE_ROW),
     )
     if batched:
         ctx["kind_doc"] = _KIND_DOC_BATCHED
@@ -347,10 +348,18 @@ def gemm_space(
     return [v for c in space for v in variants(c)][:max_configs]
 
 
-# row-reduction modes of templates/triton/gemm_rowreduce.py.j2 whose output is [M, N] (a row in one tile);
-# WHOLE_ROW: the modes that need a whole row in one tile ("tile" / "tile_row": the epilogue code reduces it)
+# row-reduction modes of templates/triton/gemm_rowreduce.py.j2 (rendered into it from here): those whose
+# output is [M, N] (a row in one tile); WHOLE_ROW: the modes that need a whole row in one tile ("tile" /
+# "tile_row": the epilogue code reduces it)
+ROW_REDUCE_MODES = ("sum", "mean", "max", "min", "logsumexp", "softmax", "log_softmax", "tile", "tile_row")
 ROW_NORMALIZATIONS = ("softmax", "log_softmax", "tile")
 WHOLE_ROW = ROW_NORMALIZATIONS + ("tile_row",)
+
+
+def whole_row_block_n(N: int) -> int:
+    """BLOCK_N of a tile holding whole rows of N columns: the next power of two >= N (>= 16, tl.dot's
+    minimum), exactly N where N is a power of two >= 16 (a row viewed as segments needs that)."""
+    return max(16, _p2(N))
 
 
 def rowreduce_space(
@@ -374,7 +383,7 @@ def rowreduce_space(
     space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=1000,
                         split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS, group_m=(1,))
     if reduce in WHOLE_ROW and N:
-        bn = max(16, _p2(N))
+        bn = whole_row_block_n(N)
         out = []
         for c in space:
             c = dict(c, BLOCK_N=bn)

@@ -298,9 +298,9 @@ def fused_gemm_space(graph, f: gemm_epilogue.GemmEpilogue, policy: str) -> list[
 
 class GemmTuner(KernelTuner):
     """A library GEMM node and its epilogue group (and, under bf16, the operand-cast groups it
-    absorbs) as one Triton GEMM (codegen/gemm_epilogue.py; a row reduction or (log-)softmax ending
-    the group is folded into the GEMM where a row fits one tile), or, when the group is a bias + ReLU, as one cuBLASLt call
-    with that epilogue (codegen/library_epilogue.py).
+    absorbs) as one Triton GEMM (codegen/gemm_epilogue.py; a reduction over rows, or segments of
+    rows, that fit one tile is folded into the GEMM), or, when the group is a bias + ReLU, as one
+    cuBLASLt call with that epilogue (codegen/library_epilogue.py).
 
     The reference to beat is what the program would otherwise run: the absorbed casts' and the
     epilogue group's chosen implementations around the library GEMM (`impls`: group id -> env ->
