@@ -74,6 +74,13 @@ def test_rendering_names_every_parameter_and_buffer_and_the_switch(fake_clock, t
     assert [id(t) for t in new._kw_tensors()] == [id(t) for t in [*new.parameters(), *new.buffers()]]
     plain = render_model_new(problem, plan, {}, {}, "fp32", [], None)
     assert "_kw_cuda_graphs = False" in plain
+    # running statistics are updated in place: the state is checked before each replay
+    assert "self._kw_state, self._kw_reads, True)" in " ".join(text.split())
+    assert new._kw_reads()[0] == new._kw_tensors()
+    gemm = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
+    gemm_text = render_model_new(gemm, plan_graph(rewrite(capture(gemm), "fp32")[0]), {}, {}, "fp32", [], None,
+                                 cuda_graphs=True)
+    assert "self._kw_reads, False)" in gemm_text
 
 
 @pytest.mark.interpreter
@@ -257,6 +264,46 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
         assert fake.stream == "caller's"  # the failed capture did not leave its stream current
     assert next(iter(mod._kw_graphs_of(other).values())).graph is None
     assert replay_paths(mod._kw_graphs_of(other)) == [{"captured": False, "copies_in": False, "copies_out": False}]
+
+
+@pytest.mark.interpreter
+def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(monkeypatch, tmp_path):
+    """Given what the graph reads and no buffer update, the replay is issued first and the state
+    checked while the GPU runs it: a moved state costs one dropped replay and a run of the forward;
+    the capture holds what it reads (a replaced weight lives as long as the capture). A forward
+    that updates buffers is never replayed on a moved state."""
+    problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
+    plan = plan_graph(rewrite(capture(problem), "fp32")[0])
+    mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None,
+                                                                   cuda_graphs=True), {}))
+    fake = _FakeGraphs(monkeypatch, mod)
+    box, calls = {"w": torch.tensor([2.0, 3.0])}, []
+
+    def forward(x):  # reads the current weight when it runs (or is captured)
+        return fake.forward(box["w"], calls)(x)
+
+    state, reads = (lambda: mod._kw_stamp(box["w"])), (lambda: (box["w"],))
+    x, holder = torch.tensor([1.0, 1.0]), torch.nn.Module()
+    call = lambda: mod._kw_graphed(holder, forward, (x,), state, reads, False)  # noqa: E731
+    assert call().tolist() == [3.0, 4.0] and (fake.captures, fake.replays) == (1, 0)
+    assert call().tolist() == [3.0, 4.0] and (fake.captures, fake.replays) == (1, 1)
+    old = weakref.ref(box["w"])
+    box["w"] = torch.tensor([-1.0, 1.0])  # replaced: the capture still reads (and holds) the old one
+    assert old() is not None
+    runs = len(calls)
+    assert call().tolist() == [0.0, 2.0]  # the replay (of the old weight) was dropped
+    assert (fake.captures, fake.replays) == (2, 2) and len(calls) == runs + 2  # the forward ran, then was captured
+    assert old() is None  # the new capture let the old weight go
+    assert call().tolist() == [0.0, 2.0] and (fake.captures, fake.replays) == (2, 3)
+    box["w"].mul_(2)  # in place: the version moves, the same
+    assert call().tolist() == [-1.0, 3.0] and (fake.captures, fake.replays) == (3, 4)
+
+    updating = torch.nn.Module()  # the same forward declared to update buffers: checked first
+    update = lambda: mod._kw_graphed(updating, forward, (x,), state, reads, True)  # noqa: E731
+    update(), update()
+    assert (fake.captures, fake.replays) == (4, 5)
+    box["w"].mul_(-1)
+    assert update().tolist() == [3.0, -1.0] and (fake.captures, fake.replays) == (5, 5)  # no replay
 
 
 # --- GPU ---------------------------------------------------------------------------------------

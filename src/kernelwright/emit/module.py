@@ -33,6 +33,7 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
     `cuda_graphs`: the forward replays CUDA graphs (under no_grad, on CUDA inputs)."""
     has_model = bool(problem.source)
     state: list[str] = []
+    mutates = False
     if plan is None:
         cuda_graphs = False
         args = "*args"
@@ -46,11 +47,12 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
         mods = {key: (None if k is None else (f"_k_{k[0]}", k[1], k[2], k[3])) for key, k in kernels.items()}
         body = forward_lines(plan, mods, single_output(plan))
         state = state_reads(plan)
+        mutates = bool(plan.graph.mutations)
     return template_env("kernelwright.emit", "templates").get_template("model_new.py.j2").render(
         version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
         summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
         kernel_sources=sorted(kernel_sources.items()), support=sorted((support or {}).items()), args=args, body=body,
-        has_model=has_model, cuda_graphs=bool(cuda_graphs), state=state)
+        has_model=has_model, cuda_graphs=bool(cuda_graphs), state=state, mutates=mutates)
 
 
 def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str], support: dict[str, str] | None = None) -> Path:
