@@ -74,13 +74,19 @@ def test_rendering_names_every_parameter_and_buffer_and_the_switch(fake_clock, t
     assert [id(t) for t in new._kw_tensors()] == [id(t) for t in [*new.parameters(), *new.buffers()]]
     plain = render_model_new(problem, plan, {}, {}, "fp32", [], None)
     assert "_kw_cuda_graphs = False" in plain
-    # running statistics are updated in place: the state is checked before each replay
-    assert "self._kw_state, self._kw_reads, True)" in " ".join(text.split())
+    # the running statistics' updates are kept out of the captured part and committed after a replay
+    flat = " ".join(text.split())
+    assert "_kw_graphed(self, self._kw_compute, (x,), self._kw_state, self._kw_reads, self._kw_commit)" in flat
+    compute = text.split("def _kw_compute", 1)[1].split("def _kw_commit", 1)[0]
+    commit = text.split("def _kw_commit", 1)[1].split("\n\n", 1)[0]
+    assert "running_mean" in compute and "copy_(" not in compute and "_foreach_" not in compute
+    assert "_foreach_add_([b_bn_num_batches_tracked], 1)" in commit and "b_bn_running_mean" in commit
     assert new._kw_reads()[0] == new._kw_tensors()
     gemm = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
     gemm_text = render_model_new(gemm, plan_graph(rewrite(capture(gemm), "fp32")[0]), {}, {}, "fp32", [], None,
                                  cuda_graphs=True)
-    assert "self._kw_reads, False)" in gemm_text
+    assert "self._kw_forward, (x,), self._kw_state, self._kw_reads)" in " ".join(gemm_text.split())
+    assert "def _kw_commit" not in gemm_text
 
 
 @pytest.mark.interpreter
@@ -270,8 +276,8 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
 def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(monkeypatch, tmp_path):
     """Given what the graph reads and no buffer update, the replay is issued first and the state
     checked while the GPU runs it: a moved state costs one dropped replay and a run of the forward;
-    the capture holds what it reads (a replaced weight lives as long as the capture). A forward
-    that updates buffers is never replayed on a moved state."""
+    the capture holds what it reads (a replaced weight lives as long as the capture). Without
+    `reads` (a forward that may write buffers itself) nothing is replayed on a moved state."""
     problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
     plan = plan_graph(rewrite(capture(problem), "fp32")[0])
     mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None,
@@ -284,7 +290,7 @@ def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(mo
 
     state, reads = (lambda: mod._kw_stamp(box["w"])), (lambda: (box["w"],))
     x, holder = torch.tensor([1.0, 1.0]), torch.nn.Module()
-    call = lambda: mod._kw_graphed(holder, forward, (x,), state, reads, False)  # noqa: E731
+    call = lambda: mod._kw_graphed(holder, forward, (x,), state, reads)  # noqa: E731
     assert call().tolist() == [3.0, 4.0] and (fake.captures, fake.replays) == (1, 0)
     assert call().tolist() == [3.0, 4.0] and (fake.captures, fake.replays) == (1, 1)
     old = weakref.ref(box["w"])
@@ -298,12 +304,58 @@ def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(mo
     box["w"].mul_(2)  # in place: the version moves, the same
     assert call().tolist() == [-1.0, 3.0] and (fake.captures, fake.replays) == (3, 4)
 
-    updating = torch.nn.Module()  # the same forward declared to update buffers: checked first
-    update = lambda: mod._kw_graphed(updating, forward, (x,), state, reads, True)  # noqa: E731
-    update(), update()
+    checked = torch.nn.Module()  # without `reads` (the forward may write buffers): checked first
+    check = lambda: mod._kw_graphed(checked, forward, (x,), state)  # noqa: E731
+    check(), check()
     assert (fake.captures, fake.replays) == (4, 5)
     box["w"].mul_(-1)
-    assert update().tolist() == [3.0, -1.0] and (fake.captures, fake.replays) == (5, 5)  # no replay
+    assert check().tolist() == [3.0, -1.0] and (fake.captures, fake.replays) == (5, 5)  # no replay
+
+
+@pytest.mark.interpreter
+def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch, tmp_path):
+    """A forward split into compute (the result and the buffers' new values) and commit (the
+    in-place updates): the graph holds compute only, a replay's values are committed once the
+    state is found unmoved, and a replay dropped on a moved state commits nothing (the forward's
+    own run does, once)."""
+    problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
+    plan = plan_graph(rewrite(capture(problem), "fp32")[0])
+    mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None,
+                                                                   cuda_graphs=True), {}))
+    fake = _FakeGraphs(monkeypatch, mod)
+    w, buf, commits = torch.tensor([2.0, 3.0]), torch.zeros(2), []
+
+    def compute(x):  # result x * w + 1; the buffer's new value buf / 2 + x (a running average)
+        out, new = torch.empty_like(x), torch.empty_like(x)
+
+        def work():
+            torch.mul(x, w, out=out)
+            out.add_(1)
+            torch.add(buf * 0.5, x, out=new)
+        fake.open.work.append(work) if fake.open is not None else work()
+        return out, (new,)
+
+    def commit(new):
+        commits.append(1)
+        buf.copy_(new)
+
+    state, reads = (lambda: mod._kw_stamp(w, buf)), (lambda: (w, buf))
+    x, holder = torch.tensor([1.0, 1.0]), torch.nn.Module()
+    call = lambda: mod._kw_graphed(holder, compute, (x,), state, reads, commit)  # noqa: E731
+    expect = 0.0
+    for n in range(4):  # a run and its capture, then three replays
+        assert call().tolist() == [3.0, 4.0]
+        expect = expect / 2 + 1
+        assert buf.tolist() == [expect, expect] and len(commits) == n + 1
+    assert (fake.captures, fake.replays) == (1, 3)
+    w.mul_(2)  # moved: the replay's values are dropped, the forward's own run commits once
+    assert call().tolist() == [5.0, 7.0]
+    expect = expect / 2 + 1
+    assert buf.tolist() == [expect, expect] and len(commits) == 5
+    assert (fake.captures, fake.replays) == (2, 4)
+    buf.fill_(8.0)  # changed in place by the caller: a new capture, the update made once
+    assert call().tolist() == [5.0, 7.0] and buf.tolist() == [5.0, 5.0] and len(commits) == 6
+    assert (fake.captures, fake.replays) == (3, 5)
 
 
 # --- GPU ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 from kernelwright import __version__
 from kernelwright.codegen.templating import template_env
-from kernelwright.emit.program import forward_lines, state_reads
+from kernelwright.emit.program import ForwardText, forward_text, state_reads
 from kernelwright.plan.fusion import Plan
 from kernelwright.problem import Problem
 
@@ -33,7 +33,6 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
     `cuda_graphs`: the forward replays CUDA graphs (under no_grad, on CUDA inputs)."""
     has_model = bool(problem.source)
     state: list[str] = []
-    mutates = False
     if plan is None:
         cuda_graphs = False
         args = "*args"
@@ -42,17 +41,17 @@ def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tup
         if policy == "bf16":  # the original forward at matched precision: as eager runs it, in bf16 autocast
             body = ["_dt = next((a.device.type for a in args if isinstance(a, torch.Tensor)), 'cuda')",
                     "with torch.autocast(device_type=_dt, dtype=torch.bfloat16):", "    " + call]
+        text = ForwardText(body, "", [], [])  # (the body returns)
     else:
         args = ", ".join(i.name for i in plan.graph.user_inputs)
         mods = {key: (None if k is None else (f"_k_{k[0]}", k[1], k[2], k[3])) for key, k in kernels.items()}
-        body = forward_lines(plan, mods, single_output(plan))
+        text = forward_text(plan, mods, single_output(plan))
         state = state_reads(plan)
-        mutates = bool(plan.graph.mutations)
     return template_env("kernelwright.emit", "templates").get_template("model_new.py.j2").render(
         version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
         summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
-        kernel_sources=sorted(kernel_sources.items()), support=sorted((support or {}).items()), args=args, body=body,
-        has_model=has_model, cuda_graphs=bool(cuda_graphs), state=state, mutates=mutates)
+        kernel_sources=sorted(kernel_sources.items()), support=sorted((support or {}).items()), args=args,
+        forward=text, has_model=has_model, cuda_graphs=bool(cuda_graphs), state=state)
 
 
 def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str], support: dict[str, str] | None = None) -> Path:

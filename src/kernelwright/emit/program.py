@@ -6,6 +6,7 @@ and timed is exactly what the user gets.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -155,8 +156,20 @@ def state_reads(plan: Plan) -> list[tuple[str, str, str]]:
             if i.kind in ("param", "buffer")]
 
 
-def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> list[str]:
-    """Body of `forward`. `kernels` maps a group id (or node name) to (module variable, input names,
+class ForwardText(NamedTuple):
+    """The emitted forward. `body` computes the result (`result`, the expression it returns) and the
+    new values of the buffers the forward updates (`new`, variable names); `commit` writes them
+    (and the counters' increments) into the buffers in place, given `new` as its arguments, []
+    when the forward updates no buffer. Kept apart so that a CUDA graph of the body can be
+    replayed before its state is checked and the update made only once it holds."""
+    body: list[str]
+    result: str
+    new: list[str]
+    commit: list[str]
+
+
+def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> ForwardText:
+    """The forward's text (ForwardText). `kernels` maps a group id (or node name) to (module variable, input names,
     output names, whether launch() returns the node's whole tuple) for units that run a generated
     kernel; other units run their ATen ops.
 
@@ -167,8 +180,8 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
     g = plan.graph
     lines = []
     tensors = [i.name for i in g.inputs if i.kind in ("param", "buffer")]
-    if tensors:
-        lines.append(f"{', '.join(tensors)}{',' if len(tensors) == 1 else ''} = self._kw_tensors()")
+    unpack = [f"{', '.join(tensors)}{',' if len(tensors) == 1 else ''} = self._kw_tensors()"] if tensors else []
+    lines += unpack
     local = {i.fqn: i.name for i in g.inputs if i.kind in ("param", "buffer")}
     for inp in g.inputs:
         if inp.kind == "constant":
@@ -224,26 +237,29 @@ def forward_lines(plan: Plan, kernels: dict[str, tuple], single_output: bool) ->
     lines += main
     # buffer updates (e.g. BatchNorm running stats): one launch per dtype, not one each
     # (_foreach_copy_ falls back to a copy per tensor when its tensors' dtypes differ)
+    commit: list[str] = []
     by_step: dict[object, list[str]] = {}  # counters: buffer += step, in place, one launch per step
     for name in g.mutations:
         if name in skipped:
             by_step.setdefault(counters[name][1], []).append(counters[name][0])
     for step, fqns in by_step.items():
-        lines.append(f"torch._foreach_add_([{', '.join(local.get(f) or attr_path(f) for f in sorted(fqns))}], {step!r})")
+        commit.append(f"torch._foreach_add_([{', '.join(local.get(f) or attr_path(f) for f in sorted(fqns))}], {step!r})")
     by_dtype: dict[str, list[tuple[str, str]]] = {}
     for name, fqn in g.mutations.items():
         if name in skipped:
             continue
         meta = g.meta(name)
         by_dtype.setdefault(meta.dtype if meta is not None else "", []).append((name, fqn))
+    new: list[str] = []
     for pairs in by_dtype.values():
+        new += [name for name, _ in pairs]
         if len(pairs) == 1:
-            lines.append(f"{local.get(pairs[0][1]) or attr_path(pairs[0][1])}.copy_({pairs[0][0]})")
+            commit.append(f"{local.get(pairs[0][1]) or attr_path(pairs[0][1])}.copy_({pairs[0][0]})")
             continue
         dst = ", ".join(local.get(fqn) or attr_path(fqn) for _, fqn in pairs)
-        lines.append(f"torch._foreach_copy_([{dst}], [{', '.join(name for name, _ in pairs)}])")
+        commit.append(f"torch._foreach_copy_([{dst}], [{', '.join(name for name, _ in pairs)}])")
     if single_output and len(g.outputs) == 1:
-        lines.append(f"return {g.outputs[0]}")
+        result = g.outputs[0]
     else:
-        lines.append("return (" + ", ".join(g.outputs) + ("," if len(g.outputs) == 1 else "") + ")")
-    return lines
+        result = "(" + ", ".join(g.outputs) + ("," if len(g.outputs) == 1 else "") + ")"
+    return ForwardText(lines, result, list(dict.fromkeys(new)), unpack + commit if commit else [])
