@@ -169,9 +169,9 @@ class ForwardText(NamedTuple):
 
 
 def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> ForwardText:
-    """The forward's text (ForwardText). `kernels` maps a group id (or node name) to (module variable, input names,
-    output names, whether launch() returns the node's whole tuple) for units that run a generated
-    kernel; other units run their ATen ops.
+    """The forward's text (ForwardText). `kernels` maps a group id (or node name) to (module
+    variable, input names, output names, whether launch() returns the node's whole tuple) for units
+    that run a generated kernel; other units run their ATen ops.
 
     Units computed from parameters alone (a weight transposed, cast to bf16, copied channels-last;
     plan.weights) run first, in one block cached by the parameters' identity and version: one check
@@ -243,7 +243,8 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> 
         if name in skipped:
             by_step.setdefault(counters[name][1], []).append(counters[name][0])
     for step, fqns in by_step.items():
-        commit.append(f"torch._foreach_add_([{', '.join(local.get(f) or attr_path(f) for f in sorted(fqns))}], {step!r})")
+        dst = ", ".join(local.get(f) or attr_path(f) for f in sorted(fqns))
+        commit.append(f"torch._foreach_add_([{dst}], {step!r})")
     by_dtype: dict[str, list[tuple[str, str]]] = {}
     for name, fqn in g.mutations.items():
         if name in skipped:
