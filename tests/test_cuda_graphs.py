@@ -174,8 +174,11 @@ class _FakeGraphs:
                 for w in self.work:
                     w()
 
+            def pool(self):
+                return id(self)
+
         @contextlib.contextmanager
-        def graph(g):  # as torch's: a capture ending in an error leaves the capture stream current
+        def graph(g, pool=None):  # as torch's: a capture ending in an error leaves the capture stream current
             self.open, before, self.stream = g, self.stream, "capture"
             try:
                 yield
@@ -315,15 +318,18 @@ def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(mo
 @pytest.mark.interpreter
 def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch, tmp_path):
     """A forward split into compute (the result and the buffers' new values) and commit (the
-    in-place updates): the graph holds compute only, a replay's values are committed once the
-    state is found unmoved, and a replay dropped on a moved state commits nothing (the forward's
-    own run does, once)."""
+    in-place updates): compute and commit are captured as two graphs, the commit's replayed only
+    once the state is found unmoved; a replay dropped on a moved state commits nothing (the
+    forward's own run does, once)."""
     problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
     plan = plan_graph(rewrite(capture(problem), "fp32")[0])
     mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None,
                                                                    cuda_graphs=True), {}))
     fake = _FakeGraphs(monkeypatch, mod)
     w, buf, commits = torch.tensor([2.0, 3.0]), torch.zeros(2), []
+
+    def later(work):  # run now, or record into the open capture
+        fake.open.work.append(work) if fake.open is not None else work()
 
     def compute(x):  # result x * w + 1; the buffer's new value buf / 2 + x (a running average)
         out, new = torch.empty_like(x), torch.empty_like(x)
@@ -332,31 +338,34 @@ def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch
             torch.mul(x, w, out=out)
             out.add_(1)
             torch.add(buf * 0.5, x, out=new)
-        fake.open.work.append(work) if fake.open is not None else work()
+        later(work)
         return out, (new,)
 
     def commit(new):
-        commits.append(1)
-        buf.copy_(new)
+        def work():
+            commits.append(1)
+            buf.data.copy_(new)  # as a graph's write: the version does not move
+        later(work)
 
     state, reads = (lambda: mod._kw_stamp(w, buf)), (lambda: (w, buf))
     x, holder = torch.tensor([1.0, 1.0]), torch.nn.Module()
     call = lambda: mod._kw_graphed(holder, compute, (x,), state, reads, commit)  # noqa: E731
     expect = 0.0
-    for n in range(4):  # a run and its capture, then three replays
+    for n in range(4):  # a run and its capture (two graphs), then three replays of both
         assert call().tolist() == [3.0, 4.0]
         expect = expect / 2 + 1
         assert buf.tolist() == [expect, expect] and len(commits) == n + 1
-    assert (fake.captures, fake.replays) == (1, 3)
+    assert (fake.captures, fake.replays) == (2, 6)
     w.mul_(2)  # moved: the replay's values are dropped, the forward's own run commits once
     assert call().tolist() == [5.0, 7.0]
     expect = expect / 2 + 1
     assert buf.tolist() == [expect, expect] and len(commits) == 5
-    assert (fake.captures, fake.replays) == (2, 4)
-    buf.fill_(8.0)  # changed in place by the caller: a new capture, the update made once
+    assert (fake.captures, fake.replays) == (4, 7)
+    buf.fill_(8.0)  # changed in place by the caller: the same, the update made once
     assert call().tolist() == [5.0, 7.0] and buf.tolist() == [5.0, 5.0] and len(commits) == 6
-    assert (fake.captures, fake.replays) == (3, 5)
-
+    assert (fake.captures, fake.replays) == (6, 8)
+    assert call().tolist() == [5.0, 7.0] and buf.tolist() == [3.5, 3.5] and len(commits) == 7
+    assert (fake.captures, fake.replays) == (6, 10)
 
 # --- GPU ---------------------------------------------------------------------------------------
 
