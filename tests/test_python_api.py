@@ -36,3 +36,26 @@ def test_the_api_function_is_not_shadowed_by_a_submodule():
 
     importlib.import_module("kernelwright.pipeline")
     assert callable(kernelwright.optimize)
+
+
+def test_a_live_module_in_training_mode_updates_its_running_statistics_once_per_call(tmp_path):
+    """A forward that updates buffers is emitted as compute + commit (model_new.py.j2); attach()
+    binds both, and each call updates the running statistics as the original forward does."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8)
+    fast = kernelwright.optimize(model, [x], tmp_path / "out", budget_trials=2, db_path=str(tmp_path / "db.jsonl"))
+    text = (tmp_path / "out" / "model_new.py").read_text()
+    assert "def _kw_commit" in text and "model._kw_commit = " in text
+    for (name, a), (_, b) in zip(reference.named_buffers(), fast.named_buffers()):
+        assert torch.equal(a, b), name  # optimizing left the statistics as they were
+    with torch.no_grad():
+        for seed in range(3):
+            y = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(seed))
+            torch.testing.assert_close(fast(y), reference(y), rtol=1e-4, atol=1e-5)
+    for (name, a), (_, b) in zip(reference.named_buffers(), fast.named_buffers()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    assert int(fast[1].num_batches_tracked) == int(reference[1].num_batches_tracked) == 3
