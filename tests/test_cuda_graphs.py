@@ -367,6 +367,17 @@ def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch
     assert call().tolist() == [5.0, 7.0] and buf.tolist() == [3.5, 3.5] and len(commits) == 7
     assert (fake.captures, fake.replays) == (6, 10)
 
+    def waits(new):  # updates that cannot be captured: the forward runs as it is from then on
+        if fake.open is not None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        commit(new)
+    other = torch.nn.Module()
+    buf.zero_()
+    for n in range(3):
+        assert mod._kw_graphed(other, compute, (x,), state, reads, waits).tolist() == [5.0, 7.0]
+        assert buf.tolist() == [[1.0, 1.5, 1.75][n]] * 2 and fake.stream == "caller's"
+    assert next(iter(mod._kw_graphs_of(other).values())).graph is None and len(commits) == 10
+
 # --- GPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
