@@ -419,7 +419,7 @@ def replay_paths(graphs: dict) -> list[dict]:
     inputs in (they passed other memory than the capture's) and their outputs out (the caller
     kept a previous result)."""
     return [{"captured": g.graph is not None, "copies_in": g.graph is not None and g.inputs is not None,
-             "copies_out": g.graph is not None and not g.lend} for g in graphs.values()]
+             "copies_out": g.graph is not None and g.lend is None} for g in graphs.values()]
 
 
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default"):
