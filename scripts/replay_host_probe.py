@@ -6,8 +6,8 @@ to back (no synchronisation inside a batch): the whole call, the signature, the 
 replay alone; then times the whole call, the replay alone and the plain forward the way
 measure.timer does (L2 flush, event pair around one call, a synchronisation per round), with and
 without a GPU-side lead that hides the host's issue time (`device_only`), so that the exposed
-host latency of a call is the difference of the two; and prints cProfile's top functions of the
-whole call.
+host latency of a call is the difference of the two; the host time from a call's start to its
+replay's issue in those rounds; and prints cProfile's top functions of the whole call.
 
 usage: PYTHONPATH=src python3 scripts/replay_host_probe.py PROBLEM.py [--precision bf16] [--calls 2000]
 """
@@ -108,6 +108,22 @@ with torch.no_grad(), policy.active():
         print(f"{name:24s} {issue:9.1f} {timed:9.1f} {device:9.1f} {timed - device:10.1f}")
         issue, timed = in_rounds(rows[name], sync_every=10)
         print(f"{'  (sync every 10 rounds)':24s} {issue:9.1f} {timed:9.1f}")
+    if getattr(entry, "replay", None) is not None:  # host time from the call's start to the replay's issue
+        real, marks, before = entry.replay, [], []
+        entry.replay = lambda: (marks.append(time.perf_counter()), real())[1]
+        for r in range(60):
+            flusher.flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            t0 = time.perf_counter()
+            new(*inputs)
+            end.record()
+            torch.cuda.synchronize()
+            if marks:
+                before.append((marks.pop() - t0) * 1e6)
+        entry.replay = real
+        if len(before) > 5:
+            print(f"{'host us before replay()':24s} {statistics.median(before[5:]):9.1f}  (in the timer rounds)")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(500):
