@@ -143,6 +143,30 @@ def test_pick_forward_takes_the_replay_only_when_clearly_faster():
     assert pick_forward(alone) is False and alone == {"kernelwright": _t(1.0)}
 
 
+def _issued(ms, issue_ms):
+    return {**_t(ms), "issue_ms": issue_ms}
+
+
+def test_pick_forward_takes_a_tied_replay_when_the_plain_forward_is_near_host_bound():
+    """Run G's bf16 resnet_basic_block: plain 0.375 ms with 0.324 ms of host issue, the replay
+    0.369 ms with 0.054 -- a tie on that host, but the plain forward's time follows the host's."""
+    near = {"kernelwright": _issued(0.375, 0.324), GRAPHS: _issued(0.369, 0.054)}
+    assert pick_forward(near) is True and near["cuda_graphs_why"] == "host-bound"
+    # with host headroom (conv2d_batch_norm_train_relu, the same run) the tie keeps the plain one
+    roomy = {"kernelwright": _issued(0.893, 0.271), GRAPHS: _issued(0.889, 0.064)}
+    assert pick_forward(roomy) is False and roomy["cuda_graphs_why"] == "not faster"
+    slower = {"kernelwright": _issued(0.375, 0.324), GRAPHS: _issued(0.380, 0.054)}
+    assert pick_forward(slower) is False  # never a slower replay
+    unknown = {"kernelwright": _t(0.375), GRAPHS: _t(0.369)}
+    assert pick_forward(unknown) is False  # no issue times: only "clearly faster" counts
+    from kernelwright.emit.report import render_report
+
+    text = render_report({"problem": "p", "precision": "bf16", "device": "cuda", "capture": "ok", "groups": [],
+                          "timing": near})
+    assert "ModelNew replays its forward as CUDA graphs (kernelwright:graphs was not slower" in text
+    assert "0.324 ms a call, is 86% of its time" in text
+
+
 def test_report_says_which_forward_ships_and_how_the_replay_ran():
     from kernelwright.emit.report import render_report
 

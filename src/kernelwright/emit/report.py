@@ -65,9 +65,17 @@ def render_report(result: dict) -> str:
         lines.append("\n(host issue: CPU time to issue one call, no synchronisation; close to the median, the "
                      "implementation is CPU-bound.)")
         if "cuda_graphs" in t:
-            lines.append("\nModelNew replays its forward as CUDA graphs (kernelwright:graphs measured faster than "
-                         "kernelwright:plain)" if t["cuda_graphs"] else
-                         "\nModelNew runs its forward as it is (replaying it as CUDA graphs was not clearly faster)")
+            why = t.get("cuda_graphs_why", "faster" if t["cuda_graphs"] else "not faster")
+            if why == "host-bound":
+                plain = t.get("kernelwright:plain") or {}
+                lines.append("\nModelNew replays its forward as CUDA graphs (kernelwright:graphs was not slower than "
+                             f"kernelwright:plain, whose host issue time, {plain.get('issue_ms', 0):.3f} ms a call, "
+                             f"is {plain.get('issue_ms', 0) / plain.get('median_ms', 1):.0%} of its time: on a slower "
+                             "host the plain forward would be host-bound)")
+            else:
+                lines.append("\nModelNew replays its forward as CUDA graphs (kernelwright:graphs measured faster than "
+                             "kernelwright:plain)" if t["cuda_graphs"] else
+                             "\nModelNew runs its forward as it is (replaying it as CUDA graphs was not clearly faster)")
             for r in t.get("replay_paths") or []:
                 lines.append("- timed replay: " + ("not capturable" if not r["captured"] else
                              f"inputs {'copied in' if r['copies_in'] else 'read in place'}, "
