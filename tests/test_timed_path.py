@@ -338,3 +338,21 @@ def test_groups_that_change_layout_search_tiles_only(tmp_path):
     assert set(tuner.seeds) <= set(tuner.space) and tuner.default in tuner.space
     results = tuner.run(tuner.seeds)
     assert all(r.error == "untimed: no GPU" and r.excess is not None for r in results)
+
+
+def test_units_computed_from_the_weights_alone_get_one_trial(fake_clock, tmp_path):
+    """bf16 gemm_gelu_scale: the weight's bf16 cast runs once per weight version (the forward caches
+    it), so the search times one config of it and gives the per-call units the rest."""
+    from kernelwright.plan.weights import weight_only, weight_roots
+
+    _, plan, result, _, _ = _run(fake_clock, tmp_path, "level2/gemm_gelu_scale.py", 5.0, 1.0, precision="bf16")
+    graph, roots = plan.graph, weight_roots(plan.graph)
+    once = {u.group.id if u.group is not None else u.node for u in plan.units
+            if weight_only(graph, list(u.group.outputs) if u.group is not None else [u.node], roots)}
+    trials = {g["id"]: g["trials"] for g in result["groups"]}
+    once &= set(trials)  # the tuned ones (a view of a weight has nothing to tune)
+    assert once  # the weight's bf16 cast
+    assert all(trials[k] == 1 for k in once), trials
+    per_call = [k for k in trials if k not in once and "+" not in k]  # (the fused GEMM pass has its own)
+    assert per_call and all(trials[k] >= 2 for k in per_call), trials
+    assert not weight_only(graph, list(graph.outputs), roots)  # a returned value is never weight-only

@@ -25,6 +25,7 @@ from kernelwright.emit.module import import_model_new, model_new_like, render_mo
 from kernelwright.measure import watchdog
 from kernelwright.plan import Plan, plan_graph
 from kernelwright.plan.rewrites import rewrite
+from kernelwright.plan.weights import weight_only, weight_roots
 from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
 from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, packaged_priors, tune
@@ -214,9 +215,20 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     n = max(1, len(units))
     per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)  # GEMM-epilogue pass
     per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
-    weights = [_unit_bytes(graph, u) for u in units]  # the budget follows the bytes each unit moves
-    unit_trials = dict(zip(map(id, units), shares(opts.budget_trials, weights, 2))) if opts.budget_trials else {}
-    unit_s = dict(zip(map(id, units), shares(opts.budget_s, weights, 1.0))) if opts.budget_s else {}
+    # the budget follows the bytes each unit moves per call; a unit computed from the weights alone
+    # runs once per weight version (the forward caches it): its first seed, verified and timed
+    roots = weight_roots(graph)
+    once = {id(u) for u in units
+            if weight_only(graph, list(u.group.outputs) if u.group is not None else [u.node], roots)}
+    hot = [u for u in units if id(u) not in once]
+    weights = [_unit_bytes(graph, u) for u in hot]
+    unit_trials, unit_s = {}, {}
+    if opts.budget_trials:
+        unit_trials = {**dict.fromkeys(once, 1),
+                       **dict(zip(map(id, hot), shares(opts.budget_trials - len(once), weights, 2)))}
+    if opts.budget_s:
+        unit_s = {**dict.fromkeys(once, 1.0),
+                  **dict(zip(map(id, hot), shares(opts.budget_s - len(once), weights, 1.0)))}
     db = TrialDB(default_db_path(opts.db_path), priors=packaged_priors())
     kernels, sources, summary, support = {}, {}, [], {}
     tuned = {id(u) for u in units}
@@ -271,7 +283,8 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
                     gr.note = f"{gr.note}; {e}".strip("; ")
             found = []  # (result, tuner)
             mine, mine_s = unit_trials.get(id(unit)), unit_s.get(id(unit))
-            share = None if mine is None else max(2, round(mine) // len(tuners))  # the unit's budget, split
+            least = 1 if id(unit) in once else 2
+            share = None if mine is None else max(least, round(mine) // len(tuners))  # the unit's budget, split
             for t in tuners:
                 results = _search(t, share, None if mine_s is None else mine_s / len(tuners),
                                   {**common, "task_key": f"{common['task_key']}/{t.backend}", "task_features": t.features})

@@ -34,3 +34,11 @@ def weight_roots(graph: Graph) -> dict[str, tuple[str, ...]]:
         if ins and all(v in roots for v in ins):
             roots[n.name] = tuple(dict.fromkeys(r for v in ins for r in roots[v]))
     return roots
+
+
+def weight_only(graph: Graph, outputs: list[str], roots: dict[str, tuple[str, ...]] | None = None) -> bool:
+    """Whether a unit with these outputs computes values of the parameters alone (`weight_roots`),
+    none of them returned: the emitted forward computes it once per parameter version, not per
+    call (emit/program.py), so its speed hardly matters and the search spends on it one trial."""
+    roots = weight_roots(graph) if roots is None else roots
+    return bool(outputs) and all(o in roots and o not in graph.outputs for o in outputs)
