@@ -80,9 +80,10 @@ with torch.no_grad(), policy.active():
 
     flusher, rate = L2Flusher(), _sleep_cycles_per_ms(torch.device("cuda"))
 
-    def in_rounds(fn, lead_ms=0.0, rounds=60, sync_every=1):
+    def in_rounds(fn, lead_ms=0.0, rounds=60, sync_every=1, marks=None, before=None):
         """(median host issue us, median event-timed us) of fn in the timer's rounds (a
-        synchronisation every `sync_every` rounds)."""
+        synchronisation every `sync_every` rounds). With `marks` (perf_counter times fn appends)
+        and `before`, each round's last mark minus its start, in us, goes to `before`."""
         issue, events, pending = [], [], []
         for r in range(rounds):
             flusher.flush()
@@ -93,6 +94,8 @@ with torch.no_grad(), policy.active():
             t0 = time.perf_counter()
             fn()
             issue.append((time.perf_counter() - t0) * 1e6)
+            if marks:
+                before.append((marks.pop() - t0) * 1e6)
             end.record()
             pending.append((start, end))
             if (r + 1) % sync_every == 0 or r == rounds - 1:
@@ -111,16 +114,7 @@ with torch.no_grad(), policy.active():
     if getattr(entry, "replay", None) is not None:  # host time from the call's start to the replay's issue
         real, marks, before = entry.replay, [], []
         entry.replay = lambda: (marks.append(time.perf_counter()), real())[1]
-        for r in range(60):
-            flusher.flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            t0 = time.perf_counter()
-            new(*inputs)
-            end.record()
-            torch.cuda.synchronize()
-            if marks:
-                before.append((marks.pop() - t0) * 1e6)
+        in_rounds(rows["whole call (graphs)"], marks=marks, before=before)
         entry.replay = real
         if len(before) > 5:
             print(f"{'host us before replay()':24s} {statistics.median(before[5:]):9.1f}  (in the timer rounds)")

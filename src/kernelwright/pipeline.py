@@ -218,8 +218,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     # the budget follows the bytes each unit moves per call; a unit computed from the weights alone
     # runs once per weight version (the forward caches it): its first seed, verified and timed
     roots = weight_roots(graph)
-    once = {id(u) for u in units
-            if weight_only(graph, list(u.group.outputs) if u.group is not None else [u.node], roots)}
+    once = {id(u) for u in units if weight_only(graph, u.outputs, roots)}
     hot = [u for u in units if id(u) not in once]
     weights = [_unit_bytes(graph, u) for u in hot]
     unit_trials, unit_s = {}, {}

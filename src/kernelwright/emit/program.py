@@ -15,7 +15,7 @@ from kernelwright.capture.graph import Graph, Ref
 from kernelwright.analyze.classify import is_view
 from kernelwright.plan.attention import SDPA
 from kernelwright.plan.fusion import Plan
-from kernelwright.plan.weights import weight_roots
+from kernelwright.plan.weights import weight_only, weight_roots
 
 
 def render_value(v) -> str:
@@ -205,15 +205,12 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> 
             mod, ins, outs, whole_tuple = kernel
             targets = outs[0] if whole_tuple else ", ".join(outs) + ("," if len(outs) == 1 else "")
             body = [f"{targets} = {mod}.launch({', '.join(ins)})"]
-        elif unit.group is not None:
-            body = [node_line(g, n) for n in unit.group.nodes]
-            outs = list(unit.group.outputs)
         else:
-            body = [node_line(g, unit.node)]
-            outs = [unit.node]
-        weight_only = bool(outs) and all(o in roots and o not in g.outputs for o in outs) and all(
-            g.is_input(v) or v in hoisted for v in _unit_inputs(g, unit, kernel))
-        if weight_only:
+            body = [node_line(g, n) for n in unit.nodes]
+            outs = unit.outputs
+        # computed from the weights alone, from values hoisted before it: run once per weight version
+        if weight_only(g, outs, roots) and all(g.is_input(v) or v in hoisted
+                                               for v in _unit_inputs(g, unit, kernel)):
             prologue += body
             hoisted.update(outs)
             work = work or kernel is not None or not all(

@@ -76,6 +76,11 @@ class Unit:
         """The graph nodes this unit runs."""
         return self.group.nodes if self.group else [self.node]
 
+    @property
+    def outputs(self) -> list[str]:
+        """The values this unit produces for the rest of the program."""
+        return list(self.group.outputs) if self.group else [self.node]
+
 
 @dataclass
 class Plan:
