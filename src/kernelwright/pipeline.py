@@ -413,9 +413,9 @@ def pick_forward(timing: dict, gain: float = 0.98, host_share: float = 0.5) -> b
     holds static buffers and captures on first use, so a tie keeps the plain one), or when it is
     not slower and the plain forward is near host-bound: its host issue time is at least
     `host_share` of its time and the replay's is lower. Such a forward's time follows the host's
-    speed (measured: bf16 resnet_basic_block plain 0.375 ms with 0.324 of host issue on one
-    machine, 0.921 on a slower one, where the replay took 0.369 and 0.457), so a tie on a fast
-    host is a loss on a slow one. Afterwards "kernelwright" is the chosen one, PLAIN the plain one
+    speed (bf16 resnet_basic_block, session 11 runs G and C in docs/benchmarks.md: plain 0.375 ms
+    with 0.324 of host issue on one machine, 0.921 on a slower one, where the replay took 0.369 and
+    0.457), so a tie on a fast host is a loss on a slow one. Afterwards "kernelwright" is the chosen one, PLAIN the plain one
     (in the per-implementation kernel and sync tables too), "cuda_graphs" says which and
     "cuda_graphs_why" why; returns whether the replay won. Without a GRAPHS timing nothing
     changes."""
