@@ -5,11 +5,12 @@
 # most 8): summary.txt (the tests' last lines and each bench's table) and session.tgz (bench JSON,
 # logs, the trial database, and each problem's report.md, result.json and model_new.py).
 # usage: scripts/device_session.sh "bf16 tf32" BUDGET PROBLEM...
-#        (env: OUT; SECONDS_EACH, the time limit of one precision's bench, default 260)
+#        (env: OUT; SECONDS_EACH, the time limit of one precision's bench, default 260; WORK, the
+#        working folder, default a fresh temporary one)
 set -u
 precisions=$1; budget=$2; shift 2
 OUT=${OUT:-/tmp/kw_out}
-work=$(mktemp -d)
+work=${WORK:-$(mktemp -d)}; mkdir -p "$work"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 KERNELWRIGHT_DB=$work/trials.jsonl
 : > "$OUT/summary.txt"
 for f in ${GPU_TESTS:-}; do  # compiled kernels, not the interpreter
