@@ -263,3 +263,29 @@ def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():
         assert needs_int64(low, M + 1, R + 1024) is wide
         src = render_group(graph, group, {"BLOCK_M": 1, "BLOCK_R": 1024, "one_pass": False, "num_warps": 4}, low).source
         assert (".to(tl.int64) * BLOCK_M" in src) is wide
+
+
+def test_a_training_batch_norm_over_a_gemm_result_runs_split_and_row_schedules(tmp_path):
+    """BatchNorm1d (training) over a Linear's [batch, features] result reduces each feature over
+    the batch: strided rows. Rows side by side (row schedule) and rows split over programs (the
+    schedule session 12 added for long ones) both give eager's result and running statistics."""
+    from kernelwright.codegen.triton_group import extent, lower
+    from kernelwright.plan.rewrites import rewrite
+
+    model = Fn(lambda s, x: torch.relu(s.bn(s.fc(x))))
+    model.fc, model.bn = nn.Linear(8, 12), nn.BatchNorm1d(12)
+    model.train()
+    x = torch.randn(40, 8)
+    graph, _ = rewrite(capture(from_module(model, [x])), "tf32")
+    plan = plan_graph(graph)
+    with torch.no_grad():
+        env = run_graph(graph, copy.deepcopy(model), [x], keep=True)
+    group = next(g for g in plan.groups if g.rdims is not None)
+    low = lower(graph, group)
+    assert extent(low) == (12, 40, False)  # 12 features, each a strided row of 40 batch elements
+    split = {"BLOCK_M": 4, "BLOCK_R": 8, "SPLIT": 4, "one_pass": False, "num_warps": 4, "num_stages": 1}
+    for tag, cfg in (("row", dict(MULTI_PASS, BLOCK_M=32, BLOCK_R=16)), ("split", split),
+                     ("wide", dict(split, BLOCK_M=64, BLOCK_R=64)), ("reverse", dict(split, APPLY_REVERSE=True))):
+        k, _, outs = _run(graph, group, env, cfg, tmp_path, f"bn1d_{tag}")
+        assert ("_partial" in k.source) == (tag != "row")
+        _compare(k, outs, env)  # the normalised result and the new running mean and variance

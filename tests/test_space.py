@@ -137,3 +137,10 @@ def test_long_strided_rows_search_split_and_row_schedules():
     assert seeds[0] == base and seeds[1].template == "triton.row" and all(c in space for c in seeds)
     # contiguous rows keep the row space alone
     assert {c.template for c in group_space(M, R, False)} == {"triton.row"}
+    # training batch norm over a [8192, 4096] GEMM result: 4096 strided rows of 8192 elements; 32
+    # rows side by side are only 128 programs, so the split schedule is searched (and tried first)
+    M, R = 4096, 8192
+    assert strided_long_rows(M, R, False) and not strided_long_rows(M, 2048, False)
+    seeds = seed_configs(M, R, False, r_contiguous=False)
+    assert [c.template for c in seeds[:2]] == ["triton.split", "triton.row"]
+    assert M * seeds[0]["SPLIT"] // seeds[0]["BLOCK_M"] >= 264
