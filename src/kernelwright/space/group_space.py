@@ -86,6 +86,7 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -
             # over NHWC (M=128, R=200704) on the H200, 1.75x the former 32 x 128, 8 warps, 1056 programs
             bm = min(64, next_pow2(M))
             split = min(1024, max(32, next_pow2(256 * bm // max(M, 1))))
+            split = min(split, max(32, next_pow2(-(-R // 64))))  # no chunk shorter than its 64-row tile
             return Config.make("triton.split", BLOCK_M=bm, BLOCK_R=64, SPLIT=split, one_pass=False, num_warps=4,
                                num_stages=1)
         return Config.make("triton.split", BLOCK_M=1, BLOCK_R=2048, SPLIT=split, one_pass=False, num_warps=8, num_stages=1)
