@@ -165,6 +165,42 @@ def test_convs_feeding_a_norm_run_channels_last_and_the_returned_value_keeps_eag
     _close(g, s, model, [x])
 
 
+class ConvViews(nn.Module):
+    """Instance norm views a conv's [N, C, H, W] result as [1, N * C, H, W] (no view of the
+    channels-last tensor has that shape); flattening H and W is a view in both layouts."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.norm = nn.InstanceNorm2d(8)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return self.norm(y) / 2.0, y.view(2, 8, -1).sum(-1)
+
+
+def test_views_of_a_channels_last_conv_result_get_its_strides_or_a_copy_back():
+    model, x = ConvViews(), torch.randn(2, 3, 7, 7)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g, "tf32")
+    relu = next(n for n in s.nodes if n.target == "aten.relu.default")
+    assert relu.meta.stride == channels_last_strides(relu.meta.shape)
+    views = [n for n in s.nodes if n.target == "aten.view.default" and s.meta(n.args[0].name).shape == (2, 8, 5, 5)]
+    merged = next(v for v in views if v.meta.shape == (1, 16, 5, 5))
+    back = s.node(merged.args[0].name)  # instance norm's view reads a contiguous copy of the result
+    assert back.target == "aten.clone.default" and back.args[0].name == relu.name
+    assert back.meta.stride == (200, 25, 5, 1) and any("copied back to the contiguous layout" in n for n in notes)
+    flat = next(v for v in views if v.meta.shape == (2, 8, 25))  # a view of the channels-last tensor itself
+    assert flat.args[0].name == relu.name and flat.meta.stride == (200, 1, 8)
+    assert any("convolution run channels-last" in n for n in notes)
+    assert any("kept through 2 elementwise" in n for n in notes)  # the split-off bias add and the ReLU
+    with torch.no_grad():
+        ref, env = run_graph(g, model, [x]), run_graph(s, model, [x], keep=True)
+    for a, b in zip(ref, [env[o] for o in s.outputs]):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert env[flat.name].stride() == flat.meta.stride and env[back.name].stride() == back.meta.stride
+
+
 def test_conv_bias_is_split_off_where_the_add_fuses_with_the_consumer():
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
     x = torch.randn(2, 3, 7, 7)

@@ -14,7 +14,7 @@ import torch
 
 from kernelwright.analyze.classify import is_view
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
-from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
+from kernelwright.capture.shapes import channels_last_strides, contiguous_strides, refine_strides
 from kernelwright.codegen.triton_ops import POINTWISE
 from kernelwright.codegen.triton_pool import TARGETS as POOLS
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
@@ -447,6 +447,32 @@ def _channels_last(m: TensorMeta) -> TensorMeta:
     return TensorMeta(m.shape, channels_last_strides(m.shape), m.dtype)
 
 
+_VIEWS = ("aten.view.default", "aten._unsafe_view.default")
+
+
+def _view_of_channels_last(graph: Graph, n: OpNode, names: set[str], nodes: list[OpNode],
+                           restored: dict[str, str], notes: list[str]) -> OpNode:
+    """A view of a value the rewrite keeps channels-last: with the strides that view really has,
+    or, where no view of the channels-last tensor has its shape (instance norm's [1, N * C, H, W]
+    over a conv's result), the view of a copy back in eager's layout (appended to `nodes` once
+    per value)."""
+    src = n.args[0].name
+    m = _channels_last(graph.meta(src))
+    strides = refine_strides(m.shape, m.stride, n.meta.shape)
+    if strides is not None:
+        return OpNode(n.name, n.target, n.args, dict(n.kwargs), [TensorMeta(n.meta.shape, strides, n.meta.dtype)],
+                      n.fx)
+    if src not in restored:
+        back = OpNode(_unique(names, f"{src}_contiguous"), "aten.clone.default", (Ref(src),),
+                      {"memory_format": torch.contiguous_format},
+                      [TensorMeta(m.shape, contiguous_strides(m.shape), m.dtype)])
+        nodes.append(back)
+        restored[src] = back.name
+        notes.append(f"{back.name}: {src} copied back to the contiguous layout for {n.name}, a view channels-last "
+                     "strides cannot express")
+    return OpNode(n.name, n.target, (Ref(restored[src]), *n.args[1:]), dict(n.kwargs), n.outs, n.fx)
+
+
 def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     """Run float32 (or bf16) 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
@@ -464,6 +490,8 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     converted: dict[str, str] = {}
     by_name = {n.name: n for n in graph.nodes}
     dead: set[str] = set()
+    restored: dict[str, str] = {}  # channels-last value -> its copy in eager's layout
+    n_conv = 0
     for n in graph.nodes:
         if n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype in ("float32", "bfloat16") \
                 and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1 \
@@ -494,8 +522,12 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
             nodes.append(OpNode(n.name, n.target, tuple(args), dict(n.kwargs),
                                 [_channels_last(m)], n.fx))
             cl.add(n.name)
+            n_conv += 1
             notes.append(f"{n.name}: convolution run channels-last ({', '.join(a.name for a in args[:2])})")
             continue
+        if n.target in _VIEWS and n.args and isinstance(n.args[0], Ref) and n.args[0].name in cl \
+                and n.meta is not None:
+            n = _view_of_channels_last(graph, n, names, nodes, restored, notes)
         keeps = (n.target in POINTWISE and n.meta is not None and len(n.meta.shape) in fmt
                  and any(i in cl and graph.meta(i).shape == n.meta.shape for i in n.inputs))
         # pooling in the library keeps a channels-last input's layout (NHWC kernels), so do its
@@ -517,7 +549,6 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     if not notes:
         return graph, []
     nodes = [n for n in nodes if n.name not in dead]
-    n_conv = len(notes)
     notes.append(f"channels-last layout kept through {len(cl) - n_conv} elementwise and pooling values after the "
                  "convolutions")
     return _with_nodes(graph, nodes), notes
