@@ -129,3 +129,67 @@ def test_emitted_modules_run_standalone(tmp_path):
         p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=out, env=env, capture_output=True, text=True,
                            timeout=180)
         assert p.returncode == 0 and "OK" in p.stdout, f"{name}:\n{p.stdout}\n{p.stderr[-3000:]}"
+
+
+CONSTANTS = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Tensors made inside forward from Python data (KernelBench's torch.min(x, torch.tensor(v)))."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+
+    def forward(self, x):
+        y = torch.min(self.fc(x), torch.tensor(0.25, device=x.device))
+        scale = torch.tensor([float(i) for i in range({n})], device=x.device)
+        return torch.clamp(y * scale, max=torch.tensor(float("inf"))) + torch.tensor([1, 2] * {half})
+
+
+def get_inputs():
+    return [torch.randn(4, {n})]
+
+
+def get_init_inputs():
+    return [{n}]
+'''
+
+
+def test_tensor_constants_made_in_forward_are_captured_with_their_values_and_emitted_as_literals(tmp_path):
+    """Traced on the meta device such constants have no value: capture traces again on the CPU,
+    the forward writes them as literals made once per device; a constant too large for a literal
+    is a capture error (on which optimize emits the original forward)."""
+    from kernelwright.capture import capture
+
+    path = tmp_path / "constants.py"
+    path.write_text(CONSTANTS.replace("{n}", "6").replace("{half}", "3"))
+    problem = load_problem(path)
+    graph = capture(problem)
+    consts = [i for i in graph.inputs if i.kind == "constant"]
+    assert len(consts) == 4 and not any(graph.exported.constants[i.fqn].is_meta for i in consts)
+    out = tmp_path / "out"
+    result = optimize_problem(problem, out, Options(device="cpu", budget_trials=2, db_path=str(tmp_path / "db.jsonl"),
+                                                    log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    text = (out / "model_new.py").read_text()
+    assert "_kw_constant('c_lifted_tensor_1', [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], torch.float32, _dev)" in text
+    assert "float('inf')" in text and "torch.int64" in text
+    mod = import_model_new(out / "model_new.py")
+    new = mod.ModelNew(*problem.get_init_inputs())
+    ref = problem.make_model("cpu")
+    new.load_state_dict(ref.state_dict())
+    x = problem.make_inputs(5)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), ref(x))
+        new(x)
+    assert len(mod._KW_CONSTANTS) == 4  # made once per device, then reused
+
+    big = tmp_path / "big.py"
+    big.write_text(CONSTANTS.replace("{n}", "5000").replace("{half}", "2500").replace("torch.randn(4,", "torch.randn(1,"))
+    from kernelwright.capture.export import CaptureError
+
+    with pytest.raises(CaptureError, match="constants up to 4096 elements"):
+        capture(load_problem(big))

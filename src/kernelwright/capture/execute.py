@@ -79,8 +79,10 @@ def bind_inputs(graph: Graph, model: torch.nn.Module, inputs: list) -> dict:
             env[inp.name] = inputs[inp.index]
         elif inp.kind in ("param", "buffer"):
             env[inp.name] = state[inp.fqn]
-        else:
-            env[inp.name] = graph.exported.constants[inp.fqn]
+        else:  # a tensor the forward made from Python data: beside the user inputs
+            const = graph.exported.constants[inp.fqn]
+            dev = next((x.device for x in inputs if isinstance(x, torch.Tensor)), const.device)
+            env[inp.name] = const.to(dev)
     return env
 
 

@@ -38,6 +38,11 @@ def _convert(value):
     return value
 
 
+# tensors the forward makes from Python data (torch.tensor([...])) are written into the emitted
+# forward as literals, so only small ones are accepted
+MAX_CONSTANT = 4096
+
+
 def _target_name(target) -> str:
     if target is operator.getitem:
         return "getitem"
@@ -54,7 +59,12 @@ def capture(problem: Problem, device: str = "meta", decompose: bool = True) -> G
     """
     model = problem.make_model(device)
     inputs = problem.make_inputs(0, device)
-    return capture_module(model, inputs, problem.name, decompose)
+    graph = capture_module(model, inputs, problem.name, decompose)
+    if any(getattr(graph.exported.constants.get(i.fqn), "is_meta", False) for i in graph.inputs if i.kind == "constant"):
+        # a tensor the forward makes from Python data (torch.tensor(0.5)) has no value on the meta
+        # device: trace again with the model on the CPU
+        return capture(problem, "cpu", decompose)
+    return graph
 
 
 def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", decompose: bool = True) -> Graph:
@@ -99,6 +109,11 @@ def _to_graph(ep, name: str) -> Graph:
             elif n.name in buffers:
                 inputs.append(Input(n.name, "buffer", meta, buffers[n.name]))
             elif n.name in consts:
+                value = ep.constants.get(consts[n.name])
+                if not isinstance(value, torch.Tensor) or value.numel() > MAX_CONSTANT:
+                    size = f"{value.numel()} elements" if isinstance(value, torch.Tensor) else type(value).__name__
+                    raise CaptureError(f"the forward makes a tensor constant {n.name} from Python data ({size}); "
+                                       f"constants up to {MAX_CONSTANT} elements are supported")
                 inputs.append(Input(n.name, "constant", meta, consts[n.name]))
             else:
                 inputs.append(Input(n.name, "user", meta, index=user_in.index(n.name)))

@@ -112,6 +112,14 @@ def node_line(graph: Graph, name: str) -> str:
     return f"{name} = {_call(n, args)}{fix}"
 
 
+def constant_line(graph: Graph, inp, device: str) -> str:
+    """A tensor the original forward made from Python data (a lifted constant), as a literal made
+    once per device by the module's `_kw_constant`."""
+    value = graph.exported.constants[inp.fqn]
+    return (f"{inp.name} = _kw_constant({inp.name!r}, {render_value(value.tolist())}, {value.dtype}, "
+            f"{device})")
+
+
 def counter_increments(graph: Graph) -> dict[str, tuple[str, object]]:
     """Buffer updates that are `buffer + constant` read by nothing else (batch norm's
     num_batches_tracked += 1): node name -> (buffer fqn, constant). The forward adds them in place
@@ -183,12 +191,12 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> 
     unpack = [f"{', '.join(tensors)}{',' if len(tensors) == 1 else ''} = self._kw_tensors()"] if tensors else []
     lines += unpack
     local = {i.fqn: i.name for i in g.inputs if i.kind in ("param", "buffer")}
-    for inp in g.inputs:
-        if inp.kind == "constant":
-            lines.append(f"{inp.name} = self._kw_constants[{inp.fqn!r}]")
     user = g.user_inputs
     if user:
         lines.append(f"_dev = {user[0].name}.device")
+    for inp in g.inputs:
+        if inp.kind == "constant":
+            lines.append(constant_line(g, inp, "_dev" if user else "None"))
     roots = weight_roots(g)
     counters = counter_increments(g)
     skipped = {n for u in plan.units if u.name not in kernels and all(n in counters for n in u.nodes)
