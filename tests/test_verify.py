@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from kernelwright.policy import get_policy
 from kernelwright.problem import from_module
@@ -237,6 +238,37 @@ def test_eager_floor_lets_equally_good_candidate_pass():
     # the floor is not a free pass: something 100x worse than eager still fails
     worse = 100 * r.eager_excess
     bad = verify(problem, lambda ref: (lambda x: torch.sum(x + 1e4, dim=-1) - 1e4 * x.shape[-1] + worse), FP32, DEVICE)
+    assert not bad.passed and bad.failed_check == "excess"
+
+
+class Drop(nn.Module):
+    """Dropout in training mode: a random model."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 32)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.fc(x)))
+
+
+def test_random_models_are_compared_from_the_same_random_state():
+    """Each call of a set starts from the same seed: a candidate that draws as the model does
+    matches eager within the plain tolerance (no floor from eager's own randomness); one that
+    draws differently fails instead of passing under a threshold inflated by that randomness."""
+    problem = from_module(Drop().train(), [torch.randn(8, 16)])
+
+    def same(ref):
+        return lambda x: F.dropout(torch.relu(F.linear(x, ref.fc.weight, ref.fc.bias)), 0.5, True)
+
+    def other(ref):  # an extra draw first: a different mask
+        return lambda x: (torch.rand(1), F.dropout(torch.relu(F.linear(x, ref.fc.weight, ref.fc.bias)), 0.5, True))[1]
+
+    r = verify(problem, same, FP32, DEVICE)
+    assert r.passed, r.reason
+    assert r.eager_excess <= 1e-4 and r.threshold == pytest.approx(1e-4)
+    bad = verify(problem, other, FP32, DEVICE)
     assert not bad.passed and bad.failed_check == "excess"
 
 

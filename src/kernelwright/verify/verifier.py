@@ -254,7 +254,12 @@ def verify(
             seed = seed0 + k
             inputs = problem.make_inputs(seed, device)
             pristine = _clone_inputs(inputs)
+            # every call of a set starts from the same random state, so random ops (dropout in
+            # training mode, rand_like) draw the same numbers in the reference, eager and the
+            # candidate when the candidate draws as the model does
+            torch.manual_seed(seed)
             hi = high(_clone_inputs(inputs))
+            torch.manual_seed(seed)
             with torch.no_grad(), policy.active(), policy.baseline(device):
                 eager = flatten_outputs(reference(*inputs), problem.where)
             _sync(device)
@@ -278,6 +283,7 @@ def verify(
                 del poison
                 cand_inputs = _clone_inputs(run_inputs)
                 before = _clone_inputs(run_inputs)
+                torch.manual_seed(seed)
                 outs, early, settled, streams = _call_candidate(candidate, cand_inputs, reference, policy, device)
                 if not full_checks:
                     return outs, settled
