@@ -53,7 +53,7 @@ def table(path: str) -> str:
         kw, comp = t.get("kernelwright"), t.get("compile")
         gen = [g[0] for g in r.get("groups", []) if g[2] == "triton"]
         line = (f"| L{r.get('level')} {r['problem']} | {fmt(t.get('eager'))} | {fmt(comp)} | {fmt(kw)} | "
-                f"{'yes' if r.get('correct') else 'NO'} | {fmt(comp / kw if kw and comp else None, 2)} | {', '.join(gen) or '-'} |")
+                f"{('yes (original forward: the generated one failed verification)' if r.get('fallback') else 'yes') if r.get('correct') else 'NO'} | {fmt(comp / kw if kw and comp else None, 2)} | {', '.join(gen) or '-'} |")
         if graphs:  # both forwards timed; the shipped one (kernelwright ms) in bold
             plain, replay = t.get("kernelwright:plain"), t.get("kernelwright:graphs")
             cells = [fmt(plain), fmt(replay)]

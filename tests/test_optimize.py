@@ -193,3 +193,28 @@ def test_tensor_constants_made_in_forward_are_captured_with_their_values_and_emi
 
     with pytest.raises(CaptureError, match="constants up to 4096 elements"):
         capture(load_problem(big))
+
+
+def test_a_generated_program_that_fails_verification_ships_the_original_forward(tmp_path, monkeypatch):
+    """A generated forward that is wrong as a whole (here: its input shifted by 1e-3 before the
+    kernels, which each unit's own checks cannot see) fails verification; optimize then writes the
+    original forward, verifies that, and keeps the failure on record in result.json and report.md
+    rather than shipping a module that is wrong."""
+    from kernelwright import pipeline
+
+    render = pipeline.render_model_new
+
+    def wrong(problem, plan, *args, **kwargs):
+        text = render(problem, plan, *args, **kwargs)
+        return text if plan is None else text.replace("    def _kw_forward(self, x):\n",
+                                                      "    def _kw_forward(self, x):\n        x = x + 1e-3\n")
+
+    monkeypatch.setattr(pipeline, "render_model_new", wrong)
+    out, result = _optimize("relu", tmp_path)
+    failed = result["verify_fallback"]
+    assert not failed["passed"] and failed["failed_check"] == "excess"
+    assert result["verify"]["passed"] and result["verify"]["excess"] <= 0.0
+    text = (out / "model_new.py").read_text()
+    assert "original forward kept" in text and "x = x + 1e-3" not in text and not list((out / "kernels").glob("*.py"))
+    assert "FAILED verification" in (out / "report.md").read_text()
+    assert json.loads((out / "result.json").read_text())["verify_fallback"]["failed_check"] == "excess"

@@ -147,6 +147,9 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
                    log=lambda s: typer.echo(s, err=True))
     result = optimize_problem(p, out, opts)
     typer.echo(f"{out}/model_new.py written; report: {out}/report.md")
+    if result.get("verify_fallback"):
+        typer.echo("the generated program FAILED verification; model_new.py runs the original forward "
+                   "(see report.md)", err=True)
     if not (result.get("verify") or {}).get("passed"):
         typer.echo("the emitted module FAILED verification (see report.md)", err=True)
         raise typer.Exit(1)

@@ -103,12 +103,22 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log,
                                                        cuda_graphs=plan is not None and opts.cuda_graphs,
                                                        compile_mode=opts.compile_mode)
+    if plan is not None and not (result["verify"] or {}).get("passed"):
+        # the generated program is wrong somewhere: ship the original forward (the model itself)
+        # rather than a module that fails verification, and keep the failure on record
+        log("the generated program FAILED verification: ModelNew keeps the original forward")
+        result["verify_fallback"] = result["verify"]
+        text = render_model_new(problem, None, {}, {}, policy.name,
+                                ["(generated program failed verification; original forward kept)"], overrides)
+        path = write_module(out_dir, text, {})
+        result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log,
+                                                           compile_mode=opts.compile_mode)
     t = result["timing"] or {}
     if t.get("cuda_graphs"):  # measured faster replayed: the module ships with CUDA graphs on
         text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides, support, cuda_graphs=True)
         path = write_module(out_dir, text, sources, support)
     kw, eager = (t.get("kernelwright") or {}).get("median_ms"), (t.get("eager") or {}).get("median_ms")
-    if plan is not None and kw and eager and kw > eager:
+    if plan is not None and "verify_fallback" not in result and kw and eager and kw > eager:
         # the generated program lost to eager as a whole (e.g. ATen's functional batch norm is slower
         # than the module's cuDNN path): ship the original forward instead, and say so
         log(f"generated program {kw:.3f} ms is slower than eager {eager:.3f} ms: ModelNew keeps the original forward")

@@ -55,6 +55,8 @@ def _one(path: str, opts: dict) -> dict:
             row["syncs"] = t.get("syncs", {})
             row["errors"] = t.get("errors", {})
             row["correct"] = bool((res.get("verify") or {}).get("passed"))
+            if res.get("verify_fallback"):  # correct, but only because the original forward shipped
+                row["fallback"] = f"generated program failed verification: {res['verify_fallback'].get('reason')}"
             row["cuda_graphs"] = t.get("cuda_graphs")
             row["anchor"] = (res.get("analysis") or {}).get("anchor")
             row["groups"] = [(g["id"], g["kind"], g["strategy"]) for g in res.get("groups", [])]
@@ -205,7 +207,8 @@ def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_di
         if not baseline_only:
             kw = t.get("kernelwright")
             sp = t["compile"] / kw if kw and "compile" in t else float("nan")
-            line += f" {kw or float('nan'):9.3f} {'yes' if r.get('correct') else 'NO':>3s} {sp:10.2f}"
+            ok = ("fb" if r.get("fallback") else "yes") if r.get("correct") else "NO"
+            line += f" {kw or float('nan'):9.3f} {ok:>3s} {sp:10.2f}"
         if r.get("error"):
             line += f"  ERROR {r['error'][:80]}"
         echo(line)

@@ -49,6 +49,11 @@ def render_report(result: dict) -> str:
         lines.append(f"- verification: **{'PASS' if v.get('passed') else 'FAIL'}**, excess over allclose "
                      f"{v.get('excess')} (eager fp32: {v.get('eager_excess')}, threshold {v.get('threshold')})"
                      + (f": {v.get('reason')}" if v.get("reason") else ""))
+    vf = result.get("verify_fallback")
+    if vf:
+        lines.append(f"- the generated program FAILED verification (excess {vf.get('excess')}, threshold "
+                     f"{vf.get('threshold')}: {vf.get('reason')}), so ModelNew keeps the original forward "
+                     "(the groups below are what was generated)")
     fb = result.get("whole_model_fallback")
     if fb:
         lines.append(f"- the generated program took {fb['generated_ms']:.3f} ms against eager's {fb['eager_ms']:.3f} ms, "
