@@ -218,25 +218,31 @@ def test_channels_last_group_walks_memory_order_and_writes_channels_last(tmp_pat
         render_group(graph, group, tiled_default().as_dict())
 
 
+def _tf32_norm_group(model, x):
+    """`model` in training mode captured and rewritten under tf32, the values of every node, its
+    first reduction group and that group's lowering."""
+    from kernelwright.codegen.triton_group import lower
+    from kernelwright.plan.rewrites import rewrite
+
+    model.train()
+    graph, _ = rewrite(capture(from_module(model, [x])), "tf32")
+    with torch.no_grad():
+        env = run_graph(graph, copy.deepcopy(model), [x], keep=True)
+    group = next(g for g in plan_graph(graph).groups if g.rdims is not None)
+    return graph, env, group, lower(graph, group)
+
+
 @pytest.mark.parametrize("norm", ["group", "batch_train"])
 def test_a_norm_over_a_channels_last_conv_walks_its_input_in_memory_order(norm, tmp_path):
     """Under tf32 a conv feeding a norm runs channels-last: the norm group reads the NHWC result
     in memory order (the input's innermost dim innermost in the walk) in every schedule, and
     writes the returned value in eager's NCHW layout."""
-    from kernelwright.codegen.triton_group import _layout, lower
-    from kernelwright.plan.rewrites import rewrite
+    from kernelwright.codegen.triton_group import _layout
 
     model = Fn(lambda s, x: torch.tanh(s.norm(s.conv(x))))
     model.conv = nn.Conv2d(3, 8, 3, padding=1)
     model.norm = nn.GroupNorm(2, 8) if norm == "group" else nn.BatchNorm2d(8)
-    model.train()
-    x = torch.randn(2, 3, 6, 5)
-    graph, _ = rewrite(capture(from_module(model, [x])), "tf32")
-    plan = plan_graph(graph)
-    with torch.no_grad():
-        env = run_graph(graph, copy.deepcopy(model), [x], keep=True)
-    group = next(g for g in plan.groups if g.rdims is not None)
-    low = lower(graph, group)
+    graph, env, group, low = _tf32_norm_group(model, torch.randn(2, 3, 6, 5))
     kept, red = _layout(low)
     main = low.inputs.index(next(o for o in low.inputs if o.level == "full"))
     assert red[-1][1][main] == 1 or kept[-1][1][main] == 1  # channels (innermost in NHWC) walked innermost
@@ -269,19 +275,11 @@ def test_a_training_batch_norm_over_a_gemm_result_runs_split_and_row_schedules(t
     """BatchNorm1d (training) over a Linear's [batch, features] result reduces each feature over
     the batch: strided rows. Rows side by side (row schedule) and rows split over programs (the
     schedule session 12 added for long ones) both give eager's result and running statistics."""
-    from kernelwright.codegen.triton_group import extent, lower
-    from kernelwright.plan.rewrites import rewrite
+    from kernelwright.codegen.triton_group import extent
 
     model = Fn(lambda s, x: torch.relu(s.bn(s.fc(x))))
     model.fc, model.bn = nn.Linear(8, 12), nn.BatchNorm1d(12)
-    model.train()
-    x = torch.randn(40, 8)
-    graph, _ = rewrite(capture(from_module(model, [x])), "tf32")
-    plan = plan_graph(graph)
-    with torch.no_grad():
-        env = run_graph(graph, copy.deepcopy(model), [x], keep=True)
-    group = next(g for g in plan.groups if g.rdims is not None)
-    low = lower(graph, group)
+    graph, env, group, low = _tf32_norm_group(model, torch.randn(40, 8))
     assert extent(low) == (12, 40, False)  # 12 features, each a strided row of 40 batch elements
     split = {"BLOCK_M": 4, "BLOCK_R": 8, "SPLIT": 4, "one_pass": False, "num_warps": 4, "num_stages": 1}
     for tag, cfg in (("row", dict(MULTI_PASS, BLOCK_M=32, BLOCK_R=16)), ("split", split),
