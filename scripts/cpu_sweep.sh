@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Dev tool (CPU, Triton interpreter): run `optimize` over tests/fixtures/sweep/*.py, small
+# KernelBench-style programs (instance norm after a conv, tensors made in forward, training-mode
+# dropout, channel shuffle, dense/fire/SE blocks, dilated / grouped / transposed convs, einsum,
+# losses, scans, pools), under each precision policy, and print one line per run: the policy, the
+# program, PASS / FAIL / FALLBACK (the generated program failed verification and the original
+# forward shipped) / ERROR, and the verify line. Exits 1 if any run is not PASS. Session 12's sweep
+# (123 runs, ~15 s each on 2 cores) found the four bugs its notes name.
+# usage: scripts/cpu_sweep.sh [POLICY...]   (default: tf32 bf16 fp32; env OUT: the output folder)
+set -u
+cd "$(dirname "$0")/.."
+policies=${*:-tf32 bf16 fp32}
+out=${OUT:-$(mktemp -d)}
+export PYTHONPATH=src TRITON_INTERPRET=1
+bad=0
+for pol in $policies; do
+  for f in tests/fixtures/sweep/*.py; do
+    n=$(basename "$f" .py)
+    log="$out/${pol}_$n.log"
+    timeout 600 python3 -m kernelwright optimize "$f" --out "$out/${pol}_$n" --precision "$pol" > "$log" 2>&1
+    rc=$?
+    verdict=PASS
+    if grep -q "original forward kept\|model_new.py runs the original forward" "$log"; then verdict=FALLBACK
+    elif [ $rc -ne 0 ]; then verdict=$(grep -q "^verify: FAIL" "$log" && echo FAIL || echo ERROR); fi
+    [ "$verdict" = PASS ] || bad=1
+    echo "$pol $n $verdict $(grep -h '^verify:' "$log" | tail -1) $(grep -h 'error:' "$log" | head -1)"
+  done
+done
+exit $bad
