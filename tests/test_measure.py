@@ -17,16 +17,21 @@ HAS_GPU = torch.cuda.is_available()
 
 
 # ---------------------------------------------------------------- no GPU needed
-def test_round_order_rotates():
-    names = ["a", "b", "c"]
-    assert round_order(names, 0) == ["a", "b", "c"]
-    assert round_order(names, 1) == ["b", "c", "a"]
-    assert round_order(names, 2) == ["c", "a", "b"]
-    assert round_order(names, 3) == ["a", "b", "c"]
-    assert round_order([], 5) == []
-    # over len(names) rounds every name takes every position once
-    for pos in range(3):
-        assert Counter(round_order(names, r)[pos] for r in range(3)) == Counter(names)
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_round_order_balances_positions_and_predecessors(n):
+    names = [chr(ord("a") + i) for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n
+    rounds = [round_order(names, r) for r in range(cycle)]
+    assert all(sorted(o) == names for o in rounds)
+    assert rounds == [round_order(names, r + cycle) for r in range(cycle)]  # it repeats
+    for pos in range(n):  # every name equally often in every position
+        assert Counter(o[pos] for o in rounds) == Counter({x: cycle // n for x in names})
+    # ... and right after every other name equally often (a rotation of one order is not:
+    # there b always follows a)
+    pairs = Counter((o[i], o[i + 1]) for o in rounds for i in range(n - 1))
+    assert set(pairs) == {(a, b) for a in names for b in names if a != b}
+    assert len(set(pairs.values())) == 1
+    assert round_order([], 5) == [] and round_order(["a"], 3) == ["a"]
 
 
 def test_timing_stats_from_samples():

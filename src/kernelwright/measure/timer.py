@@ -1,7 +1,8 @@
 """Interleaved timing with CUDA events (design.md, "Timing protocol").
 
 Each implementation is warmed up by time (its first call, which compiles and autotunes, is not
-counted), then all are timed in interleaved rounds whose order rotates each round, with an L2
+counted), then all are timed in interleaved rounds whose order changes each round (a Williams design:
+every implementation equally often in every position and right after every other), with an L2
 flush before each timed run (outside the event pair) and one event pair around each call, on the
 current stream; the host time each call takes to issue (no synchronisation) is kept beside it, so
 a CPU-bound implementation shows as one whose issue time nears its median. Without a GPU nothing
@@ -55,13 +56,25 @@ def require_gpu(device=None) -> torch.device:
 
 
 def round_order(names: Sequence[str], r: int) -> list[str]:
-    """Order of round `r`: the names rotated left by r, so over len(names) rounds every
-    implementation runs once in every position (A B C, B C A, C A B, A B C, ...)."""
+    """Order of round `r`, from a Williams design: over a cycle of n rounds (2n for an odd
+    number n of names) every implementation runs equally often in every position and right after
+    every other one. (Rotating one order, A B C, B C A, C A B, balances positions but always runs
+    B right after A: whatever A leaves behind, a hot or throttled GPU say, would always land on B.)"""
     names = list(names)
-    if not names:
-        return []
-    k = r % len(names)
-    return names[k:] + names[:k]
+    n = len(names)
+    if n < 2:
+        return names
+    first, lo, hi = [0], 1, n - 1  # 0, 1, n-1, 2, n-2, ...
+    while lo <= hi:
+        first.append(lo)
+        lo += 1
+        if lo <= hi:
+            first.append(hi)
+            hi -= 1
+    cycle = n if n % 2 == 0 else 2 * n
+    k = r % cycle
+    row = [names[(i + k) % n] for i in first]
+    return row[::-1] if k >= n else row
 
 
 def runs_for_budget(per_round_s: float, min_runs: int, max_runs: int, budget_s: float | None) -> int:
@@ -118,7 +131,7 @@ def time_interleaved(
     device=None,
     device_only: bool = False,
 ) -> dict[str, Timing]:
-    """Time zero-argument callables in interleaved, rotating rounds; returns name -> Timing.
+    """Time zero-argument callables in interleaved rounds (round_order); returns name -> Timing.
 
     `min_runs` timed runs each (at least 50 is the protocol's floor; fewer is allowed for quick
     looks), more up to `max_runs` when `budget_s` (seconds for the timed rounds) allows.
