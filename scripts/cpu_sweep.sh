@@ -5,19 +5,22 @@
 # losses, scans, pools), under each precision policy, and print one line per run: the policy, the
 # program, PASS / FAIL / FALLBACK (the generated program failed verification and the original
 # forward shipped) / ERROR, and the verify line. Exits 1 if any run is not PASS. Session 12's sweep
-# (123 runs, ~15 s each on 2 cores) found the four bugs its notes name.
-# usage: scripts/cpu_sweep.sh [POLICY...]   (default: tf32 bf16 fp32; env OUT: the output folder)
+# (144 runs, ~15 s each on 2 cores) found the four bugs its notes name.
+# usage: scripts/cpu_sweep.sh [POLICY...]   (default: tf32 bf16 fp32; env OUT: the output folder;
+#        BUDGET: optimize's --budget; on a GPU machine run it with TRITON_INTERPRET=0 to compile
+#        and time the kernels instead of interpreting them)
 set -u
 cd "$(dirname "$0")/.."
 policies=${*:-tf32 bf16 fp32}
 out=${OUT:-$(mktemp -d)}
-export PYTHONPATH=src TRITON_INTERPRET=1
+export PYTHONPATH=src TRITON_INTERPRET=${TRITON_INTERPRET:-1}
+budget=${BUDGET:+--budget $BUDGET}
 bad=0
 for pol in $policies; do
   for f in tests/fixtures/sweep/*.py; do
     n=$(basename "$f" .py)
     log="$out/${pol}_$n.log"
-    timeout 600 python3 -m kernelwright optimize "$f" --out "$out/${pol}_$n" --precision "$pol" > "$log" 2>&1
+    timeout 600 python3 -m kernelwright optimize "$f" --out "$out/${pol}_$n" --precision "$pol" $budget > "$log" 2>&1
     rc=$?
     verdict=PASS
     if grep -q "original forward kept\|model_new.py runs the original forward" "$log"; then verdict=FALLBACK
