@@ -218,3 +218,41 @@ def test_a_generated_program_that_fails_verification_ships_the_original_forward(
     assert "original forward kept" in text and "x = x + 1e-3" not in text and not list((out / "kernels").glob("*.py"))
     assert "FAILED verification" in (out / "report.md").read_text()
     assert json.loads((out / "result.json").read_text())["verify_fallback"]["failed_check"] == "excess"
+
+
+def test_a_forward_that_writes_into_its_input_is_kept_as_it_is(tmp_path):
+    """x.relu_() on the caller's tensor: the capture refuses it (the emitted forward writes buffers
+    only); optimize then keeps the original forward: a KernelBench file's ModelNew verifies (it may
+    mutate what eager mutates), and a live module is handed back with its own forward, nothing to
+    verify (before, verification flagged that forward for calling the reference and the Python API
+    raised)."""
+    from kernelwright.capture import CaptureError, capture
+    from kernelwright.problem import from_module
+
+    class InPlace(torch.nn.Module):
+        def forward(self, x):
+            x.relu_()
+            return x * 2.0
+
+    problem = from_module(InPlace(), [torch.randn(4, 16)])
+    with pytest.raises(CaptureError, match="writes into x in place"):
+        capture(problem)
+    opts = Options(device="cpu", budget_trials=2, db_path=str(tmp_path / "db.jsonl"), log=lambda s: None)
+    result = optimize_problem(problem, tmp_path / "live", opts)
+    assert "writes into x in place" in result["capture"] and result["verify"]["passed"]
+    assert "nothing generated" in result["verify"]["skipped"] and "verify_fallback" not in result
+    assert "verification: not needed" in (tmp_path / "live" / "report.md").read_text()
+    import kernelwright
+
+    model, x = InPlace(), torch.randn(4, 16)
+    fast = kernelwright.optimize(model, [x], str(tmp_path / "api"), budget_trials=2, db_path=str(tmp_path / "db.jsonl"))
+    want = torch.relu(x) * 2.0
+    assert fast is model and torch.equal(fast(x), want) and torch.equal(x, torch.relu(x))
+
+    path = tmp_path / "inplace.py"
+    path.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        x.relu_()\n"
+                    "        return x * 2.0\n\n\ndef get_inputs():\n    return [torch.randn(4, 16)]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    result = optimize_problem(load_problem(path), tmp_path / "file", opts)
+    assert "writes into x in place" in result["capture"] and result["verify"]["passed"]
+    assert "skipped" not in result["verify"] and result["verify"]["excess"] <= 0.0

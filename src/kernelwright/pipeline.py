@@ -100,9 +100,11 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides, support)
     path = write_module(out_dir, text, sources, support)
     log(f"wrote {path}")
-    result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log,
-                                                       cuda_graphs=plan is not None and opts.cuda_graphs,
-                                                       compile_mode=opts.compile_mode)
+    if plan is None:
+        result["verify"], result["timing"] = _original_checks(problem, path, policy, device, timed, log, opts)
+    else:
+        result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log,
+                                                           cuda_graphs=opts.cuda_graphs, compile_mode=opts.compile_mode)
     if plan is not None and not (result["verify"] or {}).get("passed"):
         # the generated program is wrong somewhere: ship the original forward (the model itself)
         # rather than a module that fails verification, and keep the failure on record
@@ -111,8 +113,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         text = render_model_new(problem, None, {}, {}, policy.name,
                                 ["(generated program failed verification; original forward kept)"], overrides)
         path = write_module(out_dir, text, {})
-        result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log,
-                                                           compile_mode=opts.compile_mode)
+        result["verify"], result["timing"] = _original_checks(problem, path, policy, device, timed, log, opts)
     t = result["timing"] or {}
     if t.get("cuda_graphs"):  # measured faster replayed: the module ships with CUDA graphs on
         text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides, support, cuda_graphs=True)
@@ -126,8 +127,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         text = render_model_new(problem, None, {}, {}, policy.name,
                                 ["(generated program was slower than eager; original forward kept)"], overrides)
         path = write_module(out_dir, text, {})
-        result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log,
-                                                           compile_mode=opts.compile_mode)
+        result["verify"], result["timing"] = _original_checks(problem, path, policy, device, timed, log, opts)
     result["analysis"] = _analysis(graph, plan, result)
     result["seconds"] = round(time.time() - started, 2)
     (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -455,6 +455,17 @@ def replay_paths(graphs: dict) -> list[dict]:
     kept a previous result)."""
     return [{"captured": g.graph is not None, "copies_in": g.graph is not None and g.inputs is not None,
              "copies_out": g.graph is not None and g.lend is None} for g in graphs.values()]
+
+
+def _original_checks(problem, path, policy, device, timed, log, opts):
+    """The checks of a module that runs the model's own forward (nothing generated, or a generated
+    program not shipped). A KernelBench file's ModelNew is verified and timed as any module; a live
+    module's attach() keeps the module's own forward, which verification would only flag for
+    calling the reference, so there is nothing to verify or time."""
+    if problem.source:
+        return _final_checks(problem, path, policy, device, timed, log, compile_mode=opts.compile_mode)
+    log("verify: skipped (the module keeps its own forward)")
+    return {"passed": True, "skipped": "the module keeps its own forward: nothing generated to verify"}, None
 
 
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default"):

@@ -124,9 +124,13 @@ def _to_graph(ep, name: str) -> Graph:
         elif n.op == "output":
             results = n.args[0]
             mut = sig.buffers_to_mutate
+            written = {**getattr(sig, "user_inputs_to_mutate", {}), **getattr(sig, "parameters_to_mutate", {})}
             for r in results:
                 if not isinstance(r, torch.fx.Node):
                     raise CaptureError(f"output {r!r} is not a tensor")
+                if r.name in written:  # (the emitted forward writes buffers only)
+                    raise CaptureError(f"the forward writes into {written[r.name]} in place; models that change "
+                                       "their inputs or parameters are kept as they are")
                 if r.name in mut:
                     mutations[r.name] = mut[r.name]
                 else:

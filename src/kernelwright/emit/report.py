@@ -45,7 +45,9 @@ def render_report(result: dict) -> str:
     if result.get("capture") != "ok":
         lines.append(f"- capture failed: {result['capture']} — ModelNew is the original model")
     v = result.get("verify") or {}
-    if v:
+    if v.get("skipped"):
+        lines.append(f"- verification: not needed ({v['skipped']})")
+    elif v:
         lines.append(f"- verification: **{'PASS' if v.get('passed') else 'FAIL'}**, excess over allclose "
                      f"{v.get('excess')} (eager fp32: {v.get('eager_excess')}, threshold {v.get('threshold')})"
                      + (f": {v.get('reason')}" if v.get("reason") else ""))
@@ -92,6 +94,8 @@ def render_report(result: dict) -> str:
             if f"speedup_vs_{base}" in t:
                 name = base if base == "eager" or mode == "default" else f"compile (mode {mode})"
                 lines.append(f"\nspeedup over {name}: **{t[f'speedup_vs_{base}']:.2f}x**")
+    elif v.get("skipped"):
+        lines.append("\nNot timed: the module keeps its own forward.")
     else:
         lines.append("\nNot timed (no CUDA GPU): timing needs a GPU.")
     if t and t.get("kernels_per_call"):
