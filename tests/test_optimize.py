@@ -256,3 +256,25 @@ def test_a_forward_that_writes_into_its_input_is_kept_as_it_is(tmp_path):
     result = optimize_problem(load_problem(path), tmp_path / "file", opts)
     assert "writes into x in place" in result["capture"] and result["verify"]["passed"]
     assert "skipped" not in result["verify"] and result["verify"]["excess"] <= 0.0
+
+
+def test_a_model_that_fails_under_the_policys_autocast_is_a_one_line_problem_error(tmp_path):
+    """bf16 runs eager under autocast; a model the device's library cannot run that way (oneDNN's
+    LSTM on the CPU) is the user's problem, said in one line before anything is written."""
+    from kernelwright.errors import ProblemError
+    from kernelwright.problem import from_module
+
+    class NoBf16(torch.nn.Module):
+        def forward(self, x):
+            if torch.is_autocast_enabled("cpu"):
+                raise RuntimeError("could not create a primitive descriptor\nsecond line")
+            return x * 2.0
+
+    problem = from_module(NoBf16(), [torch.randn(4, 8)])
+    opts = Options(device="cpu", budget_trials=2, precision="bf16", db_path=str(tmp_path / "db.jsonl"), log=lambda s: None)
+    with pytest.raises(ProblemError, match="fails under the bf16 policy's autocast on cpu: RuntimeError: could not") as e:
+        optimize_problem(problem, tmp_path / "out", opts)
+    assert "second line" not in str(e.value) and not (tmp_path / "out").exists()
+    result = optimize_problem(problem, tmp_path / "fp32", Options(device="cpu", budget_trials=2, db_path=str(tmp_path / "db.jsonl"),
+                                                                  log=lambda s: None))
+    assert result["verify"]["passed"]

@@ -27,7 +27,9 @@ from kernelwright.plan import Plan, plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.plan.weights import weight_only, weight_roots
 from kernelwright.policy import get_policy
+from kernelwright.errors import ProblemError
 from kernelwright.problem import Problem
+from kernelwright.problem.load import _first_line
 from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, packaged_priors, tune
 from kernelwright.search.budget import shares
 from kernelwright.search.database import record_result
@@ -77,6 +79,8 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     watchdog.limit_seconds()  # a bad $KERNELWRIGHT_HANG_S is bad input, before any work
     log = opts.log
     started = time.time()
+    if policy.autocast_dtype is not None:
+        _check_autocast(problem, policy, device)  # before anything is written
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = out_dir / ".build"
@@ -135,6 +139,19 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
 
     write_report(out_dir, result)
     return result
+
+
+def _check_autocast(problem: Problem, policy, device) -> None:
+    """The model runs as eager does under the policy's autocast on `device` (a CPU library may
+    lack a bf16 kernel: oneDNN's LSTM); ProblemError, one line, if it does not."""
+    try:
+        with torch.no_grad(), policy.active(), policy.baseline(device):
+            problem.make_model(device)(*problem.make_inputs(0, device))
+    except ProblemError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's model under autocast
+        raise ProblemError(problem.where, f"the model itself fails under the {policy.name} policy's autocast on "
+                                          f"{device.type}: {type(e).__name__}: {_first_line(e)}") from e
 
 
 def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
