@@ -79,8 +79,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     watchdog.limit_seconds()  # a bad $KERNELWRIGHT_HANG_S is bad input, before any work
     log = opts.log
     started = time.time()
-    if policy.autocast_dtype is not None:
-        _check_autocast(problem, policy, device)  # before anything is written
+    out_dtypes = baseline_output_dtypes(problem, policy, device)  # (bf16: eager runs; before anything is written)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = out_dir / ".build"
@@ -89,7 +88,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
                     "capture": "ok"}
     overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
     try:
-        graph, result["rewrites"] = rewrite(capture(problem), policy.name, baseline_output_dtypes(problem, policy, device))
+        graph, result["rewrites"] = rewrite(capture(problem), policy.name, out_dtypes)
         plan = plan_graph(graph)
     except CaptureError as e:
         log(f"capture failed: {e}; emitting the original model unchanged")
@@ -141,29 +140,20 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     return result
 
 
-def _check_autocast(problem: Problem, policy, device) -> None:
-    """The model runs as eager does under the policy's autocast on `device` (a CPU library may
-    lack a bf16 kernel: oneDNN's LSTM); ProblemError, one line, if it does not."""
-    try:
-        with torch.no_grad(), policy.active(), policy.baseline(device):
-            problem.make_model(device)(*problem.make_inputs(0, device))
-    except ProblemError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's model under autocast
-        raise ProblemError(problem.where, f"the model itself fails under the {policy.name} policy's autocast on "
-                                          f"{device.type}: {type(e).__name__}: {_first_line(e)}") from e
-
-
 def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
     """The dtypes eager returns under the policy's autocast (bf16), output by output; None for the
-    other policies or when the model cannot run here (capture reports that)."""
+    other policies. A model eager cannot run under that autocast on `device` (oneDNN has no bf16
+    LSTM on the CPU) is a ProblemError, in one line."""
     if policy.autocast_dtype is None:
         return None
     try:
         with torch.no_grad(), policy.active(), policy.baseline(device):
             outs = problem.make_model(device)(*problem.make_inputs(0, device))
-    except Exception:  # noqa: BLE001 - capture and verification say why
-        return None
+    except ProblemError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's model under autocast
+        raise ProblemError(problem.where, f"the model itself fails under the {policy.name} policy's autocast on "
+                                          f"{torch.device(device).type}: {type(e).__name__}: {_first_line(e)}") from e
     outs = outs if isinstance(outs, (tuple, list)) else [outs]
     return [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
 
