@@ -4,16 +4,17 @@
 # dropout, channel shuffle, dense/fire/SE blocks, dilated / grouped / transposed convs, einsum,
 # losses, scans, pools), under each precision policy, and print one line per run: the policy, the
 # program, PASS / FAIL / FALLBACK (the generated program failed verification and the original
-# forward shipped) / ERROR, and the verify line. Exits 1 if any run is not PASS. Session 12's sweep
+# forward shipped) / SKIP (eager itself cannot run the model under that policy here) / ERROR, and the
+# verify line. Exits 1 if any run is neither PASS nor SKIP. Session 12's sweep
 # (162 runs, ~15 s each on 2 cores) found the bugs its notes name; lstm_small under bf16 on the CPU
-# is an ERROR by design (oneDNN has no bf16 LSTM: eager itself fails, a one-line problem error).
+# is a SKIP (oneDNN has no bf16 LSTM: eager itself fails, a one-line problem error).
 # usage: scripts/cpu_sweep.sh [POLICY...]   (default: tf32 bf16 fp32; env OUT: the output folder;
 #        BUDGET: optimize's --budget; on a GPU machine run it with TRITON_INTERPRET=0 to compile
 #        and time the kernels instead of interpreting them)
 set -u
 cd "$(dirname "$0")/.."
 policies=${*:-tf32 bf16 fp32}
-out=${OUT:-$(mktemp -d)}
+out=${OUT:-$(mktemp -d)}; mkdir -p "$out"
 export PYTHONPATH=src TRITON_INTERPRET=${TRITON_INTERPRET:-1}
 budget=${BUDGET:+--budget $BUDGET}
 bad=0
@@ -25,8 +26,9 @@ for pol in $policies; do
     rc=$?
     verdict=PASS
     if grep -q "original forward kept\|model_new.py runs the original forward" "$log"; then verdict=FALLBACK
+    elif grep -q "the model itself fails under" "$log"; then verdict=SKIP  # eager cannot run it here
     elif [ $rc -ne 0 ]; then verdict=$(grep -q "^verify: FAIL" "$log" && echo FAIL || echo ERROR); fi
-    [ "$verdict" = PASS ] || bad=1
+    case $verdict in PASS|SKIP) ;; *) bad=1 ;; esac
     echo "$pol $n $verdict $(grep -h '^verify:' "$log" | tail -1) $(grep -h 'error:' "$log" | head -1)"
   done
 done
