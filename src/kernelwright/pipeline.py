@@ -27,9 +27,8 @@ from kernelwright.plan import Plan, plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.plan.weights import weight_only, weight_roots
 from kernelwright.policy import get_policy
-from kernelwright.errors import ProblemError
 from kernelwright.problem import Problem
-from kernelwright.problem.load import _first_line
+from kernelwright.problem.load import eager_under
 from kernelwright.search import CostModel, Exhaustive, RunResult, TrialDB, default_db_path, packaged_priors, tune
 from kernelwright.search.budget import shares
 from kernelwright.search.database import record_result
@@ -103,6 +102,12 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides, support)
     path = write_module(out_dir, text, sources, support)
     log(f"wrote {path}")
+
+    def keep_original(why: str):
+        """Rewrite ModelNew to run the model's own forward (`why` heads its summary); its checks."""
+        text = render_model_new(problem, None, {}, {}, policy.name, [why], overrides)
+        return _original_checks(problem, write_module(out_dir, text, {}), policy, device, timed, log, opts)
+
     if plan is None:
         result["verify"], result["timing"] = _original_checks(problem, path, policy, device, timed, log, opts)
     else:
@@ -113,10 +118,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         # rather than a module that fails verification, and keep the failure on record
         log("the generated program FAILED verification: ModelNew keeps the original forward")
         result["verify_fallback"] = result["verify"]
-        text = render_model_new(problem, None, {}, {}, policy.name,
-                                ["(generated program failed verification; original forward kept)"], overrides)
-        path = write_module(out_dir, text, {})
-        result["verify"], result["timing"] = _original_checks(problem, path, policy, device, timed, log, opts)
+        result["verify"], result["timing"] = keep_original("(generated program failed verification; original forward kept)")
     t = result["timing"] or {}
     if t.get("cuda_graphs"):  # measured faster replayed: the module ships with CUDA graphs on
         text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides, support, cuda_graphs=True)
@@ -127,10 +129,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         # than the module's cuDNN path): ship the original forward instead, and say so
         log(f"generated program {kw:.3f} ms is slower than eager {eager:.3f} ms: ModelNew keeps the original forward")
         result["whole_model_fallback"] = {"generated_ms": kw, "eager_ms": eager, "generated_timing": t}
-        text = render_model_new(problem, None, {}, {}, policy.name,
-                                ["(generated program was slower than eager; original forward kept)"], overrides)
-        path = write_module(out_dir, text, {})
-        result["verify"], result["timing"] = _original_checks(problem, path, policy, device, timed, log, opts)
+        result["verify"], result["timing"] = keep_original("(generated program was slower than eager; original forward kept)")
     result["analysis"] = _analysis(graph, plan, result)
     result["seconds"] = round(time.time() - started, 2)
     (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -146,14 +145,8 @@ def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
     LSTM on the CPU) is a ProblemError, in one line."""
     if policy.autocast_dtype is None:
         return None
-    try:
-        with torch.no_grad(), policy.active(), policy.baseline(device):
-            outs = problem.make_model(device)(*problem.make_inputs(0, device))
-    except ProblemError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's model under autocast
-        raise ProblemError(problem.where, f"the model itself fails under the {policy.name} policy's autocast on "
-                                          f"{torch.device(device).type}: {type(e).__name__}: {_first_line(e)}") from e
+    with eager_under(policy, problem.where, device):
+        outs = problem.make_model(device)(*problem.make_inputs(0, device))
     outs = outs if isinstance(outs, (tuple, list)) else [outs]
     return [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
 
@@ -238,13 +231,13 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     once = {id(u) for u in units if weight_only(graph, u.outputs, roots)}
     hot = [u for u in units if id(u) not in once]
     weights = [_unit_bytes(graph, u) for u in hot]
-    unit_trials, unit_s = {}, {}
-    if opts.budget_trials:
-        unit_trials = {**dict.fromkeys(once, 1),
-                       **dict(zip(map(id, hot), shares(opts.budget_trials - len(once), weights, 2)))}
-    if opts.budget_s:
-        unit_s = {**dict.fromkeys(once, 1.0),
-                  **dict(zip(map(id, hot), shares(opts.budget_s - len(once), weights, 1.0)))}
+
+    def split(total, least):  # unit id -> its budget: 1 (trial or second) each once-unit, shares of the rest
+        if not total:
+            return {}
+        return {**dict.fromkeys(once, type(least)(1)), **dict(zip(map(id, hot), shares(total - len(once), weights, least)))}
+
+    unit_trials, unit_s = split(opts.budget_trials, 2), split(opts.budget_s, 1.0)
     db = TrialDB(default_db_path(opts.db_path), priors=packaged_priors())
     kernels, sources, summary, support = {}, {}, [], {}
     tuned = {id(u) for u in units}

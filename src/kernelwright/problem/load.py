@@ -119,6 +119,22 @@ def _first_line(e: BaseException) -> str:
     return text[0] if text else ""
 
 
+@contextlib.contextmanager
+def eager_under(policy, where: str, device):
+    """The block eager PyTorch runs the model in under `policy` (no grad, its TF32 switches, its
+    autocast). What the model raises there is the model's problem, not ours: a one-line
+    ProblemError naming `where` (oneDNN has no bf16 LSTM on the CPU, say)."""
+    try:
+        with torch.no_grad(), policy.active(), policy.baseline(device):
+            yield
+    except ProblemError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's model
+        how = f"the {policy.name} policy's autocast" if policy.autocast_dtype is not None else f"the {policy.name} policy"
+        raise ProblemError(where, f"the model itself fails under {how} on {torch.device(device).type}: "
+                                  f"{type(e).__name__}: {_first_line(e)}") from e
+
+
 def level_of(path: "str | Path") -> int | None:
     """The KernelBench level a problem's path names (a folder "level<N>"), else None."""
     level = None

@@ -24,8 +24,7 @@ from typing import Callable
 
 import torch
 
-from kernelwright.errors import ProblemError
-from kernelwright.problem.load import _first_line, flatten_outputs
+from kernelwright.problem.load import _first_line, eager_under, flatten_outputs
 from kernelwright.verify import anticheat
 from kernelwright.verify.compare import excess_reason, poisoned_like
 
@@ -261,14 +260,8 @@ def verify(
             torch.manual_seed(seed)
             hi = high(_clone_inputs(inputs))
             torch.manual_seed(seed)
-            try:
-                with torch.no_grad(), policy.active(), policy.baseline(device):
-                    eager = flatten_outputs(reference(*inputs), problem.where)
-            except ProblemError:
-                raise
-            except Exception as e:  # noqa: BLE001 - e.g. a CPU library without a bf16 LSTM
-                raise ProblemError(problem.where, f"the model itself fails under the {policy.name} policy on "
-                                                  f"{device.type}: {type(e).__name__}: {_first_line(e)}") from e
+            with eager_under(policy, problem.where, device):
+                eager = flatten_outputs(reference(*inputs), problem.where)
             _sync(device)
             ref_mutates = anticheat.check_input_mutation(inputs, pristine) is not None
             ref_aliases = [anticheat.aliases_any(o, inputs) for o in eager]
