@@ -88,3 +88,35 @@ def test_eval_batch_norm_is_elementwise_with_per_channel_statistics():
     (grp,) = plan_graph(g).groups
     assert grp.kind == "pointwise" and len(grp.nodes) >= 3  # batch norm, getitem, relu in one kernel
     _check(model, [x])
+
+
+class RoundTrip(nn.Module):
+    """float32 -> bfloat16 -> float32 with arithmetic around it: one group with a narrowing cast."""
+
+    def forward(self, x):
+        return (x * 1.0).to(torch.bfloat16).to(torch.float32) + 0.0
+
+
+def _bf16_edge_values() -> torch.Tensor:
+    halfway = torch.arange(0, 1 << 16, 7, dtype=torch.int64).mul(1 << 16).add(1 << 15).to(torch.int32)
+    ties = halfway.view(torch.float32)  # exactly between two bf16 neighbours: ties to even decide
+    ties = ties[torch.isfinite(ties)]
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.3961e38, -3.3961e38, 0.0, -0.0,
+                            1e-40, -7.3e-39, 1.17e-38])  # overflow to inf, signed zeros, subnormals
+    return torch.cat([special, ties, ties.nextafter(torch.tensor(float("inf"))), torch.randn(4096)])
+
+
+def test_bf16_cast_rounds_to_nearest_even_like_torch():
+    """The interpreter truncates float32 -> bf16 casts (Triton 3.6); generated kernels round to the
+    nearest even there too (kw_round_bf16), so CPU verification compares the GPU's arithmetic."""
+    x = _bf16_edge_values()
+    g = capture(from_module(RoundTrip(), [x]))
+    plan = plan_graph(g)
+    (grp,) = plan.groups
+    k = render_group(g, grp, {"BLOCK_M": 256, "BLOCK_R": 1, "one_pass": False, "num_warps": 4})
+    assert "kw_round_bf16" in k.source
+    mod = load_module_from_source(k.source, grp.id, os.path.join(os.path.dirname(__file__), "..", ".pytest_kw_cache"))
+    out = mod.launch(x)[k.outputs.index(g.outputs[0])]
+    want = RoundTrip()(x)
+    same = (out.view(torch.int32) == want.view(torch.int32)) | (out.isnan() & want.isnan())
+    assert bool(same.all()), f"{int((~same).sum())} of {x.numel()} differ, e.g. {x[~same][:4].tolist()}"

@@ -72,10 +72,13 @@ def _pow(a, kw):
 
 def _to_float(a, kw) -> str:
     """A cast between float dtypes, computed in float32: narrowing rounds to the nearest even,
-    like torch (on the GPU; Triton's interpreter truncates), widening is exact. The planner only fuses float-to-float casts (see fusion)."""
+    like torch (bf16 through helpers' kw_round_bf16, which also does so in Triton's interpreter),
+    widening is exact. The planner only fuses float-to-float casts (see fusion)."""
     target = str(kw.get("dtype", "torch.float32")).replace("torch.", "")
     if target == "float32":
         return f"{a[0]}.to(tl.float32)"
+    if target == "bfloat16":
+        return f"kw_round_bf16({a[0]})"
     return f'{a[0]}.to(tl.{target}, fp_downcast_rounding="rtne").to(tl.float32)'
 
 
