@@ -7,7 +7,10 @@
 # forward shipped) / SKIP (eager itself cannot run the model under that policy here) / ERROR, and the
 # verify line. Exits 1 if any run is neither PASS nor SKIP. Session 12's sweep
 # (162 runs, ~15 s each on 2 cores) found the bugs its notes name; lstm_small under bf16 on the CPU
-# is a SKIP (oneDNN has no bf16 LSTM: eager itself fails, a one-line problem error).
+# is a SKIP (oneDNN has no bf16 LSTM: eager itself fails, a one-line problem error). Session 13 added
+# 17 programs (71) and found its bf16 FALLBACKs were the Triton interpreter's truncating bf16 casts
+# (generated casts now round to nearest even there too); on the H200 (TRITON_INTERPRET=0, BUDGET=4)
+# the first 18 programs passed under tf32 at about 30 s each.
 # usage: scripts/cpu_sweep.sh [POLICY...]   (default: tf32 bf16 fp32; env OUT: the output folder;
 #        BUDGET: optimize's --budget; on a GPU machine run it with TRITON_INTERPRET=0 to compile
 #        and time the kernels instead of interpreting them)

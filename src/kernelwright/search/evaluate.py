@@ -4,8 +4,9 @@ it has never seen better as the number of trials it learned from grows?
 Leave-one-problem-out over a trial database: records are pooled by (precision, template), the
 pools ``tune`` fits on; for each problem of a pool (the first component of the task key, so every
 unit and shape of a problem is held out together) a ``CostModel`` is fitted on ``n`` records of the
-pool's other problems (a random subset; ``n = 0`` is the unfitted model, which keeps the input
-order, which is shuffled: a pick by chance), and it ranks each held-out task's measured configs. Per task:
+pool's other problems (a random subset; at ``n = 0`` the model is unfitted and keeps the held-out
+configs' shuffled order: a pick by chance), and it ranks each held-out task's measured configs.
+Per task:
 
 - ``rho``: Spearman correlation of predicted and measured log time;
 - ``regret1``: measured time of the predicted-fastest config over the fastest measured one;
