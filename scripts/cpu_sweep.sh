@@ -12,8 +12,9 @@
 # (generated casts now round to nearest even there too); on the H200 (TRITON_INTERPRET=0, BUDGET=4)
 # the first 18 programs passed under tf32 at about 30 s each.
 # usage: scripts/cpu_sweep.sh [POLICY...]   (default: tf32 bf16 fp32; env OUT: the output folder;
-#        BUDGET: optimize's --budget; on a GPU machine run it with TRITON_INTERPRET=0 to compile
-#        and time the kernels instead of interpreting them)
+#        BUDGET: optimize's --budget; FILES: the programs, default every sweep fixture; on a GPU
+#        machine run it with TRITON_INTERPRET=0 to compile and time the kernels instead of
+#        interpreting them)
 set -u
 cd "$(dirname "$0")/.."
 policies=${*:-tf32 bf16 fp32}
@@ -22,7 +23,7 @@ export PYTHONPATH=src TRITON_INTERPRET=${TRITON_INTERPRET:-1}
 budget=${BUDGET:+--budget $BUDGET}
 bad=0
 for pol in $policies; do
-  for f in tests/fixtures/sweep/*.py; do
+  for f in ${FILES:-tests/fixtures/sweep/*.py}; do
     n=$(basename "$f" .py)
     log="$out/${pol}_$n.log"
     timeout 600 python3 -m kernelwright optimize "$f" --out "$out/${pol}_$n" --precision "$pol" $budget > "$log" 2>&1

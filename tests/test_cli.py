@@ -98,6 +98,16 @@ def test_inspect_bad_problem(path):
     _one_line_error(p, path.name)
 
 
+def test_optimize_model_that_fails_on_real_data(tmp_path):
+    """The meta-device check passes (shapes only), eager fails on the device: one line naming the
+    policy and device, exit 2, nothing written (on a GPU a model that builds CPU index tensors in
+    its forward fails the same way; it was an internal error after the whole search)."""
+    path = ROOT / "tests" / "fixtures" / "runtime_bad" / "fails_on_data.py"
+    p = kw("optimize", path, "--out", tmp_path / "o", "--device", "cpu")
+    _one_line_error(p, "fails_on_data.py", "the model itself fails under the fp32 policy on cpu", "IndexError")
+    assert not (tmp_path / "o").exists()
+
+
 def test_optimize_missing_file(tmp_path):
     p = kw("optimize", tmp_path / "nope.py", "--out", tmp_path / "o", "--device", "cpu")
     _one_line_error(p, "nope.py")

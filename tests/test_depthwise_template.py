@@ -45,3 +45,31 @@ def test_a_dense_conv_is_not_depthwise():
     graph, node = _conv_node(nn.Conv2d(4, 8, 3), torch.randn(1, 4, 6, 6))
     template, _ = template_for(graph, node)
     assert template is None or template.name != "triton.depthwise"
+
+
+def test_bf16_policy_runs_depthwise_convs_on_bf16_operands_like_autocast(tmp_path):
+    """Under bf16 the depthwise conv reads bf16 copies of x, w and b (as autocast runs it) and the
+    template writes a bf16 result, rounded to nearest even: bit for bit torch's float32 sum of
+    the same bf16 products rounded once (the interpreter's own cast would truncate)."""
+    from kernelwright.plan.rewrites import rewrite
+
+    torch.manual_seed(1)
+    conv = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+    x = torch.randn(2, 4, 9, 7)
+    graph, notes = rewrite(capture(from_module(conv, [x])), "bf16")
+    assert any("bf16 operands" in n for n in notes), notes
+    node = next(n for n in graph.nodes if n.target == "aten.convolution.default")
+    assert node.meta.dtype == "bfloat16"
+    assert all(graph.meta(a.name).dtype == "bfloat16" for a in node.args[:3])
+    template, why = template_for(graph, node)
+    assert template is not None and template.name == "triton.depthwise", why
+    k = template.render(graph, node, template.default(graph, node).as_dict(), used_outputs(graph, node))
+    mod = load_module_from_source(k.source, "dw_bf16", tmp_path)
+    xb, wb, bb = (t.detach().bfloat16() for t in (x, conv.weight, conv.bias))
+    (y,) = mod.launch(xb, wb, bb)
+    assert y.dtype == torch.bfloat16
+    ref = nn.functional.conv2d(xb.double(), wb.double(), bb.double(), padding=1, groups=4).float().bfloat16()
+    assert (y.float() - ref.float()).abs().max().item() <= 2 ** -7 * ref.float().abs().max().item()
+    # the float32 sum (any order) is within a few float32 ulps of the double one: at most one bf16
+    # step apart where it sits on a rounding boundary, never a truncation's systematic bias
+    assert (y.float() - ref.float()).ne(0).float().mean().item() < 0.02

@@ -42,7 +42,7 @@ def test_optimize_gemm_conv(path, policy, tmp_path):
     convs = any(k in path.stem for k in ("conv", "cnn", "resnet")) and not any(k in path.stem for k in ("depthwise", "conv1d"))
     if policy in ("tf32", "bf16") and convs:
         assert any("channels-last" in n for n in result.get("rewrites", [])), result.get("rewrites")
-    if policy == "bf16" and "depthwise" not in path.stem:  # GEMMs / dense convolutions read bf16 operands
+    if policy == "bf16":  # GEMMs and convolutions (depthwise ones too) read bf16 operands
         assert any("bf16 operands" in n for n in result.get("rewrites", [])), result.get("rewrites")
 
 

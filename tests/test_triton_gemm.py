@@ -304,13 +304,44 @@ def test_conv2d_nhwc_and_residual(cache):
 
 
 @pytest.mark.parametrize("mult,st,pad,dil", [(1, 1, 1, 1), (1, 2, 0, 1), (2, 1, 2, 2)])
-def test_depthwise(cache, mult, st, pad, dil):
+@pytest.mark.parametrize("block_w", [None, 4, 32])
+def test_depthwise(cache, mult, st, pad, dil, block_w):
+    """Pixel tiles of whole rows (None: OW rounded up), of 4 columns (several tiles per row, the
+    last one ragged) and wider than a row (32 > OW: one tile covers a row's worth of columns)."""
     g = _gen(11)
     C = 6
     x, w, bias = _rand(2, C, 10, 9, g=g), _rand(C * mult, 1, 3, 3, g=g), _rand(C * mult, g=g)
     mod = _load(render_depthwise(bias_relu()), "dw_bias_relu", cache)
     ref = torch.relu(F.conv2d(x, w, bias, stride=st, padding=pad, dilation=dil, groups=C))
-    _close(mod.launch(x, w, bias, stride=st, padding=pad, dilation=dil, BLOCK_M=32, BLOCK_N=4), ref)
+    _close(mod.launch(x, w, bias, stride=st, padding=pad, dilation=dil, BLOCK_M=32, BLOCK_N=4, BLOCK_W=block_w), ref)
+
+
+def test_depthwise_full_operand_and_strided_input(cache):
+    """A "full" epilogue operand is read at each output pixel's (n, c, oh, ow) from the 2-D tile's
+    coordinates; the input may be any view (here a channels-last one)."""
+    g = _gen(12)
+    C = 5
+    x, w, res = _rand(3, C, 7, 11, g=g), _rand(C, 1, 3, 3, g=g), _rand(3, C, 7, 11, g=g)
+    mod = _load(render_depthwise(Epilogue((EpilogueOperand("e0", "full"),), "acc = acc + e0")), "dw_res", cache)
+    ref = F.conv2d(x, w, None, padding=1, groups=C) + res
+    xcl = x.contiguous(memory_format=torch.channels_last)
+    _close(mod.launch(xcl, w, res, padding=1, BLOCK_M=16, BLOCK_N=2, BLOCK_W=8), ref)
+    with pytest.raises(ValueError, match="powers of two"):
+        mod.launch(x, w, res, padding=1, BLOCK_M=16, BLOCK_N=2, BLOCK_W=6)
+
+
+def test_depthwise_bf16_operands_round_once(cache):
+    """bf16 x and w (the bf16 policy's operands): float32 sums, one round to nearest even into the
+    bf16 output, compiled and interpreted alike (a truncating store differs in about half the
+    outputs)."""
+    g = _gen(13)
+    C = 8
+    x, w = _rand(2, C, 16, 24, g=g).bfloat16(), _rand(C, 1, 3, 3, g=g).bfloat16()
+    mod = _load(render_depthwise(), "dw_plain", cache)
+    y = mod.launch(x, w, padding=1, BLOCK_M=64, BLOCK_N=2)
+    ref = F.conv2d(x.double().cpu(), w.double().cpu(), padding=1, groups=C).bfloat16()
+    assert y.dtype == torch.bfloat16
+    assert (y.float().cpu() - ref.float()).ne(0).float().mean().item() < 0.02
 
 
 # ----------------------------------------------------------------------------- text and spaces
@@ -379,8 +410,11 @@ def test_config_spaces():
     tma = rowreduce_space("tf32", M=32768, N=256, K=1024, reduce="tile", max_configs=200, tma=True)
     assert tma[:3] == whole[:3] and tma[3] == dict(whole[0], TMA=True)
     assert sorted(map(str, tma)) == sorted(map(str, whole + [dict(c, TMA=True) for c in whole]))
-    dw = depthwise_space(C=64)
-    assert 3 <= len(dw) <= 30
+    dw = depthwise_space(C=64, OW=56, max_configs=500)
+    assert 3 <= len(depthwise_space(C=64)) <= 30
+    assert all(c["BLOCK_W"] in (32, 64) and c["BLOCK_W"] <= c["BLOCK_M"] for c in dw)
+    assert {c["BLOCK_W"] for c in dw if c["BLOCK_M"] >= 64} == {32, 64}  # whole rows and 32-wide
+    assert len({tuple(sorted(c.items())) for c in dw}) == len(dw)
 
 
 # on a GPU also a shape with several tiles per SM (132 programs walk 33 x 16 tiles of 64 x 64)

@@ -78,7 +78,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     watchdog.limit_seconds()  # a bad $KERNELWRIGHT_HANG_S is bad input, before any work
     log = opts.log
     started = time.time()
-    out_dtypes = baseline_output_dtypes(problem, policy, device)  # (bf16: eager runs; before anything is written)
+    out_dtypes = baseline_output_dtypes(problem, policy, device)  # eager runs here, before anything is written
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = out_dir / ".build"
@@ -140,13 +140,15 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
 
 
 def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
-    """The dtypes eager returns under the policy's autocast (bf16), output by output; None for the
-    other policies. A model eager cannot run under that autocast on `device` (oneDNN has no bf16
-    LSTM on the CPU) is a ProblemError, in one line."""
-    if policy.autocast_dtype is None:
-        return None
+    """Run eager once on `device` under the policy, before any work: a model that cannot run there
+    is a ProblemError, in one line (oneDNN has no bf16 LSTM on the CPU; a model that builds CPU
+    index tensors in its forward fails on a GPU; a data-dependent error the meta-device check
+    cannot see). Returns the dtypes eager returns under the policy's autocast (bf16), output by
+    output; None for the other policies."""
     with eager_under(policy, problem.where, device):
         outs = problem.make_model(device)(*problem.make_inputs(0, device))
+    if policy.autocast_dtype is None:
+        return None
     outs = outs if isinstance(outs, (tuple, list)) else [outs]
     return [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
 

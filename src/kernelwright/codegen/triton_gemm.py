@@ -428,18 +428,24 @@ def conv_space(
                        split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS)
 
 
-def depthwise_space(*, C: int | None = None, max_configs: int = 30) -> list[dict]:
-    """Configs for the direct depthwise conv (BLOCK_M output pixels x BLOCK_N channels)."""
+def depthwise_space(*, C: int | None = None, OW: int | None = None, max_configs: int = 30) -> list[dict]:
+    """Configs for the direct depthwise conv: BLOCK_M output pixels (BLOCK_M // BLOCK_W rows of
+    BLOCK_W columns) x BLOCK_N channels. BLOCK_W is the output width rounded up to a power of two
+    (whole rows) or 32 (less masked-off waste when that rounding is large), at most BLOCK_M."""
     axes = dict(BLOCK_M=(32, 64, 128, 256, 512), BLOCK_N=(1, 2, 4, 8, 16, 32), num_warps=(1, 2, 4, 8))
     cap_n = _p2(C) if C else 32
+    widths = sorted({_p2(OW) if OW else 64, 32})
     out = []
     for bm, bn, w in itertools.product(*axes.values()):
         elems = bm * bn
         if bn > cap_n or not 256 <= elems <= 4096 or not 2 <= elems / (32 * w) <= 32:
             continue
-        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=1, GROUP_M=1, num_warps=w, num_stages=1, SPLIT_K=1))
-    # NCHW input: pixels are the contiguous axis, so long pixel tiles first.
-    out.sort(key=lambda c: (-(c["BLOCK_M"] >= 128), abs(c["BLOCK_M"] * c["BLOCK_N"] - 1024), c["num_warps"]))
+        for bw in sorted({min(bm, x) for x in widths}, reverse=True):
+            out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_W=bw, BLOCK_K=1, GROUP_M=1, num_warps=w, num_stages=1,
+                            SPLIT_K=1))
+    # NCHW input: pixels are the contiguous axis, so long pixel tiles first, whole rows before 32-wide.
+    out.sort(key=lambda c: (-(c["BLOCK_M"] >= 128), abs(c["BLOCK_M"] * c["BLOCK_N"] - 1024), c["num_warps"],
+                            -c["BLOCK_W"]))
     return out[:max_configs]
 
 

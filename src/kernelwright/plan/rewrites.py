@@ -573,13 +573,13 @@ def plain_cast(graph: Graph, n: OpNode) -> bool:
 
 
 def bf16_operands(graph: Graph) -> tuple[Graph, list[str]]:
-    """The bf16 policy made explicit: every float32 GEMM and dense convolution reads bf16 copies
-    of its tensor operands and accumulates in float32 (cuBLAS / cuDNN), as torch.autocast does for
-    the baselines; its bf16 result is widened back to float32 under the op's own name, so what
-    follows computes in float32 as in the model and the module returns the model's dtypes. The
-    casts are elementwise: an operand's cast fuses into the kernel that produces it (which then
-    writes half the bytes), the widening into the kernel that reads the result. Depthwise
-    convolutions stay float32 (their generated template is float32)."""
+    """The bf16 policy made explicit: every float32 GEMM and convolution (dense, grouped or
+    depthwise) reads bf16 copies of its tensor operands and accumulates in float32 (cuBLAS / cuDNN /
+    the depthwise template), as torch.autocast does for the baselines; its bf16 result is widened
+    back to float32 under the op's own name, so what follows computes in float32 as in the model and
+    the module returns the model's dtypes. The casts are elementwise: an operand's cast fuses into
+    the kernel that produces it (which then writes half the bytes), the widening into the kernel
+    that reads the result."""
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     nodes, notes = [], []
     narrowed: dict[str, str] = {}
@@ -587,8 +587,7 @@ def bf16_operands(graph: Graph) -> tuple[Graph, list[str]]:
         idx = _TENSOR_CORE_OPS.get(n.target)
         refs = [n.args[k] for k in idx or () if k < len(n.args) and isinstance(n.args[k], Ref)]
         if idx is None or n.meta is None or n.meta.dtype != "float32" or len(n.outs) != 1 \
-                or any(graph.meta(r.name) is None or graph.meta(r.name).dtype != "float32" for r in refs) \
-                or (n.target == "aten.convolution.default" and n.args[8] != 1):
+                or any(graph.meta(r.name) is None or graph.meta(r.name).dtype != "float32" for r in refs):
             nodes.append(n)
             continue
         args = list(n.args)
