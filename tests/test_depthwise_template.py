@@ -64,10 +64,15 @@ def test_bf16_policy_runs_depthwise_convs_on_bf16_operands_like_autocast(tmp_pat
     template, why = template_for(graph, node)
     assert template is not None and template.name == "triton.depthwise", why
     k = template.render(graph, node, template.default(graph, node).as_dict(), used_outputs(graph, node))
+    # the input's cast is absorbed: the kernel reads float32 x (the graph input) and rounds it as it loads
+    cast = graph.node(node.args[0].name)
+    assert template.absorbed(graph, node)[0] == [cast.name, node.name]
+    assert k.inputs[0] == cast.args[0].name and graph.is_input(k.inputs[0])
     mod = load_module_from_source(k.source, "dw_bf16", tmp_path)
     xb, wb, bb = (t.detach().bfloat16() for t in (x, conv.weight, conv.bias))
-    (y,) = mod.launch(xb, wb, bb)
+    (y,) = mod.launch(x, wb, bb)
     assert y.dtype == torch.bfloat16
+    assert torch.equal(y, mod.launch(xb, wb, bb)[0])  # rounding in the kernel == casting first
     ref = nn.functional.conv2d(xb.double(), wb.double(), bb.double(), padding=1, groups=4).float().bfloat16()
     assert (y.float() - ref.float()).abs().max().item() <= 2 ** -7 * ref.float().abs().max().item()
     # the float32 sum (any order) is within a few float32 ulps of the double one: at most one bf16

@@ -5,6 +5,7 @@ channels-last), and check the emitted ModelNew against Model."""
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -44,6 +45,21 @@ def test_optimize_gemm_conv(path, policy, tmp_path):
         assert any("channels-last" in n for n in result.get("rewrites", [])), result.get("rewrites")
     if policy == "bf16":  # GEMMs and convolutions (depthwise ones too) read bf16 operands
         assert any("bf16 operands" in n for n in result.get("rewrites", [])), result.get("rewrites")
+
+
+def test_bf16_depthwise_conv_absorbs_its_input_cast(tmp_path):
+    """Under bf16 the depthwise kernel reads the float32 input and rounds it as it loads: the cast
+    group is not run (reported as absorbed), the forward passes x itself to the conv kernel."""
+    result = optimize_problem(load_problem(ROOT / "level1/depthwise_conv2d.py", small=True), tmp_path / "out",
+                              Options(device="cpu", budget_trials=1, small=True, precision="bf16",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    groups = {g["id"]: g for g in result["groups"]}
+    absorbed = [g for g in groups.values() if g["strategy"] == "absorbed"]
+    assert len(absorbed) == 1 and absorbed[0]["ops"] == ["_to_copy"], groups
+    text = (tmp_path / "out" / "model_new.py").read_text()
+    assert f"_k_{absorbed[0]['id']}." not in text
+    assert re.search(r"= _k_convolution_bf16\.launch\(x, ", text), text
 
 
 @pytest.mark.parametrize("name", ["level2/conv2d_batch_norm_train_relu.py", "level3/resnet_basic_block.py"])

@@ -336,12 +336,16 @@ def test_depthwise_bf16_operands_round_once(cache):
     outputs)."""
     g = _gen(13)
     C = 8
-    x, w = _rand(2, C, 16, 24, g=g).bfloat16(), _rand(C, 1, 3, 3, g=g).bfloat16()
+    x32 = _rand(2, C, 16, 24, g=g)
+    x, w = x32.bfloat16(), _rand(C, 1, 3, 3, g=g).bfloat16()
     mod = _load(render_depthwise(), "dw_plain", cache)
     y = mod.launch(x, w, padding=1, BLOCK_M=64, BLOCK_N=2)
     ref = F.conv2d(x.double().cpu(), w.double().cpu(), padding=1, groups=C).bfloat16()
     assert y.dtype == torch.bfloat16
     assert (y.float().cpu() - ref.float()).ne(0).float().mean().item() < 0.02
+    # the float32 input rounded in the kernel (the bf16 policy's absorbed cast): the same numbers
+    y2 = mod.launch(x32, w, padding=1, out_dtype=torch.bfloat16, ROUND_X=True, BLOCK_M=64, BLOCK_N=2)
+    assert torch.equal(y2, y)
 
 
 # ----------------------------------------------------------------------------- text and spaces

@@ -228,9 +228,11 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)  # GEMM-epilogue pass
     per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
     # the budget follows the bytes each unit moves per call; a unit computed from the weights alone
-    # runs once per weight version (the forward caches it): its first seed, verified and timed
+    # runs once per weight version (the forward caches it), and a group a node kernel can absorb (the
+    # bf16 cast of a depthwise conv's input) runs only if that kernel loses: their first seed,
+    # verified and timed
     roots = weight_roots(graph)
-    once = {id(u) for u in units if weight_only(graph, u.outputs, roots)}
+    once = {id(u) for u in units if weight_only(graph, u.outputs, roots)} | _absorbable_groups(graph, units)
     hot = [u for u in units if id(u) not in once]
     weights = [_unit_bytes(graph, u) for u in hot]
 
@@ -334,6 +336,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
                 kernels[gr.id] = (gr.id, ins, [tuner.result], not tuner.absorbs and len(graph.node(unit.node).outs) > 1)
                 for name in tuner.absorbs:
                     kernels[name] = None  # computed inside this unit's kernel
+                _drop_absorbed_groups(plan, tuner.absorbs, gr.id, kernels, sources, result)
             mod = tuner.modules.get(cfg.key())
             gr.resources = kernel_resources(mod) if (mod is not None and timed) else {}
             if gr.time_ms:
@@ -347,6 +350,32 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
                              per_trials, per_s, db, problem, log)
     result["groups"] = [asdict(g) for g in result["groups"]]
     return summary, kernels, sources, support
+
+
+def _absorbable_groups(graph, units) -> set[int]:
+    """ids of the group units whose every node some node unit's template may absorb."""
+    gone: set[str] = set()
+    for u in units:
+        if u.node is not None:
+            node = graph.node(u.node)
+            template, _ = template_for(graph, node)
+            pattern = template.absorbed(graph, node) if hasattr(template, "absorbed") else None
+            if pattern:
+                gone |= set(pattern[0]) - {u.node}
+    return {id(u) for u in units if u.group is not None and u.group.nodes and set(u.group.nodes) <= gone}
+
+
+def _drop_absorbed_groups(plan, absorbs, by: str, kernels, sources, result) -> None:
+    """Groups whose every node a node kernel computes (the bf16 cast of a depthwise conv's input)
+    are not run: no kernel, no source, a note in their report row."""
+    gone = set(absorbs)
+    for u in plan.units:
+        if u.group is not None and u.group.nodes and set(u.group.nodes) <= gone:
+            kernels[u.name] = None
+            sources.pop(u.name, None)
+            for gr in result["groups"]:
+                if gr.id == u.name:
+                    gr.strategy, gr.note = "absorbed", f"computed inside {by}'s kernel"
 
 
 def _unit_bytes(graph, unit) -> int:
@@ -544,7 +573,8 @@ def _analysis(graph, plan, result) -> dict:
         rows = {r["name"]: r for r in a.to_json()["nodes"]}
     except Exception as e:  # noqa: BLE001
         return {**out, "error": str(e)}
-    generated = {n for g in result["groups"] if g["strategy"] in ("triton", "cuda") for n in plan_groups_nodes(plan, g["id"])}
+    generated = {n for g in result["groups"] if g["strategy"] in ("triton", "cuda", "absorbed")
+                 for n in plan_groups_nodes(plan, g["id"])}
     tot_f = sum(r["flops"] for r in rows.values()) or 1
     tot_b = sum(r["bytes"] for r in rows.values()) or 1
     gen_f = sum(r["flops"] for n, r in rows.items() if n in generated)

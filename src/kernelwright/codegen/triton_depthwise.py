@@ -4,7 +4,9 @@ kernel (templates/triton/depthwise_conv2d.py.j2) with the bias fused, searched a
 Each program owns BLOCK_M output pixels of one image (BLOCK_M // BLOCK_W rows of BLOCK_W columns) by
 BLOCK_N channels and sums the KH * KW taps with float32 multiply-adds (no tensor cores). Operands are
 float32, or bf16 under the bf16 policy (as autocast runs the conv; the result is then stored in bf16,
-rounded to nearest even).
+rounded to nearest even). Under bf16 the cast of the input, when this conv alone reads it, is
+absorbed: the kernel reads the float32 input and rounds each value to bf16 as it loads it (the same
+numbers, without the cast kernel's pass over memory).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from kernelwright.codegen.conv_args import float32_conv2d
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.templating import triton_env
 from kernelwright.codegen.triton_gemm import depthwise_space, render_depthwise
+from kernelwright.plan.rewrites import plain_cast
+from kernelwright.plan.weights import weight_roots
 from kernelwright.space.config import Config
 
 NAME = "triton.depthwise"
@@ -45,17 +49,34 @@ class DepthwiseTemplate:
         """NCHW: pixels are contiguous, so a long pixel tile (256) over few channels (4), 4 warps."""
         return Config.make(NAME, BLOCK_M=256, BLOCK_N=4, num_warps=4)
 
+    def absorbed(self, graph: Graph, node: OpNode) -> tuple[list[str], list[str], str] | None:
+        """The bf16 policy's cast of the input (float32 -> bf16), when this conv is its only reader and
+        it is neither a model output nor computed from the weights (those casts run once per weight
+        version): ([cast, conv], the values the kernel reads, the conv), else None."""
+        x = node.args[0]
+        if not isinstance(x, Ref) or graph.is_input(x.name) or x.name in graph.outputs:
+            return None
+        cast = graph.node(x.name)
+        if not plain_cast(graph, cast) or cast.meta.dtype != "bfloat16" \
+                or graph.meta(cast.args[0].name).dtype != "float32" \
+                or [u.name for u in graph.users(x.name)] != [node.name] or x.name in weight_roots(graph):
+            return None
+        rest = [a.name for a in node.args[1:3] if isinstance(a, Ref)]
+        return [cast.name, node.name], [cast.args[0].name] + rest, node.name
+
     def render(self, graph: Graph, node: OpNode, config: dict, used: set[int]) -> NodeKernel:
         x, w, b, stride, padding, dilation = node.args[:6]
         has_bias = isinstance(b, Ref)
+        pattern = self.absorbed(graph, node)
         text = render_depthwise(bias("bias") if has_bias else IDENTITY, name=f"{node.name}_dw")
         args = ["x", "w"] + (["bias"] if has_bias else [])
         adapter = triton_env().get_template("depthwise_node.py.j2").render(
             node=node.name, target=node.target, args=args, bias=has_bias, stride=tuple(stride),
             padding=tuple(padding), dilation=tuple(dilation), input_shape=list(graph.meta(x.name).shape),
             weight_shape=list(graph.meta(w.name).shape), BLOCK_W=int(config.get("BLOCK_W") or 0) or None,
+            out_dtype=node.meta.dtype, round_x=pattern is not None,
             **{k: int(config[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps")})
-        inputs = [x.name, w.name] + ([b.name] if has_bias else [])
+        inputs = pattern[1] if pattern else [x.name, w.name] + ([b.name] if has_bias else [])
         return NodeKernel(text + adapter, inputs, 1)
 
 

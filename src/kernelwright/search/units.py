@@ -250,9 +250,10 @@ class NodeTuner(KernelTuner):
         absorbed = getattr(template, "absorbed", None)
         pattern = absorbed(graph, node) if absorbed is not None else None
         if pattern is not None:  # e.g. flip -> cumsum -> flip: one kernel from x to the last value
-            nodes, x, last = pattern
+            nodes, x, last = pattern  # x: the value the kernel reads, or a list of them
             self.absorbs, self.result = [n for n in nodes if n != node.name], last
-            super().__init__(graph, nodes, [x], [(last, None)], env, policy, device, cache_dir, timed)
+            super().__init__(graph, nodes, [x] if isinstance(x, str) else list(x), [(last, None)], env, policy,
+                             device, cache_dir, timed)
         else:
             self.absorbs, self.result = [], node.name
             multi = len(node.outs) > 1
