@@ -78,3 +78,27 @@ def test_bf16_policy_runs_depthwise_convs_on_bf16_operands_like_autocast(tmp_pat
     # the float32 sum (any order) is within a few float32 ulps of the double one: at most one bf16
     # step apart where it sits on a rounding boundary, never a truncation's systematic bias
     assert (y.float() - ref.float()).ne(0).float().mean().item() < 0.02
+
+
+def test_only_a_model_inputs_cast_is_absorbed_and_the_program_verifies(tmp_path):
+    """Two depthwise convs with a ReLU6 between them under bf16: the first absorbs the cast of the
+    model input; the second's input cast is fused into the ReLU6 group, which never writes its
+    float32 value, so absorbing it would read a value nobody computes (found by a sweep program:
+    NameError in the generated forward)."""
+    from kernelwright.pipeline import Options, optimize_problem
+    from kernelwright.plan.rewrites import rewrite
+
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.ReLU6(),
+                          nn.Conv2d(4, 4, 3, padding=1, groups=4))
+    x = torch.randn(2, 4, 8, 8)
+    graph, _ = rewrite(capture(from_module(model, [x])), "bf16")
+    first, second = [n for n in graph.nodes if n.target == "aten.convolution.default"]
+    template, _ = template_for(graph, first)
+    assert template.absorbed(graph, first) is not None
+    assert template.absorbed(graph, second) is None
+    result = optimize_problem(from_module(model, [x]), tmp_path / "out",
+                              Options(device="cpu", budget_trials=1, precision="bf16",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"] and "verify_fallback" not in result, result["verify"]
+    assert sum(g["strategy"] == "absorbed" for g in result["groups"]) == 1

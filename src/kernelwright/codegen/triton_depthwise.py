@@ -50,15 +50,17 @@ class DepthwiseTemplate:
         return Config.make(NAME, BLOCK_M=256, BLOCK_N=4, num_warps=4)
 
     def absorbed(self, graph: Graph, node: OpNode) -> tuple[list[str], list[str], str] | None:
-        """The bf16 policy's cast of the input (float32 -> bf16), when this conv is its only reader and
-        it is neither a model output nor computed from the weights (those casts run once per weight
-        version): ([cast, conv], the values the kernel reads, the conv), else None."""
+        """The bf16 policy's cast (float32 -> bf16) of a model input the conv reads, when this conv is
+        the cast's only reader and the cast is not a model output: ([cast, conv], the values the
+        kernel reads, the conv), else None. A cast of a computed value is left to the group that
+        computes it (that kernel then writes bf16, half the bytes; its float32 value may never be
+        written at all); casts of weights run once per weight version anyway."""
         x = node.args[0]
         if not isinstance(x, Ref) or graph.is_input(x.name) or x.name in graph.outputs:
             return None
         cast = graph.node(x.name)
         if not plain_cast(graph, cast) or cast.meta.dtype != "bfloat16" \
-                or graph.meta(cast.args[0].name).dtype != "float32" \
+                or not graph.is_input(cast.args[0].name) or graph.meta(cast.args[0].name).dtype != "float32" \
                 or [u.name for u in graph.users(x.name)] != [node.name] or x.name in weight_roots(graph):
             return None
         rest = [a.name for a in node.args[1:3] if isinstance(a, Ref)]
