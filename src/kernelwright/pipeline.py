@@ -229,8 +229,8 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
     # the budget follows the bytes each unit moves per call; a unit computed from the weights alone
     # runs once per weight version (the forward caches it), and a group a node kernel can absorb (the
-    # bf16 cast of a depthwise conv's input) runs only if that kernel loses: their first seed,
-    # verified and timed
+    # bf16 cast of a model input a depthwise conv reads) runs only if that kernel loses: their first
+    # seed, verified and timed
     roots = weight_roots(graph)
     once = {id(u) for u in units if weight_only(graph, u.outputs, roots)} | _absorbable_groups(graph, units)
     hot = [u for u in units if id(u) not in once]
@@ -366,8 +366,8 @@ def _absorbable_groups(graph, units) -> set[int]:
 
 
 def _drop_absorbed_groups(plan, absorbs, by: str, kernels, sources, result) -> None:
-    """Groups whose every node a node kernel computes (the bf16 cast of a depthwise conv's input)
-    are not run: no kernel, no source, a note in their report row."""
+    """Groups whose every node a node kernel computes (the bf16 cast of a model input a depthwise
+    conv reads) are not run: no kernel, no source, a note in their report row."""
     gone = set(absorbs)
     for u in plan.units:
         if u.group is not None and u.group.nodes and set(u.group.nodes) <= gone:

@@ -4,7 +4,7 @@ kernel (templates/triton/depthwise_conv2d.py.j2) with the bias fused, searched a
 Each program owns BLOCK_M output pixels of one image (BLOCK_M // BLOCK_W rows of BLOCK_W columns) by
 BLOCK_N channels and sums the KH * KW taps with float32 multiply-adds (no tensor cores). Operands are
 float32, or bf16 under the bf16 policy (as autocast runs the conv; the result is then stored in bf16,
-rounded to nearest even). Under bf16 the cast of the input, when this conv alone reads it, is
+rounded to nearest even). Under bf16 the cast of a model input that this conv alone reads is
 absorbed: the kernel reads the float32 input and rounds each value to bf16 as it loads it (the same
 numbers, without the cast kernel's pass over memory).
 """
