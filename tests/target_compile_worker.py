@@ -80,8 +80,10 @@ def candidates(graph, plan):
             template, _ = template_for(graph, node)
             if template is None or not template.name.startswith("triton"):
                 continue  # library, or a torch layout variant: nothing to compile
-            k = template.render(graph, node, template.default(graph, node).as_dict(), used_outputs(graph, node))
-            yield f"{node.name} {template.name}", k.source, k.inputs
+            seeds = template.seeds(graph, node) if hasattr(template, "seeds") else [template.default(graph, node)]
+            for cfg in seeds:  # the configs the search times first (the depthwise row-streaming kernel's too)
+                k = template.render(graph, node, cfg.as_dict(), used_outputs(graph, node))
+                yield f"{node.name} {template.name} {cfg.as_dict()}", k.source, k.inputs
 
 
 def check(path: str, policy: str, cache: Path) -> list[str]:

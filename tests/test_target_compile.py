@@ -2,8 +2,8 @@
 
 The interpreter tests never lower a kernel; this compiles them (front end to cubin, no GPU) at the
 problems' real sizes: each fusion group with its first three seeds (default, long-chunk streaming,
-default with eviction hints) and a split-reduction variant, each node template with its default
-config, and each fused GEMM (epilogue or row reduction) with its first config without TMA. The compiling runs in one fresh worker process (tests/target_compile_worker.py), because
+default with eviction hints) and a split-reduction variant, each node template with its seed
+configs (its default, and the depthwise conv's row-streaming kernel), and each fused GEMM (epilogue or row reduction) with its first config without TMA. The compiling runs in one fresh worker process (tests/target_compile_worker.py), because
 the interpreter tests put Triton into interpreter mode for this whole process.
 """
 from __future__ import annotations

@@ -316,6 +316,36 @@ def test_depthwise(cache, mult, st, pad, dil, block_w):
     _close(mod.launch(x, w, bias, stride=st, padding=pad, dilation=dil, BLOCK_M=32, BLOCK_N=4, BLOCK_W=block_w), ref)
 
 
+@pytest.mark.parametrize("mult,pad,st_w,dil_w,rows", [(1, 1, 1, 1, 4), (2, 0, 2, 1, 3), (1, 2, 1, 2, 8)])
+def test_depthwise_row_streaming(cache, mult, pad, st_w, dil_w, rows):
+    """The row-streaming kernel (ROWS > 0: 3-row kernels, row stride and dilation 1): rolling
+    accumulators over input rows, OH not a multiple of ROWS, several column tiles (OW > BLOCK_M),
+    column stride / dilation, padding 0 to 2, a channel multiplier; a full epilogue operand read at
+    each output's coordinates."""
+    g = _gen(15)
+    C = 3
+    x, w, bias = _rand(2, C, 11, 13, g=g), _rand(C * mult, 1, 3, 3, g=g), _rand(C * mult, g=g)
+    conv = F.conv2d(x, w, bias, stride=(1, st_w), padding=pad, dilation=(1, dil_w), groups=C)
+    mod = _load(render_depthwise(bias_relu()), "dw_bias_relu", cache)
+    out = mod.launch(x, w, bias, stride=(1, st_w), padding=pad, dilation=(1, dil_w), BLOCK_M=8, BLOCK_N=2, ROWS=rows)
+    _close(out, torch.relu(conv))
+    res = _rand(*conv.shape, g=g)
+    ep = Epilogue((EpilogueOperand("e0", "col"), EpilogueOperand("e1", "full")), "acc = acc + e0 + e1")
+    mod2 = _load(render_depthwise(ep), "dw_col_full", cache)
+    _close(mod2.launch(x, w, bias, res, stride=(1, st_w), padding=pad, dilation=(1, dil_w), BLOCK_M=8, BLOCK_N=4,
+                       ROWS=rows), conv + res)
+
+
+def test_depthwise_row_streaming_refuses_other_kernels(cache):
+    g = _gen(16)
+    mod = _load(render_depthwise(), "dw_plain", cache)
+    x = _rand(1, 2, 8, 8, g=g)
+    with pytest.raises(ValueError, match="3-row kernel"):
+        mod.launch(x, _rand(2, 1, 5, 5, g=g), padding=2, ROWS=4)
+    with pytest.raises(ValueError, match="3-row kernel"):
+        mod.launch(x, _rand(2, 1, 3, 3, g=g), stride=2, ROWS=4)
+
+
 def test_depthwise_full_operand_and_strided_input(cache):
     """A "full" epilogue operand is read at each output pixel's (n, c, oh, ow) from the 2-D tile's
     coordinates; the input may be any view (here a channels-last one)."""
@@ -374,6 +404,9 @@ def test_depthwise_bf16_operands_round_once(cache):
     # the float32 input rounded in the kernel (the bf16 policy's absorbed cast): the same numbers
     y2 = mod.launch(x32, w, padding=1, out_dtype=torch.bfloat16, ROUND_X=True, BLOCK_M=64, BLOCK_N=2)
     assert torch.equal(y2, y)
+    # the row-streaming kernel sums the taps in another order: within one bf16 step of it
+    y3 = mod.launch(x32, w, padding=1, out_dtype=torch.bfloat16, ROUND_X=True, BLOCK_M=16, BLOCK_N=2, ROWS=4)
+    assert (y3.float().cpu() - ref.float()).ne(0).float().mean().item() < 0.02
 
 
 # ----------------------------------------------------------------------------- text and spaces

@@ -22,6 +22,10 @@ class NodeKernel:
 
 
 class NodeTemplate(Protocol):
+    """Optional methods a template may add: ``absorbed(graph, node)`` -> (nodes, value(s) read,
+    value produced) when one kernel also computes neighbouring nodes (a scan's flips, a depthwise
+    conv's input cast), and ``seeds(graph, node)`` -> the configs timed first (default: [default])."""
+
     name: str
 
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:

@@ -2,7 +2,9 @@
 kernel (templates/triton/depthwise_conv2d.py.j2) with the bias fused, searched against cuDNN.
 
 Each program owns BLOCK_M output pixels of one image (BLOCK_M // BLOCK_W rows of BLOCK_W columns) by
-BLOCK_N channels and sums the KH * KW taps with float32 multiply-adds (no tensor cores). Operands are
+BLOCK_N channels and sums the KH * KW taps with float32 multiply-adds (no tensor cores); for 3-row
+kernels at row stride and dilation 1 a row-streaming variant (ROWS > 0) walks the input rows once,
+keeping three output rows' sums in registers. Operands are
 float32, or bf16 under the bf16 policy (as autocast runs the conv; the result is then stored in bf16,
 rounded to nearest even). Under bf16 the cast of a model input that this conv alone reads is
 absorbed: the kernel reads the float32 input and rounds each value to bf16 as it loads it (the same
@@ -15,7 +17,7 @@ from kernelwright.codegen.epilogue import IDENTITY, bias
 from kernelwright.codegen.conv_args import float32_conv2d
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.templating import triton_env
-from kernelwright.codegen.triton_gemm import depthwise_space, render_depthwise
+from kernelwright.codegen.triton_gemm import depthwise_rows_space, depthwise_space, render_depthwise
 from kernelwright.plan.rewrites import plain_cast
 from kernelwright.plan.weights import weight_roots
 from kernelwright.space.config import Config
@@ -39,15 +41,31 @@ class DepthwiseTemplate:
         return None
 
     def space(self, graph: Graph, node: OpNode) -> list[Config]:
+        """Pixel-tile configs, and where the kernel has 3 rows at row stride and dilation 1 the
+        row-streaming kernel's (ROWS > 0)."""
         C = graph.meta(node.args[1].name).shape[0]
         OW = graph.meta(node.name).shape[-1]
-        return [Config.make(NAME, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_W=c["BLOCK_W"],
-                            num_warps=c["num_warps"])
-                for c in depthwise_space(C=C, OW=OW)]
+        tiles = [Config.make(NAME, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_W=c["BLOCK_W"],
+                             num_warps=c["num_warps"])
+                 for c in depthwise_space(C=C, OW=OW)]
+        rows = [Config.make(NAME, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], ROWS=c["ROWS"], num_warps=c["num_warps"])
+                for c in depthwise_rows_space(C=C, OW=OW)] if self._streams_rows(graph, node) else []
+        return tiles + rows
 
     def default(self, graph: Graph, node: OpNode) -> Config:
         """NCHW: pixels are contiguous, so a long pixel tile (256) over few channels (4), 4 warps."""
         return Config.make(NAME, BLOCK_M=256, BLOCK_N=4, num_warps=4)
+
+    def seeds(self, graph: Graph, node: OpNode) -> list[Config]:
+        """The default, then (where it applies) the row-streaming kernel's first config: the search
+        times both families before its cost model ranks the rest."""
+        rows = [c for c in self.space(graph, node) if c.as_dict().get("ROWS")]
+        return [self.default(graph, node)] + rows[:1]
+
+    @staticmethod
+    def _streams_rows(graph: Graph, node: OpNode) -> bool:
+        stride, dilation = node.args[3], node.args[5]
+        return graph.meta(node.args[1].name).shape[2] == 3 and int(stride[0]) == 1 and int(dilation[0]) == 1
 
     def absorbed(self, graph: Graph, node: OpNode) -> tuple[list[str], list[str], str] | None:
         """The bf16 policy's cast (float32 -> bf16) of a model input the conv reads, when this conv is
@@ -76,7 +94,7 @@ class DepthwiseTemplate:
             node=node.name, target=node.target, args=args, bias=has_bias, stride=tuple(stride),
             padding=tuple(padding), dilation=tuple(dilation), input_shape=list(graph.meta(x.name).shape),
             weight_shape=list(graph.meta(w.name).shape), BLOCK_W=int(config.get("BLOCK_W") or 0) or None,
-            out_dtype=node.meta.dtype, round_x=pattern is not None,
+            out_dtype=node.meta.dtype, round_x=pattern is not None, ROWS=int(config.get("ROWS") or 0),
             **{k: int(config[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps")})
         inputs = pattern[1] if pattern else [x.name, w.name] + ([b.name] if has_bias else [])
         return NodeKernel(text + adapter, inputs, 1)

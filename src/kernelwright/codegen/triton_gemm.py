@@ -173,10 +173,17 @@ def render_conv2d(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv2d") -> 
 
 
 def render_depthwise(epilogue: Epilogue = IDENTITY, *, name: str = "kw_dwconv2d") -> str:
-    """Module text: ``{name}_kernel`` (direct depthwise conv2d, groups == Cin, + epilogue) and
-    ``launch(x, w, *operands, *, stride=1, padding=0, dilation=1, out_dtype=None, BLOCK_M,
-    BLOCK_N, num_warps, num_stages)``."""
-    return _render("depthwise_conv2d.py.j2", _conv_context(epilogue, name))
+    """Module text: ``{name}_kernel`` (direct depthwise conv2d, groups == Cin, + epilogue),
+    ``{name}_rows_kernel`` (its row-streaming variant for 3-row kernels) and ``launch(x, w,
+    *operands, *, stride=1, padding=0, dilation=1, out_dtype=None, ROUND_X, BLOCK_M, BLOCK_N,
+    BLOCK_W, ROWS, num_warps, num_stages)``."""
+    ctx = _conv_context(epilogue, name)
+    ctx.update(  # the epilogue again, inside the row-streaming kernel's loop
+        loop_loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", mask_m="m_ok", mask_n="n_ok",
+                                        full_offsets=_CONV_FULL, indent=" " * 8),
+        loop_code=render_code(epilogue, indent=" " * 8),
+    )
+    return _render("depthwise_conv2d.py.j2", ctx)
 
 
 # ----------------------------------------------------------------------------- spaces
@@ -449,7 +456,24 @@ def depthwise_space(*, C: int | None = None, OW: int | None = None, max_configs:
     return out[:max_configs]
 
 
+def depthwise_rows_space(*, C: int | None = None, OW: int | None = None, max_configs: int = 20) -> list[dict]:
+    """Configs for the depthwise conv's row-streaming kernel (3-row kernels, row stride and dilation
+    1): BLOCK_M columns x BLOCK_N channels x ROWS output rows per program; 1 to 16 elements of a row
+    tile per thread, whole rows (or 256 columns) first."""
+    cap_n = min(_p2(C) if C else 4, 4)
+    cap_m = max(32, min(256, _p2(OW) if OW else 128))
+    out = []
+    for bm, bn, rows, w in itertools.product((32, 64, 128, 256), (1, 2, 4), (4, 8, 16), (1, 2, 4)):
+        if bm > cap_m or bn > cap_n or not 1 <= bm * bn / (32 * w) <= 16:
+            continue
+        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, ROWS=rows, BLOCK_K=1, GROUP_M=1, num_warps=w, num_stages=1,
+                        SPLIT_K=1))
+    out.sort(key=lambda c: (-c["BLOCK_M"], abs(c["BLOCK_M"] * c["BLOCK_N"] / (32 * c["num_warps"]) - 4),
+                            abs(c["ROWS"] - 8), c["BLOCK_N"]))
+    return out[:max_configs]
+
+
 __all__ = [
     "CONFIG_KEYS", "render_gemm", "render_gemm_rowreduce", "render_conv2d", "render_depthwise",
-    "gemm_space", "rowreduce_space", "conv_space", "depthwise_space", "precision_kwargs",
+    "gemm_space", "rowreduce_space", "conv_space", "depthwise_space", "depthwise_rows_space", "precision_kwargs",
 ]

@@ -262,7 +262,7 @@ class NodeTuner(KernelTuner):
         self.backend = template.name.split(".")[0]
         self.space = template.space(graph, node)
         self.default = template.default(graph, node)
-        self.seeds = [self.default]
+        self.seeds = template.seeds(graph, node) if hasattr(template, "seeds") else [self.default]
         meta = graph.meta(node.inputs[0]) if node.inputs else None
         self.features = {"log2_bytes": math.log2(max(1, meta.nbytes if meta else 1)), "kind": template.name}
         self.task = f"{node.target}/{'x'.join(map(str, meta.shape)) if meta else ''}"
