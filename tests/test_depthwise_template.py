@@ -49,8 +49,9 @@ def test_a_dense_conv_is_not_depthwise():
 
 def test_bf16_policy_runs_depthwise_convs_on_bf16_operands_like_autocast(tmp_path):
     """Under bf16 the depthwise conv reads bf16 copies of x, w and b (as autocast runs it) and the
-    template writes a bf16 result, rounded to nearest even: bit for bit torch's float32 sum of
-    the same bf16 products rounded once (the interpreter's own cast would truncate)."""
+    template writes a bf16 result rounded to nearest even: the double-precision result of the same
+    bf16 operands rounded once, but for the rare sums on a rounding boundary (the interpreter's own
+    cast truncates: about half would differ)."""
     from kernelwright.plan.rewrites import rewrite
 
     torch.manual_seed(1)
