@@ -352,6 +352,12 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     return summary, kernels, sources, support
 
 
+def _groups_within(units, names) -> list:
+    """The group units whose every node is in `names`."""
+    names = set(names)
+    return [u for u in units if u.group is not None and u.group.nodes and set(u.group.nodes) <= names]
+
+
 def _absorbable_groups(graph, units) -> set[int]:
     """ids of the group units whose every node some node unit's template may absorb."""
     gone: set[str] = set()
@@ -362,20 +368,18 @@ def _absorbable_groups(graph, units) -> set[int]:
             pattern = template.absorbed(graph, node) if hasattr(template, "absorbed") else None
             if pattern:
                 gone |= set(pattern[0]) - {u.node}
-    return {id(u) for u in units if u.group is not None and u.group.nodes and set(u.group.nodes) <= gone}
+    return {id(u) for u in _groups_within(units, gone)}
 
 
 def _drop_absorbed_groups(plan, absorbs, by: str, kernels, sources, result) -> None:
     """Groups whose every node a node kernel computes (the bf16 cast of a model input a depthwise
     conv reads) are not run: no kernel, no source, a note in their report row."""
-    gone = set(absorbs)
-    for u in plan.units:
-        if u.group is not None and u.group.nodes and set(u.group.nodes) <= gone:
-            kernels[u.name] = None
-            sources.pop(u.name, None)
-            for gr in result["groups"]:
-                if gr.id == u.name:
-                    gr.strategy, gr.note = "absorbed", f"computed inside {by}'s kernel"
+    for u in _groups_within(plan.units, absorbs):
+        kernels[u.name] = None
+        sources.pop(u.name, None)
+        for gr in result["groups"]:
+            if gr.id == u.name:
+                gr.strategy, gr.note = "absorbed", f"computed inside {by}'s kernel"
 
 
 def _unit_bytes(graph, unit) -> int:
