@@ -14,6 +14,7 @@
 # the first 18 programs passed under tf32 at about 30 s each. Session 14: 72 programs (depthwise_variants).
 # Session 15 finished the compiled tf32 run of all 72: 71 PASS, and triu_matmul shipped the original
 # forward for a reason its lost log would have told (the script then called both kinds FALLBACK).
+# Session 15 also added depthwise_tall (2-, 5- and 7-row depthwise kernels): 73 programs.
 # usage: scripts/cpu_sweep.sh [POLICY...]   (default: tf32 bf16 fp32; env OUT: the output folder;
 #        BUDGET: optimize's --budget; FILES: the programs, default every sweep fixture; on a GPU
 #        machine run it with TRITON_INTERPRET=0 to compile and time the kernels instead of

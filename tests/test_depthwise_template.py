@@ -41,6 +41,30 @@ def test_depthwise_template_matches_cudnn(mult, stride, dilation, bias, tmp_path
         torch.testing.assert_close(y, conv(x).detach(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kh,kw,stride,rows", [(5, 5, 1, True), (2, 3, 1, True), (3, 1, 1, True), (7, 7, 1, True),
+                                              (1, 3, 1, False), (9, 3, 1, False), (3, 9, 1, False), (5, 5, 2, False)])
+def test_row_streaming_kernel_is_searched_for_kernels_up_to_7x7_at_row_stride_1(kh, kw, stride, rows, tmp_path):
+    """The space has row-streaming configs (ROWS > 0) exactly where they apply; the first is a seed
+    (timed before the cost model ranks the rest); its module matches cuDNN, and a conv it does not
+    apply to renders no row-streaming kernel at all."""
+    torch.manual_seed(1)
+    conv = nn.Conv2d(4, 4, (kh, kw), stride=stride, padding=(kh // 2, kw // 2), groups=4)
+    x = torch.randn(2, 4, 12, 10)
+    graph, node = _conv_node(conv, x)
+    template, why = template_for(graph, node)
+    assert template is not None and template.name == "triton.depthwise", why
+    streaming = [c for c in template.space(graph, node) if c.as_dict().get("ROWS")]
+    assert bool(streaming) == rows
+    seeds = template.seeds(graph, node)
+    assert seeds[0] == template.default(graph, node) and seeds[1:] == streaming[:1]
+    for cfg in seeds:
+        k = template.render(graph, node, cfg.as_dict(), used_outputs(graph, node))
+        assert ("_rows_kernel" in k.source) == rows
+        (y,) = load_module_from_source(k.source, f"dw_rows_{kh}_{kw}_{stride}", tmp_path).launch(
+            x, conv.weight.detach(), conv.bias.detach())
+        torch.testing.assert_close(y, conv(x).detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_a_dense_conv_is_not_depthwise():
     graph, node = _conv_node(nn.Conv2d(4, 8, 3), torch.randn(1, 4, 6, 6))
     template, _ = template_for(graph, node)

@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent / "problems"
 PROBLEMS = sorted(p for p in ROOT.glob("level*/*.py") if p.stem not in ("lstm", "gru"))  # unrolled RNNs: slow
 CONV = [p for p in PROBLEMS if any(k in p.stem for k in ("conv", "cnn", "resnet"))]
 GEMM_CONV = [p for p in PROBLEMS if any(k in p.stem for k in ("gemm", "conv", "cnn", "resnet", "mlp", "transformer", "matmul", "linear"))]
+TALL = Path(__file__).resolve().parent / "fixtures" / "sweep" / "depthwise_tall.py"  # 2-, 5-, 7-row streaming kernels
 CASES = ([(p, "fp32") for p in PROBLEMS] + [(p, "tf32") for p in CONV]  # tf32: channels-last convolutions
-         + [(p, "bf16") for p in GEMM_CONV])  # bf16: operand casts (rounded to nearest even), bf16 layout copies
+         + [(p, "bf16") for p in GEMM_CONV]  # bf16: operand casts (rounded to nearest even), bf16 layout copies
+         + [(TALL, "fp32"), (TALL, "bf16")])
 
 
 @pytest.fixture(scope="module")

@@ -316,34 +316,50 @@ def test_depthwise(cache, mult, st, pad, dil, block_w):
     _close(mod.launch(x, w, bias, stride=st, padding=pad, dilation=dil, BLOCK_M=32, BLOCK_N=4, BLOCK_W=block_w), ref)
 
 
-@pytest.mark.parametrize("mult,pad,st_w,dil_w,rows", [(1, 1, 1, 1, 4), (2, 0, 2, 1, 3), (1, 2, 1, 2, 8)])
-def test_depthwise_row_streaming(cache, mult, pad, st_w, dil_w, rows):
-    """The row-streaming kernel (ROWS > 0: 3-row kernels, row stride and dilation 1): rolling
-    accumulators over input rows, OH not a multiple of ROWS, several column tiles (OW > BLOCK_M),
-    column stride / dilation, padding 0 to 2, a channel multiplier; a full epilogue operand read at
-    each output's coordinates."""
+@pytest.mark.parametrize("kh,kw,mult,pad,st_w,dil_w,rows", [
+    (3, 3, 1, 1, 1, 1, 4), (3, 3, 2, 0, 2, 1, 3), (3, 3, 1, 2, 1, 2, 8), (2, 3, 1, 0, 1, 1, 4), (5, 1, 2, 2, 1, 1, 3),
+    (7, 5, 1, 3, 2, 1, 4)])
+def test_depthwise_row_streaming(cache, kh, kw, mult, pad, st_w, dil_w, rows):
+    """The row-streaming kernel (ROWS > 0: kernels of 2 to 7 rows and 1 to 7 columns, row stride
+    and dilation 1):
+    one rolling accumulator per kernel row over the input rows, OH not a multiple of ROWS, several
+    column tiles (OW > BLOCK_M), column stride / dilation, padding 0 to 3 (a 7-row kernel over 11
+    rows: most rows padded), a channel multiplier; a full epilogue operand read at each output's
+    coordinates."""
     g = _gen(15)
     C = 3
-    x, w, bias = _rand(2, C, 11, 13, g=g), _rand(C * mult, 1, 3, 3, g=g), _rand(C * mult, g=g)
+    x, w, bias = _rand(2, C, 11, 13, g=g), _rand(C * mult, 1, kh, kw, g=g), _rand(C * mult, g=g)
     conv = F.conv2d(x, w, bias, stride=(1, st_w), padding=pad, dilation=(1, dil_w), groups=C)
-    mod = _load(render_depthwise(bias_relu()), "dw_bias_relu", cache)
+    mod = _load(render_depthwise(bias_relu(), rows_kernel=(kh, kw)), f"dw_bias_relu_{kh}_{kw}", cache)
     out = mod.launch(x, w, bias, stride=(1, st_w), padding=pad, dilation=(1, dil_w), BLOCK_M=8, BLOCK_N=2, ROWS=rows)
     _close(out, torch.relu(conv))
     res = _rand(*conv.shape, g=g)
     ep = Epilogue((EpilogueOperand("e0", "col"), EpilogueOperand("e1", "full")), "acc = acc + e0 + e1")
-    mod2 = _load(render_depthwise(ep), "dw_col_full", cache)
+    mod2 = _load(render_depthwise(ep, rows_kernel=(kh, kw)), f"dw_col_full_{kh}_{kw}", cache)
     _close(mod2.launch(x, w, bias, res, stride=(1, st_w), padding=pad, dilation=(1, dil_w), BLOCK_M=8, BLOCK_N=4,
                        ROWS=rows), conv + res)
 
 
 def test_depthwise_row_streaming_refuses_other_kernels(cache):
+    """A module's row-streaming kernel serves the kernel shape it was rendered for, at row stride
+    and dilation 1; a module rendered without one says so; shapes outside 2..7 x 1..7 are not
+    rendered."""
     g = _gen(16)
     mod = _load(render_depthwise(), "dw_plain", cache)
     x = _rand(1, 2, 8, 8, g=g)
-    with pytest.raises(ValueError, match="3-row kernel"):
+    with pytest.raises(ValueError, match="3 x 3 kernel"):
         mod.launch(x, _rand(2, 1, 5, 5, g=g), padding=2, ROWS=4)
-    with pytest.raises(ValueError, match="3-row kernel"):
+    with pytest.raises(ValueError, match="3 x 3 kernel"):
+        mod.launch(x, _rand(2, 1, 3, 5, g=g), padding=1, ROWS=4)
+    with pytest.raises(ValueError, match="3 x 3 kernel"):
         mod.launch(x, _rand(2, 1, 3, 3, g=g), stride=2, ROWS=4)
+    text = render_depthwise(rows_kernel=None)
+    assert "_rows_kernel" not in text
+    with pytest.raises(ValueError, match="no row-streaming kernel"):
+        _load(text, "dw_norows", cache).launch(x, _rand(2, 1, 3, 3, g=g), padding=1, ROWS=4)
+    for kernel in ((1, 3), (8, 3), (3, 8)):
+        with pytest.raises(ValueError, match="2 to 7 kernel rows"):
+            render_depthwise(rows_kernel=kernel)
 
 
 def test_depthwise_full_operand_and_strided_input(cache):

@@ -2,9 +2,9 @@
 kernel (templates/triton/depthwise_conv2d.py.j2) with the bias fused, searched against cuDNN.
 
 Each program owns BLOCK_M output pixels of one image (BLOCK_M // BLOCK_W rows of BLOCK_W columns) by
-BLOCK_N channels and sums the KH * KW taps with float32 multiply-adds (no tensor cores); for 3-row
-kernels at row stride and dilation 1 a row-streaming variant (ROWS > 0) walks the input rows once,
-keeping three output rows' sums in registers. Operands are
+BLOCK_N channels and sums the KH * KW taps with float32 multiply-adds (no tensor cores); for kernels
+of 2 to 7 rows and 1 to 7 columns at row stride and dilation 1 a row-streaming variant (ROWS > 0)
+walks the input rows once, keeping KH output rows' sums and the KH * KW weights in registers. Operands are
 float32, or bf16 under the bf16 policy (as autocast runs the conv; the result is then stored in bf16,
 rounded to nearest even). Under bf16 the cast of a model input that this conv alone reads is
 absorbed: the kernel reads the float32 input and rounds each value to bf16 as it loads it (the same
@@ -17,7 +17,7 @@ from kernelwright.codegen.epilogue import IDENTITY, bias
 from kernelwright.codegen.conv_args import float32_conv2d
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.templating import triton_env
-from kernelwright.codegen.triton_gemm import depthwise_rows_space, depthwise_space, render_depthwise
+from kernelwright.codegen.triton_gemm import ROWS_KH, ROWS_KW, depthwise_rows_space, depthwise_space, render_depthwise
 from kernelwright.plan.rewrites import plain_cast
 from kernelwright.plan.weights import weight_roots
 from kernelwright.space.config import Config
@@ -41,16 +41,23 @@ class DepthwiseTemplate:
         return None
 
     def space(self, graph: Graph, node: OpNode) -> list[Config]:
-        """Pixel-tile configs, and where the kernel has 3 rows at row stride and dilation 1 the
-        row-streaming kernel's (ROWS > 0)."""
+        """Pixel-tile configs, and where the kernel has 2 to 7 rows at row stride and dilation 1
+        the row-streaming kernel's (ROWS > 0)."""
         C = graph.meta(node.args[1].name).shape[0]
         OW = graph.meta(node.name).shape[-1]
         tiles = [Config.make(NAME, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_W=c["BLOCK_W"],
                              num_warps=c["num_warps"])
                  for c in depthwise_space(C=C, OW=OW)]
-        rows = [Config.make(NAME, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], ROWS=c["ROWS"], num_warps=c["num_warps"])
-                for c in depthwise_rows_space(C=C, OW=OW)] if self._streams_rows(graph, node) else []
-        return tiles + rows
+        return tiles + self._rows_configs(graph, node)
+
+    def _rows_configs(self, graph: Graph, node: OpNode) -> list[Config]:
+        kernel = self._rows_kernel(graph, node)
+        if kernel is None:
+            return []
+        C = graph.meta(node.args[1].name).shape[0]
+        OW = graph.meta(node.name).shape[-1]
+        return [Config.make(NAME, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], ROWS=c["ROWS"], num_warps=c["num_warps"])
+                for c in depthwise_rows_space(C=C, OW=OW, KH=kernel[0])]
 
     def default(self, graph: Graph, node: OpNode) -> Config:
         """NCHW: pixels are contiguous, so a long pixel tile (256) over few channels (4), 4 warps."""
@@ -59,13 +66,16 @@ class DepthwiseTemplate:
     def seeds(self, graph: Graph, node: OpNode) -> list[Config]:
         """The default, then (where it applies) the row-streaming kernel's first config: the search
         times both families before its cost model ranks the rest."""
-        rows = [c for c in self.space(graph, node) if c.as_dict().get("ROWS")]
-        return [self.default(graph, node)] + rows[:1]
+        return [self.default(graph, node)] + self._rows_configs(graph, node)[:1]
 
     @staticmethod
-    def _streams_rows(graph: Graph, node: OpNode) -> bool:
+    def _rows_kernel(graph: Graph, node: OpNode) -> tuple[int, int] | None:
+        """(KH, KW) when the row-streaming kernel applies (2 to 7 rows, 1 to 7 columns, row stride
+        and dilation 1), else None."""
         stride, dilation = node.args[3], node.args[5]
-        return graph.meta(node.args[1].name).shape[2] == 3 and int(stride[0]) == 1 and int(dilation[0]) == 1
+        kh, kw = graph.meta(node.args[1].name).shape[2:]
+        ok = kh in ROWS_KH and kw in ROWS_KW and int(stride[0]) == 1 and int(dilation[0]) == 1
+        return (kh, kw) if ok else None
 
     def absorbed(self, graph: Graph, node: OpNode) -> tuple[list[str], list[str], str] | None:
         """The bf16 policy's cast (float32 -> bf16) of a model input the conv reads, when this conv is
@@ -88,7 +98,8 @@ class DepthwiseTemplate:
         x, w, b, stride, padding, dilation = node.args[:6]
         has_bias = isinstance(b, Ref)
         pattern = self.absorbed(graph, node)
-        text = render_depthwise(bias("bias") if has_bias else IDENTITY, name=f"{node.name}_dw")
+        text = render_depthwise(bias("bias") if has_bias else IDENTITY, name=f"{node.name}_dw",
+                                rows_kernel=self._rows_kernel(graph, node))
         args = ["x", "w"] + (["bias"] if has_bias else [])
         adapter = triton_env().get_template("depthwise_node.py.j2").render(
             node=node.name, target=node.target, args=args, bias=has_bias, stride=tuple(stride),

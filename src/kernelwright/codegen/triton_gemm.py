@@ -172,13 +172,24 @@ def render_conv2d(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv2d") -> 
     return _render("conv2d_implicit_gemm.py.j2", _conv_context(epilogue, name))
 
 
-def render_depthwise(epilogue: Epilogue = IDENTITY, *, name: str = "kw_dwconv2d") -> str:
+ROWS_KH = range(2, 8)  # kernel heights the row-streaming depthwise kernel is rendered for
+ROWS_KW = range(1, 8)  # and widths (its KH * KW weights stay in registers)
+
+
+def render_depthwise(epilogue: Epilogue = IDENTITY, *, name: str = "kw_dwconv2d",
+                     rows_kernel: tuple[int, int] | None = (3, 3)) -> str:
     """Module text: ``{name}_kernel`` (direct depthwise conv2d, groups == Cin, + epilogue),
-    ``{name}_rows_kernel`` (its row-streaming variant for 3-row kernels) and ``launch(x, w,
-    *operands, *, stride=1, padding=0, dilation=1, out_dtype=None, ROUND_X, BLOCK_M, BLOCK_N,
-    BLOCK_W, ROWS, num_warps, num_stages)``."""
+    ``{name}_rows_kernel`` (its row-streaming variant for kernels of `rows_kernel` = (KH, KW): one
+    rolling accumulator per kernel row, the taps unrolled, the weights loaded once; None: no such
+    kernel) and ``launch(x, w, *operands, *, stride=1, padding=0, dilation=1, out_dtype=None,
+    ROUND_X, BLOCK_M, BLOCK_N, BLOCK_W, ROWS, num_warps, num_stages)``."""
+    kh, kw = rows_kernel if rows_kernel is not None else (None, None)
+    if rows_kernel is not None and (kh not in ROWS_KH or kw not in ROWS_KW):
+        raise ValueError(f"rows_kernel={rows_kernel}: the row-streaming kernel is rendered for {ROWS_KH.start} to "
+                         f"{ROWS_KH.stop - 1} kernel rows and {ROWS_KW.start} to {ROWS_KW.stop - 1} columns")
     ctx = _conv_context(epilogue, name)
     ctx.update(  # the epilogue again, inside the row-streaming kernel's loop
+        rows_kh=kh, rows_kw=kw,
         loop_loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", mask_m="m_ok", mask_n="n_ok",
                                         full_offsets=_CONV_FULL, indent=" " * 8),
         loop_code=render_code(epilogue, indent=" " * 8),
@@ -456,15 +467,18 @@ def depthwise_space(*, C: int | None = None, OW: int | None = None, max_configs:
     return out[:max_configs]
 
 
-def depthwise_rows_space(*, C: int | None = None, OW: int | None = None, max_configs: int = 20) -> list[dict]:
-    """Configs for the depthwise conv's row-streaming kernel (3-row kernels, row stride and dilation
-    1): BLOCK_M columns x BLOCK_N channels x ROWS output rows per program; 1 to 16 elements of a row
-    tile per thread, whole rows (or 256 columns) first."""
+def depthwise_rows_space(*, C: int | None = None, OW: int | None = None, KH: int = 3,
+                         max_configs: int = 20) -> list[dict]:
+    """Configs for the depthwise conv's row-streaming kernel (KH-row kernels, row stride and
+    dilation 1): BLOCK_M columns x BLOCK_N channels x ROWS output rows per program; 1 to 16
+    elements of a row tile per thread for 3 rows, fewer for taller kernels (each element has
+    2 * KH - 1 float32 accumulators), whole rows (or 256 columns) first."""
     cap_n = min(_p2(C) if C else 4, 4)
     cap_m = max(32, min(256, _p2(OW) if OW else 128))
+    per_thread = min(16, 80 // (2 * KH - 1))
     out = []
     for bm, bn, rows, w in itertools.product((32, 64, 128, 256), (1, 2, 4), (4, 8, 16), (1, 2, 4)):
-        if bm > cap_m or bn > cap_n or not 1 <= bm * bn / (32 * w) <= 16:
+        if bm > cap_m or bn > cap_n or not 1 <= bm * bn / (32 * w) <= per_thread:
             continue
         out.append(dict(BLOCK_M=bm, BLOCK_N=bn, ROWS=rows, BLOCK_K=1, GROUP_M=1, num_warps=w, num_stages=1,
                         SPLIT_K=1))
@@ -476,4 +490,5 @@ def depthwise_rows_space(*, C: int | None = None, OW: int | None = None, max_con
 __all__ = [
     "CONFIG_KEYS", "render_gemm", "render_gemm_rowreduce", "render_conv2d", "render_depthwise",
     "gemm_space", "rowreduce_space", "conv_space", "depthwise_space", "depthwise_rows_space", "precision_kwargs",
+    "ROWS_KH", "ROWS_KW",
 ]
