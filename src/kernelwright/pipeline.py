@@ -223,7 +223,8 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     inputs = problem.make_inputs(0, device)
     with torch.no_grad(), policy.active():
         env = run_graph(graph, model, inputs, keep=True)
-    units = [u for u in plan.units if u.group is not None or template_for(graph, graph.node(u.node))[0] is not None]
+    templates = {u.node: template_for(graph, graph.node(u.node))[0] for u in plan.units if u.group is None}
+    units = [u for u in plan.units if u.group is not None or templates[u.node] is not None]
     n = max(1, len(units))
     per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)  # GEMM-epilogue pass
     per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
@@ -232,7 +233,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     # bf16 cast of a model input a depthwise conv reads) runs only if that kernel loses: their first
     # seed, verified and timed
     roots = weight_roots(graph)
-    once = {id(u) for u in units if weight_only(graph, u.outputs, roots)} | _absorbable_groups(graph, units)
+    once = {id(u) for u in units if weight_only(graph, u.outputs, roots)} | _absorbable_groups(graph, units, templates)
     hot = [u for u in units if id(u) not in once]
     weights = [_unit_bytes(graph, u) for u in hot]
 
@@ -263,7 +264,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
                             "no CUDA C++ template matches this group (softmax, layer norm, row reductions)")
         else:
             node = graph.node(unit.node)
-            template, _ = template_for(graph, node)
+            template = templates[unit.node]
             if opts.backend == "cuda" and template.name.startswith("triton."):
                 template, why_none = None, f"{template.name} is a Triton template (--backend cuda)"
             gr = GroupResult(node.name, "node", [node.op])
@@ -358,13 +359,13 @@ def _groups_within(units, names) -> list:
     return [u for u in units if u.group is not None and u.group.nodes and set(u.group.nodes) <= names]
 
 
-def _absorbable_groups(graph, units) -> set[int]:
-    """ids of the group units whose every node some node unit's template may absorb."""
+def _absorbable_groups(graph, units, templates) -> set[int]:
+    """ids of the group units whose every node some node unit's template (`templates`: node name
+    -> its template) may absorb."""
     gone: set[str] = set()
     for u in units:
         if u.node is not None:
-            node = graph.node(u.node)
-            template, _ = template_for(graph, node)
+            node, template = graph.node(u.node), templates[u.node]
             pattern = template.absorbed(graph, node) if hasattr(template, "absorbed") else None
             if pattern:
                 gone |= set(pattern[0]) - {u.node}
