@@ -17,7 +17,7 @@ import torch
 from kernelwright.build.triton_target import compile_source_for_target, meta_tensor
 from kernelwright.capture import capture
 from kernelwright.codegen import gemm_epilogue
-from kernelwright.codegen.node_kernels import template_for, used_outputs
+from kernelwright.codegen.node_kernels import seeds, template_for, used_outputs
 from kernelwright.codegen.triton_group import Unsupported, extent, lower, render_group, tiled_apply_dims, transposed_walk
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
@@ -80,8 +80,7 @@ def candidates(graph, plan):
             template, _ = template_for(graph, node)
             if template is None or not template.name.startswith("triton"):
                 continue  # library, or a torch layout variant: nothing to compile
-            seeds = template.seeds(graph, node) if hasattr(template, "seeds") else [template.default(graph, node)]
-            for cfg in seeds:  # the configs the search times first (the depthwise row-streaming kernel's too)
+            for cfg in seeds(template, graph, node):  # the configs the search times first (the depthwise row-streaming kernel's too)
                 k = template.render(graph, node, cfg.as_dict(), used_outputs(graph, node))
                 yield f"{node.name} {template.name} {cfg.as_dict()}", k.source, k.inputs
 

@@ -19,7 +19,7 @@ from kernelwright.capture import CaptureError, capture
 from kernelwright.capture.execute import run_graph
 from kernelwright.codegen import cuda_unit, gemm_epilogue
 from kernelwright.codegen.cuda_kernels import runtime_source
-from kernelwright.codegen.node_kernels import template_for
+from kernelwright.codegen.node_kernels import absorbed, template_for
 from kernelwright.codegen.triton_group import Unsupported
 from kernelwright.emit.module import import_model_new, model_new_like, render_model_new, write_module
 from kernelwright.measure import watchdog
@@ -366,7 +366,7 @@ def _absorbable_groups(graph, units, templates) -> set[int]:
     for u in units:
         if u.node is not None:
             node, template = graph.node(u.node), templates[u.node]
-            pattern = template.absorbed(graph, node) if hasattr(template, "absorbed") else None
+            pattern = absorbed(template, graph, node)
             if pattern:
                 gone |= set(pattern[0]) - {u.node}
     return {id(u) for u in _groups_within(units, gone)}

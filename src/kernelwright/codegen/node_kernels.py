@@ -41,6 +41,19 @@ class NodeTemplate(Protocol):
         """The module text for `config`."""
 
 
+def seeds(template: NodeTemplate, graph: Graph, node: OpNode) -> list[Config]:
+    """The configs a search times first: the template's ``seeds`` if it has them, else its default."""
+    own = getattr(template, "seeds", None)
+    return own(graph, node) if own is not None else [template.default(graph, node)]
+
+
+def absorbed(template: NodeTemplate, graph: Graph, node: OpNode):
+    """The template's ``absorbed`` pattern for `node` (nodes, value(s) read, value produced), or
+    None (also for a template without that method)."""
+    own = getattr(template, "absorbed", None)
+    return own(graph, node) if own is not None else None
+
+
 def used_outputs(graph: Graph, node: OpNode) -> set[int]:
     """Which outputs of `node` are read: getitem indices for tuple outputs, else {0}."""
     if len(node.outs) <= 1:

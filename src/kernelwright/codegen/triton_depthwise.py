@@ -7,8 +7,8 @@ of 2 to 7 rows and 1 to 7 columns at row stride and dilation 1 a row-streaming v
 walks the input rows once, keeping KH output rows' sums and the KH * KW weights in registers.
 Operands are float32, or bf16 under the bf16 policy (as autocast runs the conv; the result is then
 stored in bf16, rounded to nearest even). Under bf16 the cast of a model input that this conv alone
-reads is absorbed: the kernel reads the float32 input and rounds each value to bf16 as it loads it (the same
-numbers, without the cast kernel's pass over memory).
+reads is absorbed: the kernel reads the float32 input and rounds each value to bf16 as it loads it
+(the same numbers, without the cast kernel's pass over memory).
 """
 from __future__ import annotations
 

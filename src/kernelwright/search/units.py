@@ -15,7 +15,7 @@ import torch
 
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
-from kernelwright.codegen import gemm_epilogue, library_epilogue
+from kernelwright.codegen import gemm_epilogue, library_epilogue, node_kernels
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_gemm import gemm_space, rowreduce_space
 from kernelwright.codegen.triton_group import extent, lower, render_group, tiled_apply_dims, transposed_walk
@@ -247,8 +247,7 @@ class NodeTuner(KernelTuner):
         self.node, self.template = node, template
         self.used = used_outputs(graph, node)
         self.name = node.name
-        absorbed = getattr(template, "absorbed", None)
-        pattern = absorbed(graph, node) if absorbed is not None else None
+        pattern = node_kernels.absorbed(template, graph, node)
         if pattern is not None:  # e.g. flip -> cumsum -> flip: one kernel from x to the last value
             nodes, x, last = pattern  # x: the value the kernel reads, or a list of them
             self.absorbs, self.result = [n for n in nodes if n != node.name], last
@@ -262,7 +261,7 @@ class NodeTuner(KernelTuner):
         self.backend = template.name.split(".")[0]
         self.space = template.space(graph, node)
         self.default = template.default(graph, node)
-        self.seeds = template.seeds(graph, node) if hasattr(template, "seeds") else [self.default]
+        self.seeds = node_kernels.seeds(template, graph, node)
         meta = graph.meta(node.inputs[0]) if node.inputs else None
         self.features = {"log2_bytes": math.log2(max(1, meta.nbytes if meta else 1)), "kind": template.name}
         self.task = f"{node.target}/{'x'.join(map(str, meta.shape)) if meta else ''}"
