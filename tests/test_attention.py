@@ -205,10 +205,10 @@ def test_causal_attention_end_to_end(policy, tmp_path):
 
 def test_causal_check_once_per_version(tmp_path):
     """The emitted helper compares the mask with the causal one once per tensor and version."""
-    from kernelwright.emit.module import import_model_new, render_model_new, write_module
+    from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module
 
     prob = from_module(Plain(), [torch.randn(1, 4, 8)] * 3, name="plain")
-    mod = import_model_new(write_module(tmp_path, render_model_new(prob, None, {}, {}, "fp32", [], None), {}))
+    mod = import_model_new(write_module(tmp_path, render_model_new(prob, [], "fp32", None), {}))
     q, k = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 6, 4)
     keep = torch.ones(5, 6, dtype=torch.bool).tril()
     assert mod._kw_causal_or_mask(keep, q, k, 0.0) == (None, 0.0, True)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from kernelwright.capture import capture
-from kernelwright.emit.module import import_model_new, render_model_new, write_module
+from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module
 from kernelwright.pipeline import GRAPHS, PLAIN, Options, _tune_groups, pick_forward, replay_paths
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
@@ -40,7 +40,7 @@ def _emit(fake_clock, tmp_path, name, device, cuda_graphs=True, precision="fp32"
     opts = Options(device=str(device), budget_trials=2, db_path=str(tmp_path / "db.jsonl"), log=lambda s: None)
     summary, kernels, sources, support = _tune_groups(problem, plan, get_policy(precision), torch.device(device), True,
                                                       tmp_path / ".build", opts, {"groups": []})
-    text = render_model_new(problem, plan, kernels, sources, precision, summary, None, support, cuda_graphs=cuda_graphs)
+    text = render_model_new(problem, [ModeForward("any", plan, kernels, sources, summary, support)], precision, None, cuda_graphs=cuda_graphs)
     return problem, import_model_new(write_module(tmp_path / "out", text, sources, support)), plan
 
 
@@ -65,28 +65,29 @@ def test_rendering_names_every_parameter_and_buffer_and_the_switch(fake_clock, t
     problem, mod, plan = _emit(fake_clock, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cpu")
     text = (tmp_path / "out" / "model_new.py").read_text()
     assert "_kw_cuda_graphs = True" in text
-    assert "return _kw_stamp(*self._kw_tensors())" in text.split("def _kw_state", 1)[1]
-    tensors = text.split("def _kw_tensors", 1)[1].split("def _kw_state", 1)[0]
+    assert "return _kw_stamp(*_kw_tensors_any(self))" in text.split("def _kw_state_any", 1)[1]
+    tensors = text.split("def _kw_tensors_any", 1)[1].split("def _kw_state_any", 1)[0]
     model = problem.make_model()
     for fqn, _ in [*model.named_parameters(), *model.named_buffers()]:
         assert f"self.{fqn}" in tensors, fqn  # running stats and num_batches_tracked included
     new = mod.ModelNew(*problem.get_init_inputs())
-    assert [id(t) for t in new._kw_tensors()] == [id(t) for t in [*new.parameters(), *new.buffers()]]
-    plain = render_model_new(problem, plan, {}, {}, "fp32", [], None)
+    assert [id(t) for t in mod._kw_tensors_any(new)] == [id(t) for t in [*new.parameters(), *new.buffers()]]
+    plain = render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None)
     assert "_kw_cuda_graphs = False" in plain
     # the running statistics' updates are kept out of the captured part and committed after a replay
     flat = " ".join(text.split())
-    assert "_kw_graphed(self, self._kw_compute, (x,), self._kw_state, self._kw_reads, self._kw_commit)" in flat
-    compute = text.split("def _kw_compute", 1)[1].split("def _kw_commit", 1)[0]
-    commit = text.split("def _kw_commit", 1)[1].split("\n\n", 1)[0]
+    assert ("_kw_graphed(self, \"any\", _functools.partial(_kw_compute_any, self), args, _functools.partial(_kw_state_any, self), "
+            "_functools.partial(_kw_reads_any, self), _functools.partial(_kw_commit_any, self))") in flat
+    compute = text.split("def _kw_compute_any", 1)[1].split("def _kw_commit_any", 1)[0]
+    commit = text.split("def _kw_commit_any", 1)[1].split("\n\n", 1)[0]
     assert "running_mean" in compute and "copy_(" not in compute and "_foreach_" not in compute
     assert "_foreach_add_([b_bn_num_batches_tracked], 1)" in commit and "b_bn_running_mean" in commit
-    assert new._kw_reads()[0] == new._kw_tensors()
+    assert mod._kw_reads_any(new) == mod._kw_tensors_any(new)
     gemm = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
-    gemm_text = render_model_new(gemm, plan_graph(rewrite(capture(gemm), "fp32")[0]), {}, {}, "fp32", [], None,
-                                 cuda_graphs=True)
-    assert "self._kw_forward, (x,), self._kw_state, self._kw_reads)" in " ".join(gemm_text.split())
-    assert "def _kw_commit" not in gemm_text
+    gemm_text = render_model_new(gemm, [ModeForward("any", plan_graph(rewrite(capture(gemm), "fp32")[0]), {}, {}, [])], "fp32", None, cuda_graphs=True)
+    assert ("_functools.partial(_kw_forward_any, self), args, _functools.partial(_kw_state_any, self), "
+            "_functools.partial(_kw_reads_any, self))") in " ".join(gemm_text.split())
+    assert "def _kw_commit_any" not in gemm_text
 
 
 @pytest.mark.interpreter
@@ -106,7 +107,7 @@ def test_off_the_gpu_a_graphs_on_module_runs_its_forward_as_it_is(fake_clock, tm
 def test_a_capture_is_keyed_by_the_switches_that_choose_library_kernels(monkeypatch, tmp_path):
     problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
     plan = plan_graph(rewrite(capture(problem), "fp32")[0])
-    mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None), {}))
+    mod = import_model_new(write_module(tmp_path, render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None), {}))
     base = mod._kw_switches()
     with torch.inference_mode():
         assert mod._kw_switches() != base
@@ -245,8 +246,7 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
     forward per call."""
     problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
     plan = plan_graph(rewrite(capture(problem), "fp32")[0])
-    mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None,
-                                                                   cuda_graphs=True), {}))
+    mod = import_model_new(write_module(tmp_path, render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None, cuda_graphs=True), {}))
     fake = _FakeGraphs(monkeypatch, mod)
     w, calls, holder = torch.tensor([2.0, 3.0]), [], torch.nn.Module()
     fwd, state = fake.forward(w, calls), lambda: mod._kw_stamp(w)
@@ -256,7 +256,7 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
 
     def call(*args):
         made.append(1)
-        return mod._kw_graphed(holder, fwd, args, state)
+        return mod._kw_graphed(holder, "t", fwd, args, state)
 
     assert call(x).tolist() == [3.0, 4.0] and fake.captures == 1 and fake.replays == 0
     entry = next(iter(mod._kw_graphs_of(holder).values()))
@@ -293,7 +293,7 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
         return x + 1
     other = torch.nn.Module()
     for _ in range(3):
-        assert mod._kw_graphed(other, waits, (x,), state).tolist() == [3.0, 3.0]
+        assert mod._kw_graphed(other, "t", waits, (x,), state).tolist() == [3.0, 3.0]
         assert fake.stream == "caller's"  # the failed capture did not leave its stream current
     assert next(iter(mod._kw_graphs_of(other).values())).graph is None
     assert replay_paths(mod._kw_graphs_of(other)) == [{"captured": False, "copies_in": False, "copies_out": False}]
@@ -307,8 +307,7 @@ def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(mo
     `reads` (a forward that may write buffers itself) nothing is replayed on a moved state."""
     problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
     plan = plan_graph(rewrite(capture(problem), "fp32")[0])
-    mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None,
-                                                                   cuda_graphs=True), {}))
+    mod = import_model_new(write_module(tmp_path, render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None, cuda_graphs=True), {}))
     fake = _FakeGraphs(monkeypatch, mod)
     box, calls = {"w": torch.tensor([2.0, 3.0])}, []
 
@@ -317,7 +316,7 @@ def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(mo
 
     state, reads = (lambda: mod._kw_stamp(box["w"])), (lambda: (box["w"],))
     x, holder = torch.tensor([1.0, 1.0]), torch.nn.Module()
-    call = lambda: mod._kw_graphed(holder, forward, (x,), state, reads)  # noqa: E731
+    call = lambda: mod._kw_graphed(holder, "t", forward, (x,), state, reads)  # noqa: E731
     assert call().tolist() == [3.0, 4.0] and (fake.captures, fake.replays) == (1, 0)
     assert call().tolist() == [3.0, 4.0] and (fake.captures, fake.replays) == (1, 1)
     old = weakref.ref(box["w"])
@@ -332,7 +331,7 @@ def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(mo
     assert call().tolist() == [-1.0, 3.0] and (fake.captures, fake.replays) == (3, 4)
 
     checked = torch.nn.Module()  # without `reads` (the forward may write buffers): checked first
-    check = lambda: mod._kw_graphed(checked, forward, (x,), state)  # noqa: E731
+    check = lambda: mod._kw_graphed(checked, "t", forward, (x,), state)  # noqa: E731
     check(), check()
     assert (fake.captures, fake.replays) == (4, 5)
     box["w"].mul_(-1)
@@ -347,8 +346,7 @@ def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch
     forward's own run does, once)."""
     problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
     plan = plan_graph(rewrite(capture(problem), "fp32")[0])
-    mod = import_model_new(write_module(tmp_path, render_model_new(problem, plan, {}, {}, "fp32", [], None,
-                                                                   cuda_graphs=True), {}))
+    mod = import_model_new(write_module(tmp_path, render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None, cuda_graphs=True), {}))
     fake = _FakeGraphs(monkeypatch, mod)
     w, buf, commits = torch.tensor([2.0, 3.0]), torch.zeros(2), []
 
@@ -373,7 +371,7 @@ def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch
 
     state, reads = (lambda: mod._kw_stamp(w, buf)), (lambda: (w, buf))
     x, holder = torch.tensor([1.0, 1.0]), torch.nn.Module()
-    call = lambda: mod._kw_graphed(holder, compute, (x,), state, reads, commit)  # noqa: E731
+    call = lambda: mod._kw_graphed(holder, "t", compute, (x,), state, reads, commit)  # noqa: E731
     expect = 0.0
     for n in range(4):  # a run and its capture (two graphs), then three replays of both
         assert call().tolist() == [3.0, 4.0]
@@ -398,7 +396,7 @@ def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch
     other = torch.nn.Module()
     buf.zero_()
     for n in range(3):
-        assert mod._kw_graphed(other, compute, (x,), state, reads, waits).tolist() == [5.0, 7.0]
+        assert mod._kw_graphed(other, "t", compute, (x,), state, reads, waits).tolist() == [5.0, 7.0]
         assert buf.tolist() == [[1.0, 1.5, 1.75][n]] * 2 and fake.stream == "caller's"
     assert next(iter(mod._kw_graphs_of(other).values())).graph is None and len(commits) == 10
 
@@ -507,7 +505,7 @@ def test_a_forward_that_waits_for_the_gpu_is_not_captured(fake_clock, tmp_path):
     before = torch.cuda.current_stream()
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(mod._kw_graphed(holder, forward, (x,), state), x * float(x.sum()))
+            torch.testing.assert_close(mod._kw_graphed(holder, "t", forward, (x,), state), x * float(x.sum()))
             assert torch.cuda.current_stream() == before
     assert next(iter(mod._kw_graphs_of(holder).values())).graph is None
     assert len(calls) == 4  # three calls plus the failed capture's one trace, never retried

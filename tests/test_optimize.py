@@ -59,10 +59,11 @@ def test_optimize_level1(name, tmp_path):
         assert (out / f).is_file(), f
     assert json.loads((out / "result.json").read_text())["problem"] == name
     assert (out / "kernels").is_dir()
-    triton_groups = [g for g in result["groups"] if g["strategy"] == "triton"]
+    triton_groups = [("" if m == "any" else f"{m}_") + g["id"] for m, r in result["modes"].items()
+                     for g in r["groups"] if g["strategy"] == "triton"]  # kernel files are named by mode
     kernel_files = sorted((out / "kernels").glob("*.py"))
     assert len(kernel_files) == len(triton_groups)
-    assert {p.stem for p in kernel_files} == {g["id"] for g in triton_groups}
+    assert {p.stem for p in kernel_files} == set(triton_groups)
     for p in [out / "model_new.py", *kernel_files]:
         text = p.read_text()
         assert not KW_IMPORT.search(text), f"{p.name} imports kernelwright"
@@ -204,10 +205,9 @@ def test_a_generated_program_that_fails_verification_ships_the_original_forward(
 
     render = pipeline.render_model_new
 
-    def wrong(problem, plan, *args, **kwargs):
-        text = render(problem, plan, *args, **kwargs)
-        return text if plan is None else text.replace("    def _kw_forward(self, x):\n",
-                                                      "    def _kw_forward(self, x):\n        x = x + 1e-3\n")
+    def wrong(problem, forwards, *args, **kwargs):
+        text = render(problem, forwards, *args, **kwargs)
+        return text.replace("def _kw_forward_any(self, x):\n", "def _kw_forward_any(self, x):\n    x = x + 1e-3\n")
 
     monkeypatch.setattr(pipeline, "render_model_new", wrong)
     out, result = _optimize("relu", tmp_path)

@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from kernelwright.capture import capture  # noqa: E402
-from kernelwright.emit.module import import_model_new, render_model_new, write_module  # noqa: E402
+from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module  # noqa: E402
 from kernelwright.pipeline import Options, _tune_groups  # noqa: E402
 from kernelwright.plan import plan_graph  # noqa: E402
 from kernelwright.plan.rewrites import rewrite  # noqa: E402
@@ -49,8 +49,8 @@ def test_faster_kernels_are_emitted_and_still_correct(fake_clock, tmp_path):
     assert fused and fused[0]["strategy"] == "triton" and fused[0]["time_ms"] == 1.0
     gemm = next(u.node for u in plan.units if u.node and "addmm" in u.node)
     assert kernels[gemm] is None  # the fused GEMM computes it
-    path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "fp32", [], None), sources)
-    assert "addmm" not in path.read_text().split("class ModelNew", 1)[1]
+    path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "fp32", None), sources)
+    assert "addmm" not in path.read_text().split("# The generated forward", 1)[1]
     mod = import_model_new(path)
     ref = problem.make_model()
     new = mod.ModelNew(*problem.get_init_inputs())
@@ -103,17 +103,18 @@ def test_bf16_gemm_absorbs_its_operand_casts(fake_clock, tmp_path, name):
     assert first["id"].count("+") == 2 and first["ops"][0] == "_to_copy"  # the cast of x
     absorbed = [k for k, v in kernels.items() if v is None and k.startswith("g")]
     assert len(absorbed) >= 1
-    text = render_model_new(problem, plan, kernels, sources, "bf16", [], None)
+    text = render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "bf16", None)
     path = write_module(tmp_path / "out", text, sources)
-    body = path.read_text().split("class ModelNew", 1)[1]
+    body = path.read_text().split("# The generated forward", 1)[1]
     assert "aten.mm" not in body and "torch.mm(" not in body and "x_bf16" not in body
-    assert "_kw_stamp(p_" in body and "permute_bf16" in body  # the weight cast, cached by version
+    assert "permute_bf16" in body and "_kw_cache" not in body  # the weight cast, made every call
     mod = import_model_new(path)
     ref = problem.make_model().double()
     new = mod.ModelNew(*problem.get_init_inputs())
     new.load_state_dict(problem.make_model().state_dict())
     x = problem.make_inputs(3)
-    out = new(*x)
+    with torch.no_grad():  # (with gradients on, the module runs the original forward)
+        out = new(*x)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref(*[t.double() for t in x]), rtol=2e-2, atol=2e-2)
 
@@ -140,10 +141,10 @@ def test_cublaslt_bias_relu_epilogue_wins_when_faster(fake_clock, tmp_path, name
     lt = [g for g in fused if g["strategy"] == "torch"]
     assert lt and all(g["config"] == {"epilogue": "lt"} and g["time_ms"] == 0.5 for g in lt)
     assert len(lt) == (3 if "mlp" in name else 1)
-    text = render_model_new(problem, plan, kernels, sources, precision, [], None)
+    text = render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], precision, None)
     path = write_module(tmp_path / "out", text, sources)
     assert sum(s.count("torch._addmm_activation(") for s in sources.values()) == len(lt)
-    body = path.read_text().split("class ModelNew", 1)[1]
+    body = path.read_text().split("# The generated forward", 1)[1]
     assert "x_bf16" not in body
     _assert_matches_float64_model(problem, path, precision)
 
@@ -163,34 +164,43 @@ def test_gemm_and_row_reduction_ship_as_one_kernel_when_faster(fake_clock, tmp_p
     assert kernels[gemm] is None
     mode = "sum" if name == "gemm_sigmoid_sum" else "tile"
     assert sum(f"reduce={mode!r}" in text for text in sources.values()) == 1
-    path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, precision, [], None), sources)
-    body = path.read_text().split("class ModelNew", 1)[1]
+    path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], precision, None), sources)
+    body = path.read_text().split("# The generated forward", 1)[1]
     assert "torch.mm(" not in body and "torch.addmm(" not in body
     _assert_matches_float64_model(problem, path, precision)
 
 
-def test_weight_only_values_are_recomputed_when_a_weight_changes(fake_clock, tmp_path):
-    """The forward reuses a weight's bf16 copy until the parameter changes in place or is
-    replaced; results always follow the current weights."""
+def test_weight_only_values_follow_every_change_of_a_weight(fake_clock, tmp_path):
+    """The forward recomputes a weight's bf16 copy every call: results follow the current weights
+    when a parameter changes in place, through `.data` (which moves no version counter), or is
+    replaced."""
     problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level2/gemm_bias_relu.py", 0.5, 1.0, "bf16")
-    path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "bf16", [], None), sources)
+    path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "bf16", None), sources)
     new = import_model_new(path).ModelNew(*problem.get_init_inputs())
     ref = problem.make_model()
     new.load_state_dict(ref.state_dict())
     x = problem.make_inputs(3)
-    with torch.no_grad():
-        first = new(*x)
-        (entry,) = new._kw_cache.values()
-        assert torch.equal(new(*x), first) and next(iter(new._kw_cache.values())) is entry  # a hit
-        new.fc.weight.mul_(2.0)  # in place: the version moves
-        ref.fc.weight.mul_(2.0)
+
+    def check():
         with torch.autocast("cpu", dtype=torch.bfloat16):
             want = ref(*x)
         got = new(*x)
-        assert next(iter(new._kw_cache.values())) is not entry
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+        return got
+
+    with torch.no_grad():
+        first = check()
+        new.fc.weight.mul_(2.0)  # in place: the version moves
+        ref.fc.weight.mul_(2.0)
+        check()
+        new.fc.weight.data.mul_(-1.0)  # through .data: no version moves
+        ref.fc.weight.data.mul_(-1.0)
+        check()
+        new.fc.weight.data.copy_(torch.randn_like(new.fc.weight))
+        ref.fc.weight.data.copy_(new.fc.weight)
+        check()
         new.fc.weight = torch.nn.Parameter(torch.zeros_like(new.fc.weight))  # replaced
-        torch.testing.assert_close(new(*x).float(), torch.relu(new.fc.bias).expand_as(got).float(),
+        torch.testing.assert_close(new(*x).float(), torch.relu(new.fc.bias).expand_as(first).float(),
                                    rtol=1e-2, atol=1e-2)
 
 
@@ -202,7 +212,7 @@ def test_final_timing_runs_the_emitted_module(fake_clock, monkeypatch, tmp_path)
     from kernelwright.pipeline import _final_checks
 
     problem, plan, _, kernels, sources = _run(fake_clock, tmp_path, "level2/gemm_bias_relu.py", 1.0, 0.5)
-    text = render_model_new(problem, plan, kernels, sources, "fp32", [], None)
+    text = render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "fp32", None)
     path = write_module(tmp_path / "out", text, sources)
     called = {}
 
@@ -228,7 +238,7 @@ def test_final_timing_against_another_compile_mode(fake_clock, monkeypatch, tmp_
     from kernelwright.pipeline import _final_checks
 
     problem, plan, _, kernels, sources = _run(fake_clock, tmp_path, "level2/gemm_bias_relu.py", 1.0, 0.5)
-    path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "fp32", [], None), sources)
+    path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "fp32", None), sources)
     modes = []
 
     def fake_time_problem(problem, policy, device, candidates, compile_mode="default", **kw):
@@ -249,19 +259,18 @@ def test_final_timing_against_another_compile_mode(fake_clock, monkeypatch, tmp_
     assert "speedup over compile (mode reduce-overhead): **3.00x**" in text
 
 
-def test_weight_only_units_run_first_under_one_version_check(fake_clock, tmp_path):
-    """mlp under bf16 casts three weights: the forward checks their versions once per call (not
-    once per weight), ahead of every unit that reads an input; views and library calls go through
-    the Python API (emit.program.FAST_CALLS), not torch.ops."""
+def test_weight_only_units_run_first(fake_clock, tmp_path):
+    """mlp under bf16 casts three weights: the casts run ahead of every unit that reads an input,
+    with no version check or cache; views and library calls go through the Python API
+    (emit.program.FAST_CALLS), not torch.ops."""
     problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level3/mlp.py", 0.5, 1.0, "bf16")
-    path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "bf16", [], None), sources)
+    path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "bf16", None), sources)
     body = path.read_text().split("def _kw_forward", 1)[1]
-    assert body.count("_kw_stamp(") == 1 and body.count("_kw_cache.get(") == 1
-    stamp = next(ln for ln in body.splitlines() if "_kw_stamp(" in ln)
-    assert stamp.count("weight") >= 3
+    assert "_kw_stamp(" not in body and "_kw_cache" not in body
     lines = body.splitlines()
     first_input_use = next(i for i, ln in enumerate(lines) if "(x" in ln.replace(" ", "") or "(x," in ln)
-    assert lines.index(next(ln for ln in lines if "_kw_stamp(" in ln)) < first_input_use
+    casts = [i for i, ln in enumerate(lines) if ln.strip().startswith("permute") and "_bf16 = " in ln]
+    assert len(casts) >= 3 and max(casts) < first_input_use  # the weights' casts come first
     assert "torch.ops.aten.permute" not in body and ".permute([1, 0])" in body
     new = import_model_new(path).ModelNew(*problem.get_init_inputs())
     ref = problem.make_model()
@@ -271,15 +280,14 @@ def test_weight_only_units_run_first_under_one_version_check(fake_clock, tmp_pat
         want = ref(*x)
     with torch.no_grad():
         torch.testing.assert_close(new(*x).float(), want.float(), rtol=3e-2, atol=3e-2)
-        torch.testing.assert_close(new(*x).float(), want.float(), rtol=3e-2, atol=3e-2)  # from the cache
 
 
 def test_batch_norm_counters_are_added_in_place(fake_clock, tmp_path):
     """num_batches_tracked += 1 of every training batch norm: one in-place _foreach_add_ at the end
     of the forward, not a sum per counter copied back; the module's buffers follow eager's."""
     problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level3/resnet_basic_block.py", 0.5, 1.0)
-    path = write_module(tmp_path / "out", render_model_new(problem, plan, kernels, sources, "fp32", [], None), sources)
-    body = path.read_text().split("class ModelNew", 1)[1]
+    path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "fp32", None), sources)
+    body = path.read_text().split("# The generated forward", 1)[1]
     assert body.count("torch._foreach_add_([") == 1 and "num_batches_tracked, 1)" not in body
     new = import_model_new(path).ModelNew(*problem.get_init_inputs())
     ref = problem.make_model()

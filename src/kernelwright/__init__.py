@@ -8,7 +8,10 @@ def optimize(model, example_inputs, out_dir, **options):
 
     Writes model_new.py (with `attach(model)`), the kernels, result.json and report.md into
     `out_dir`. `options` are those of kernelwright.pipeline.Options (budget_trials, budget_s,
-    precision, device, backend, db_path). Without a GPU the kernels run in the Triton interpreter.
+    precision, device, backend, db_path, mode). Without a GPU the kernels run in the Triton
+    interpreter. The forward is generated for the module's current training mode (`mode`: "train",
+    "eval" or "both" to choose); in a mode without one, for calls unlike the examples (other shapes
+    or dtypes, gradients needed) and after unpickling, the module runs its own forward.
     """
     import os
 
@@ -22,7 +25,9 @@ def optimize(model, example_inputs, out_dir, **options):
     if options["device"] == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # must be set before any kernel module is imported
     options.setdefault("log", lambda s: None)
-    result = optimize_problem(from_module(model, list(example_inputs), type(model).__name__), out_dir, Options(**options))
+    options.setdefault("mode", "train" if model.training else "eval")
+    problem = from_module(model, list(example_inputs), type(model).__name__).in_mode(model.training)
+    result = optimize_problem(problem, out_dir, Options(**options))
     if not (result.get("verify") or {}).get("passed"):
         raise RuntimeError(f"the optimised module failed verification: {(result.get('verify') or {}).get('reason')}")
     return import_model_new(os.path.join(out_dir, "model_new.py")).attach(model)

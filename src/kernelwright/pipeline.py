@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +21,10 @@ from kernelwright.codegen import cuda_unit, gemm_epilogue
 from kernelwright.codegen.cuda_kernels import runtime_source
 from kernelwright.codegen.node_kernels import absorbed, template_for
 from kernelwright.codegen.triton_group import Unsupported
-from kernelwright.emit.module import import_model_new, model_new_like, render_model_new, write_module
+from kernelwright.capture.modes import mode_modules
+from kernelwright.emit.module import (ModeForward, import_model_new, model_new_like, module_files, render_model_new,
+                                    write_module)
+from kernelwright.errors import UserError
 from kernelwright.measure import watchdog
 from kernelwright.plan import Plan, plan_graph
 from kernelwright.plan.rewrites import rewrite
@@ -67,76 +70,184 @@ class Options:
     small: bool = False
     cuda_graphs: bool = True  # also time the forward replayed as CUDA graphs; ship it when faster
     compile_mode: str = "default"  # torch.compile mode of the baseline the final timing compares with
+    mode: str = "both"  # training modes to generate forwards for: train | eval | both (see optimize_problem)
+    timed: bool = True  # on a GPU, tune by timing and time the result; False: verify only (configs untimed)
     log: Callable[[str], None] = print
 
 
 def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
-    """Run the whole job for one problem; writes out_dir and returns result.json's content."""
+    """Run the whole job for one problem; writes out_dir and returns result.json's content.
+
+    A model whose result depends on its training mode (BatchNorm, Dropout, `self.training`
+    branches: capture.modes) and whose graphs differ between the modes gets one generated
+    forward per mode in `opts.mode` ("train", "eval" or "both"), each captured, tuned, verified
+    and timed in its mode; the emitted module runs the original forward in a mode it has no
+    forward for. result.json's top level describes the primary mode (train when tuned), and
+    result["modes"] every tuned mode."""
     policy = get_policy(opts.precision)
     device = torch.device(opts.device)
-    timed = device.type == "cuda"
+    timed = device.type == "cuda" and opts.timed
     watchdog.limit_seconds()  # a bad $KERNELWRIGHT_HANG_S is bad input, before any work
     log = opts.log
     started = time.time()
+    memory = _MemoryPeak(device)
     out_dtypes = baseline_output_dtypes(problem, policy, device)  # eager runs here, before anything is written
+    memory.eager_done()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cache_dir = out_dir / ".build"
-    result: dict = {"problem": problem.name, "path": str(problem.path) if problem.path else None,
-                    "precision": policy.name, "device": str(device), "small": opts.small, "groups": [],
-                    "capture": "ok"}
     overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
-    try:
-        graph, result["rewrites"] = rewrite(capture(problem), policy.name, out_dtypes)
-        plan = plan_graph(graph)
-    except CaptureError as e:
-        log(f"capture failed: {e}; emitting the original model unchanged")
-        result["capture"] = str(e)
-        graph, plan = None, None
-    kernels: dict[str, tuple | None] = {}
-    sources: dict[str, str] = {}
-    summary: list[str] = []
-    support: dict[str, str] = {}
-    if plan is not None:
-        summary, kernels, sources, support = _tune_groups(problem, plan, policy, device, timed, cache_dir, opts, result)
-    text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides, support)
-    path = write_module(out_dir, text, sources, support)
+    sensitive, modes = _modes(problem, opts.mode)
+    log(f"modes: {', '.join(modes)}" + (f" (mode-dependent: {', '.join(n or 'the model' for n in sensitive)})"
+                                         if sensitive else " (the result does not depend on the training mode)"))
+    results: dict[str, dict] = {}
+    forwards: dict[str, ModeForward] = {}
+    for i, mode in enumerate(modes):
+        mode_opts = _mode_share(opts, i, len(modes))
+        forward, results[mode] = _generate(_in_mode(problem, mode), mode, policy, device, timed,
+                                           out_dir / ".build" / mode, mode_opts, out_dtypes)
+        if forward is not None:
+            forwards[mode] = forward
+    mode_modules = sensitive if "any" not in modes else []
+    notes: list[str] = []
+
+    def emit(cuda_graphs=False) -> Path:
+        shipped = [forwards[m] for m in modes if m in forwards]
+        text = render_model_new(problem, shipped, policy.name, overrides, mode_modules, cuda_graphs, device.type, notes)
+        return write_module(out_dir, text, module_files(shipped))
+
+    path = emit()
     log(f"wrote {path}")
-
-    def keep_original(why: str):
-        """Rewrite ModelNew to run the model's own forward (`why` heads its summary); its checks."""
-        text = render_model_new(problem, None, {}, {}, policy.name, [why], overrides)
-        return _original_checks(problem, write_module(out_dir, text, {}), policy, device, timed, log, opts)
-
-    if plan is None:
-        result["verify"], result["timing"] = _original_checks(problem, path, policy, device, timed, log, opts)
-    else:
-        result["verify"], result["timing"] = _final_checks(problem, path, policy, device, timed, log,
-                                                           cuda_graphs=opts.cuda_graphs, compile_mode=opts.compile_mode)
-    if plan is not None and not (result["verify"] or {}).get("passed"):
-        # the generated program is wrong somewhere: ship the original forward (the model itself)
-        # rather than a module that fails verification, and keep the failure on record
-        log("the generated program FAILED verification: ModelNew keeps the original forward")
-        result["verify_fallback"] = result["verify"]
-        result["verify"], result["timing"] = keep_original("(generated program failed verification; original forward kept)")
-    t = result["timing"] or {}
-    if t.get("cuda_graphs"):  # measured faster replayed: the module ships with CUDA graphs on
-        text = render_model_new(problem, plan, kernels, sources, policy.name, summary, overrides, support, cuda_graphs=True)
-        path = write_module(out_dir, text, sources, support)
-    kw, eager = (t.get("kernelwright") or {}).get("median_ms"), (t.get("eager") or {}).get("median_ms")
-    if plan is not None and "verify_fallback" not in result and kw and eager and kw > eager:
-        # the generated program lost to eager as a whole (e.g. ATen's functional batch norm is slower
-        # than the module's cuDNN path): ship the original forward instead, and say so
-        log(f"generated program {kw:.3f} ms is slower than eager {eager:.3f} ms: ModelNew keeps the original forward")
-        result["whole_model_fallback"] = {"generated_ms": kw, "eager_ms": eager, "generated_timing": t}
-        result["verify"], result["timing"] = keep_original("(generated program was slower than eager; original forward kept)")
-    result["analysis"] = _analysis(graph, plan, result)
+    for mode in modes:
+        r = results[mode]
+        p = _in_mode(problem, mode)
+        if mode not in forwards:
+            r["verify"], r["timing"] = _original_checks(p, path, policy, device, timed, log, opts)
+            continue
+        r["verify"], r["timing"] = _final_checks(p, path, policy, device, timed, log, cuda_graphs=opts.cuda_graphs,
+                                                 compile_mode=opts.compile_mode, what=f"{mode} mode")
+        why = _not_shipped(r)
+        if why is not None:  # the original forward runs in this mode instead
+            log(f"{mode} mode: {why}: ModelNew keeps the original forward there")
+            notes.append(("" if mode == "any" else f"{mode}: ") + f"original forward kept ({why})")
+            del forwards[mode]
+            path = emit()
+            r["verify"], r["timing"] = _original_checks(p, path, policy, device, timed, log, opts)
+    graphed = [m for m in forwards if (results[m]["timing"] or {}).get("cuda_graphs")]
+    if forwards and len(graphed) == len(forwards):  # measured faster replayed in every mode
+        path = emit(cuda_graphs=True)
+    elif graphed:
+        for m in graphed:  # (the plain forward ships: it timed so)
+            results[m]["timing"]["kernelwright"] = results[m]["timing"].get(PLAIN, results[m]["timing"]["kernelwright"])
+            results[m]["timing"]["cuda_graphs"], results[m]["timing"]["cuda_graphs_why"] = False, "not faster in every mode"
+    primary = next(m for m in ("any", "train", "eval") if m in modes)
+    result: dict = {"problem": problem.name, "path": str(problem.path) if problem.path else None,
+                    "precision": policy.name, "device": str(device), "small": opts.small, **results[primary],
+                    "mode": primary, "mode_modules": sensitive,
+                    "modes": {m: {k: v for k, v in results[m].items() if k != "plan"} for m in modes},
+                    "untuned_modes": [m for m in ("train", "eval") if sensitive and "any" not in modes and m not in modes]}
+    result.pop("plan", None)
+    plan = results[primary].get("plan")
+    result["analysis"] = _analysis(plan.graph if plan else None, plan, result)
     result["seconds"] = round(time.time() - started, 2)
+    result["memory"] = memory.report()
     (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
     from kernelwright.emit.report import write_report
 
     write_report(out_dir, result)
     return result
+
+
+class _MemoryPeak:
+    """Peak GPU memory of one eager forward (model, inputs, outputs, temporaries) and of the whole
+    job after it (tuning, verification, timing), both from the allocator's own statistics."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.eager = device, None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            self.base = torch.cuda.memory_allocated(device)
+
+    def eager_done(self) -> None:
+        if self.device.type == "cuda":
+            self.eager = torch.cuda.max_memory_allocated(self.device) - self.base
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def report(self) -> dict | None:
+        """{"eager_peak_mib", "job_peak_mib", "ratio"} on a GPU, else None."""
+        if self.device.type != "cuda":
+            return None
+        job = torch.cuda.max_memory_allocated(self.device) - self.base
+        mib = 1 << 20
+        return {"eager_peak_mib": round(self.eager / mib, 1), "job_peak_mib": round(job / mib, 1),
+                "ratio": round(job / self.eager, 2) if self.eager else None}
+
+
+def _modes(problem: Problem, wanted: str) -> tuple[list[str], list[str]]:
+    """(mode-dependent submodules, the modes to generate a forward for). Without mode-dependent
+    submodules, or when both modes capture the same graph, one forward serves both: ["any"]."""
+    if wanted not in ("train", "eval", "both"):
+        raise UserError(f"mode {wanted!r}: choose train, eval or both")
+    sensitive = mode_modules(problem.make_model("meta"))
+    if not sensitive:
+        return [], ["any"]
+    try:
+        same = _same_graph(capture(problem.in_mode(True)), capture(problem.in_mode(False)))
+    except CaptureError:
+        same = False  # reported when the modes are captured one by one
+    if same:
+        return sensitive, ["any"]
+    return sensitive, ["train", "eval"] if wanted == "both" else [wanted]
+
+
+def _same_graph(a, b) -> bool:
+    """Whether two captures compute the same ops on the same values."""
+    ops = lambda g: [(n.target, repr(n.args), repr(n.kwargs)) for n in g.nodes]  # noqa: E731
+    return ops(a) == ops(b) and a.outputs == b.outputs and a.mutations == b.mutations
+
+
+def _in_mode(problem: Problem, mode: str) -> Problem:
+    return problem if mode == "any" else problem.in_mode(mode == "train")
+
+
+def _mode_share(opts: Options, i: int, n: int) -> Options:
+    """The options of the i-th of n modes: the problem's budget split between them."""
+    if n == 1:
+        return opts
+    trials = None if opts.budget_trials is None else max(1, (opts.budget_trials + n - 1 - i) // n)
+    seconds = None if opts.budget_s is None else opts.budget_s / n
+    return replace(opts, budget_trials=trials, budget_s=seconds)
+
+
+def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Path, opts: Options, out_dtypes):
+    """Capture, rewrite, plan and tune `problem` (its models in `mode`): (the generated forward, or
+    None when capture failed, and this mode's record for result.json, its plan under "plan")."""
+    record: dict = {"capture": "ok", "groups": []}
+    try:
+        graph, record["rewrites"] = rewrite(capture(problem), policy.name, out_dtypes)
+        plan = plan_graph(graph)
+    except CaptureError as e:
+        opts.log(("" if mode == "any" else f"{mode} mode: ") + f"capture failed: {e}; the original forward runs there")
+        record["capture"] = str(e)
+        return None, record
+    summary, kernels, sources, support = _tune_groups(problem, plan, policy, device, timed, cache_dir, opts, record)
+    record["plan"] = plan
+    return ModeForward(mode, plan, kernels, sources, summary, support), record
+
+
+def _not_shipped(record: dict) -> str | None:
+    """Why a mode's generated forward must not ship (None: it ships): it failed verification, or it
+    timed slower than eager (e.g. ATen's functional batch norm against the module's cuDNN path).
+    The failure stays on record (verify_fallback / whole_model_fallback)."""
+    if not (record["verify"] or {}).get("passed"):
+        record["verify_fallback"] = record["verify"]
+        return "the generated forward FAILED verification"
+    t = record["timing"] or {}
+    kw, eager = (t.get("kernelwright") or {}).get("median_ms"), (t.get("eager") or {}).get("median_ms")
+    if kw and eager and kw > eager:
+        record["whole_model_fallback"] = {"generated_ms": kw, "eager_ms": eager, "generated_timing": t}
+        return f"the generated forward ({kw:.3f} ms) is slower than eager ({eager:.3f} ms)"
+    return None
 
 
 def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
@@ -185,7 +296,7 @@ def _fuse_gemm_epilogues(plan, graph, env, policy, device, timed, cache_dir, ker
         gr.eager_excess = tuner.eager_excess
         gr.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + group.outputs)
         if not timed:
-            gr.note = "untimed (no GPU): the library GEMM + epilogue kernel is kept"
+            gr.note = "untimed: the library GEMM + epilogue kernel is kept"
             continue
         common = dict(db=db, task_key=f"{problem.name}/{gr.id}/{tuner.task}", task_features=tuner.features,
                       precision=policy.name, device=torch.cuda.get_device_name(device))
@@ -322,7 +433,7 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
             gr.trials = 1
             if res and res[0].excess is not None:
                 gr.strategy, gr.config, gr.excess = "triton", cfg.as_dict(), res[0].excess
-                gr.note = "untimed (no GPU): heuristic/cost-model choice"
+                gr.note = "untimed: heuristic/cost-model choice"
             else:
                 gr.failed = 1
                 gr.note = f"candidate failed: {res[0].error if res else '?'}"
@@ -504,11 +615,14 @@ def _original_checks(problem, path, policy, device, timed, log, opts):
     return {"passed": True, "skipped": "the module keeps its own forward: nothing generated to verify"}, None
 
 
-def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default"):
+def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default", what=None):
     """Verify the emitted module and, on a GPU, time it beside eager and torch.compile (in
     `compile_mode`, which timing["compile_mode"] names; its timing is keyed "compile"). With
     `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified and timed too;
-    timing["kernelwright"] is then the faster of the two and timing["cuda_graphs"] says which."""
+    timing["kernelwright"] is then the faster of the two and timing["cuda_graphs"] says which.
+    `what` names the generated forward checked (its mode): a call that ran the original forward
+    instead (the module's guard found the call unlike the specialised one) fails the check, so what
+    is verified and timed is the generated code."""
     from kernelwright.verify import verify
 
     mod = import_model_new(path)
@@ -519,7 +633,10 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
         return m
 
     v = verify(problem, build, policy, device)
-    log(f"verify: {'PASS' if v.passed else 'FAIL'} excess {v.excess:.3g} (eager {v.eager_excess:.3g}, threshold {v.threshold:.3g})"
+    if what and v.passed and mod._KW_WARNED:
+        v.passed, v.failed_check = False, "fallback"
+        v.reason = f"the {what} forward ran the original forward for a call with {sorted(mod._KW_WARNED)[0]}"
+    log((f"{what}: " if what else "") + f"verify: {'PASS' if v.passed else 'FAIL'} excess {v.excess:.3g} (eager {v.eager_excess:.3g}, threshold {v.threshold:.3g})"
         + (f" - {v.reason}" if v.reason else ""))
     timing = None
     if timed and v.passed:
@@ -560,7 +677,8 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
                 if base in t:
                     timing[f"speedup_vs_{base}"] = t[base].median_ms / kw["median_ms"]
     elif not timed:
-        log("no CUDA GPU: verified in the Triton interpreter; nothing was timed (timing needs a GPU)")
+        log("verified on the GPU; nothing was timed (verify only)" if device.type == "cuda" else
+            "no CUDA GPU: verified in the Triton interpreter; nothing was timed (timing needs a GPU)")
     return v.to_json(), timing
 
 

@@ -60,12 +60,24 @@ def _one(path: str, opts: dict) -> dict:
             row["cuda_graphs"] = t.get("cuda_graphs")
             row["anchor"] = (res.get("analysis") or {}).get("anchor")
             row["groups"] = [(g["id"], g["kind"], g["strategy"]) for g in res.get("groups", [])]
+            row["modes"] = {m: _mode_row(r) for m, r in (res.get("modes") or {}).items()}
+            row["memory"] = res.get("memory")
     except Exception as e:  # noqa: BLE001
         row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
         row["trace"] = traceback.format_exc(limit=3)
     finally:
         torch.cuda.empty_cache()
     return row
+
+
+def _mode_row(record: dict) -> dict:
+    """One training mode's outcome: verified, whether the generated forward shipped, its times."""
+    t = record.get("timing") or {}
+    return {"correct": bool((record.get("verify") or {}).get("passed")),
+            "generated": not (record.get("verify_fallback") or record.get("whole_model_fallback")
+                              or record.get("capture") != "ok"),
+            "excess": (record.get("verify") or {}).get("excess"),
+            "times": {k: v["median_ms"] for k, v in t.items() if isinstance(v, dict) and "median_ms" in v}}
 
 
 def _exit_with_parent(parent: int, every_s: float = 0.5) -> None:

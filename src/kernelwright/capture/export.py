@@ -59,7 +59,13 @@ def capture(problem: Problem, device: str = "meta", decompose: bool = True) -> G
     """
     model = problem.make_model(device)
     inputs = problem.make_inputs(0, device)
-    graph = capture_module(model, inputs, problem.name, decompose)
+    try:
+        graph = capture_module(model, inputs, problem.name, decompose)
+    except CaptureError as e:
+        if device == "meta" and "meta tensor" in str(e):
+            # the forward reads a value (.item()) the meta device does not have: trace with data
+            return capture(problem, "cpu", decompose)
+        raise
     if any(getattr(graph.exported.constants.get(i.fqn), "is_meta", False) for i in graph.inputs if i.kind == "constant"):
         # a tensor the forward makes from Python data (torch.tensor(0.5)) has no value on the meta
         # device: trace again with the model on the CPU
@@ -80,6 +86,9 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
                 ep = ep.run_decompositions()
         except Exception as e:  # noqa: BLE001 - export raises many types
             first = (str(e).strip().splitlines() or [""])[0]
+            if "data-dependent" in str(e) or "DataDependent" in type(e).__name__:
+                raise CaptureError("the forward branches on or sizes by tensor values (.item(), a data-dependent "
+                                   f"condition), which torch.export cannot trace: {first[:200]}") from e
             raise CaptureError(f"torch.export failed: {type(e).__name__}: {first[:300]}") from e
     return _to_graph(ep, name)
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from kernelwright import __version__
 from kernelwright.codegen.templating import template_env
-from kernelwright.emit.program import ForwardText, forward_text, state_reads
+from kernelwright.emit.program import forward_text, state_reads
 from kernelwright.plan.fusion import Plan
 from kernelwright.problem import Problem
 
@@ -25,33 +26,72 @@ def single_output(plan: Plan) -> bool:
     return bool(leaf()) if callable(leaf) else spec.num_children == 0
 
 
-def render_model_new(problem: Problem, plan: Plan | None, kernels: dict[str, tuple],
-                     kernel_sources: dict[str, str], policy: str, summary: list[str], overrides: dict | None,
-                     support: dict[str, str] | None = None, cuda_graphs: bool = False) -> str:
-    """The text of model_new.py. With no plan (capture failed) ModelNew is the original Model.
-    `support` files (e.g. the CUDA runtime) sit beside the kernels and are embedded too.
-    `cuda_graphs`: the forward replays CUDA graphs (under no_grad, on CUDA inputs)."""
-    has_model = bool(problem.source)
-    state: list[str] = []
-    if plan is None:
-        cuda_graphs = False
-        args = "*args"
-        call = "return super().forward(*args)" if has_model else "return type(self).forward(self, *args)"
-        body = [call]
-        if policy == "bf16":  # the original forward at matched precision: as eager runs it, in bf16 autocast
-            body = ["_dt = next((a.device.type for a in args if isinstance(a, torch.Tensor)), 'cuda')",
-                    "with torch.autocast(device_type=_dt, dtype=torch.bfloat16):", "    " + call]
-        text = ForwardText(body, "", [], [])  # (the body returns)
+@dataclass
+class ModeForward:
+    """One generated forward: the training mode it serves ("train", "eval", or "any" when the
+    model's result does not depend on its mode), its plan, and the kernels its units run
+    (`kernels`: unit name -> (kernel file name, input names, output names, whether launch()
+    returns the node's whole tuple), or None for a unit computed inside another's kernel)."""
+
+    mode: str
+    plan: Plan
+    kernels: dict[str, tuple | None] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # kernel file name -> its text
+    summary: list[str] = field(default_factory=list)
+    support: dict[str, str] = field(default_factory=dict)  # support files beside the kernels
+
+    @property
+    def prefix(self) -> str:
+        """Prefix of this forward's kernel files: a module may hold a forward per mode."""
+        return "" if self.mode == "any" else f"{self.mode}_"
+
+
+def module_files(forwards: list[ModeForward]) -> dict[str, str]:
+    """Every file of kernels/ for `forwards`: kernels (prefixed by mode) and support files."""
+    files: dict[str, str] = {}
+    for f in forwards:
+        files.update(f.support)
+        files.update({f.prefix + name: text for name, text in f.sources.items()})
+    return files
+
+
+def call_signature(plan: Plan) -> list[tuple[tuple, tuple, str]]:
+    """(shape, strides, dtype) of each user input the plan was specialised for."""
+    return [(tuple(i.meta.shape), tuple(i.meta.stride), i.meta.dtype) for i in plan.graph.user_inputs]
+
+
+def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str, overrides: dict | None,
+                     mode_modules: list[str] | tuple = (), cuda_graphs: bool = False,
+                     device_type: str | None = None, notes: list[str] | tuple = ()) -> str:
+    """The text of model_new.py: ModelNew (or attach()) whose forward runs, for a call like the
+    one it was specialised for, the generated forward of the module's training mode, and the
+    original forward for any other call. No forwards: the original forward always.
+    `mode_modules`: the submodules whose result depends on their training flag (capture.modes).
+    `cuda_graphs`: the forward replays CUDA graphs (under no_grad, on CUDA inputs). `device_type`:
+    the device the kernels run on (default: cuda when a GPU is visible, else cpu). `notes` head the
+    file's list of units (e.g. why a mode runs the original forward)."""
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+    rendered = []
+    for f in forwards:
+        mods = {key: (None if k is None else (f"_k_{f.prefix}{k[0]}", k[1], k[2], k[3])) for key, k in f.kernels.items()}
+        g = f.plan.graph
+        rendered.append({"mode": f.mode, "forward": forward_text(f.plan, mods, single_output(f.plan), f.mode),
+                         "state": state_reads(f.plan), "dtypes": [i.meta.dtype for i in g.inputs if i.kind in ("param", "buffer")]})
+    summary = list(notes) + ([f"{f.mode}: {line}" if f.mode != "any" else line for f in forwards for line in f.summary]
+                             or ["(the original forward)"])
+    if forwards:
+        args = ", ".join(i.name for i in forwards[0].plan.graph.user_inputs)
+        signature = call_signature(forwards[0].plan)
     else:
-        args = ", ".join(i.name for i in plan.graph.user_inputs)
-        mods = {key: (None if k is None else (f"_k_{k[0]}", k[1], k[2], k[3])) for key, k in kernels.items()}
-        text = forward_text(plan, mods, single_output(plan))
-        state = state_reads(plan)
+        args, signature = "", []
+    kernel_files = {f.prefix + name: text for f in forwards for name, text in f.sources.items()}
+    support = {name: text for f in forwards for name, text in f.support.items()}
     return template_env("kernelwright.emit", "templates").get_template("model_new.py.j2").render(
         version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
         summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
-        kernel_sources=sorted(kernel_sources.items()), support=sorted((support or {}).items()), args=args,
-        forward=text, has_model=has_model, cuda_graphs=bool(cuda_graphs), state=state)
+        kernel_sources=sorted(kernel_files.items()), support=sorted(support.items()), args=args,
+        forwards=rendered, has_model=bool(problem.source), cuda_graphs=bool(cuda_graphs and forwards),
+        mode_modules=tuple(mode_modules), signature=signature, device_type=device_type)
 
 
 def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str], support: dict[str, str] | None = None) -> Path:
@@ -93,4 +133,4 @@ def model_new_like(mod, problem: Problem, reference: torch.nn.Module, device) ->
     with torch.device(device):
         m = mod.ModelNew(*problem.get_init_inputs())
     m.load_state_dict(reference.state_dict())
-    return m.to(device)
+    return m.to(device).train(reference.training)

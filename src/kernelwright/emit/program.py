@@ -12,7 +12,6 @@ import torch
 
 from kernelwright.capture.execute import CONTIGUOUS_INPUT, layout_suffix
 from kernelwright.capture.graph import Graph, Ref
-from kernelwright.analyze.classify import is_view
 from kernelwright.plan.attention import SDPA
 from kernelwright.plan.fusion import Plan
 from kernelwright.plan.weights import weight_only, weight_roots
@@ -176,19 +175,21 @@ class ForwardText(NamedTuple):
     commit: list[str]
 
 
-def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> ForwardText:
+def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mode: str = "any") -> ForwardText:
     """The forward's text (ForwardText). `kernels` maps a group id (or node name) to (module
     variable, input names, output names, whether launch() returns the node's whole tuple) for units
     that run a generated kernel; other units run their ATen ops.
 
     Units computed from parameters alone (a weight transposed, cast to bf16, copied channels-last;
-    plan.weights) run first, in one block cached by the parameters' identity and version: one check
-    per call however many weights the model has, recomputed when a parameter is replaced or changed
-    in place."""
+    plan.weights) run first, every call: a cache keyed by the parameters' identity and version
+    would go stale when a parameter is changed through `.data` (which moves no version), and
+    the work is what eager's autocast does each call too. A CUDA-graph replay recomputes them
+    from the parameters' memory as well. `mode` names the forward's methods (`_kw_tensors_<mode>`):
+    a module emits one forward per training mode whose graph differs."""
     g = plan.graph
     lines = []
     tensors = [i.name for i in g.inputs if i.kind in ("param", "buffer")]
-    unpack = [f"{', '.join(tensors)}{',' if len(tensors) == 1 else ''} = self._kw_tensors()"] if tensors else []
+    unpack = [f"{', '.join(tensors)}{',' if len(tensors) == 1 else ''} = _kw_tensors_{mode}(self)"] if tensors else []
     lines += unpack
     local = {i.fqn: i.name for i in g.inputs if i.kind in ("param", "buffer")}
     user = g.user_inputs
@@ -201,7 +202,7 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> 
     counters = counter_increments(g)
     skipped = {n for u in plan.units if u.name not in kernels and all(n in counters for n in u.nodes)
                for n in u.nodes}
-    prologue, main, cached, hoisted, work = [], [], [], set(), False
+    prologue, main, hoisted = [], [], set()
     for unit in plan.units:
         key = unit.name
         if key in kernels and kernels[key] is None:
@@ -216,29 +217,14 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool) -> 
         else:
             body = [node_line(g, n) for n in unit.nodes]
             outs = unit.outputs
-        # computed from the weights alone, from values hoisted before it: run once per weight version
+        # computed from the weights alone (from values hoisted before it): first, ahead of the inputs
         if weight_only(g, outs, roots) and all(g.is_input(v) or v in hoisted
                                                for v in _unit_inputs(g, unit, kernel)):
             prologue += body
             hoisted.update(outs)
-            work = work or kernel is not None or not all(
-                is_view(g.node(n)) or g.node(n).target == "getitem" for n in unit.nodes)
-            cached += outs
         else:
             main += body
-    if work:  # one check per call; views of weights are cached with the rest (they alias them)
-        params = sorted({r for o in cached for r in roots[o]})
-        got = ", ".join(cached) + ("," if len(cached) == 1 else "")
-        lines += ["_kw_cache = self.__dict__.setdefault('_kw_cache', {})  # weight-only values, by version",
-                  f"_stamp = _kw_stamp({', '.join(params)})",
-                  "_hit = _kw_cache.get('weights')",
-                  "if _hit is not None and _hit[0] == _stamp:",
-                  f"    {got} = _hit[1]",
-                  "else:"]
-        lines += ["    " + ln for ln in prologue]
-        lines.append(f"    _kw_cache['weights'] = (_stamp, ({got}))")
-    else:  # only views of weights: cheaper than a cache check
-        lines += prologue
+    lines += prologue
     lines += main
     # buffer updates (e.g. BatchNorm running stats): one launch per dtype, not one each
     # (_foreach_copy_ falls back to a copy per tensor when its tensors' dtypes differ)

@@ -37,6 +37,7 @@ class Problem:
     level: int | None = None
     source: str | None = None  # the problem file's text (copied into emitted modules)
     init_seed: int = 0
+    training: bool = True  # the mode make_model's models are in (train(), or eval())
     _module: Any = field(default=None, repr=False)
     _instance: torch.nn.Module | None = field(default=None, repr=False)
 
@@ -49,7 +50,7 @@ class Problem:
         if self._instance is not None:
             import copy
 
-            return copy.deepcopy(self._instance).to(device)
+            return copy.deepcopy(self._instance).to(device).train(self.training)
         torch.manual_seed(self.init_seed)
         try:
             with torch.device(device):
@@ -59,7 +60,16 @@ class Problem:
             raise ProblemError(self.where, f"Model(*get_init_inputs()) raised {type(e).__name__}: {_first_line(e)}") from e
         if not isinstance(model, torch.nn.Module):
             raise ProblemError(self.where, "Model(...) did not return a torch.nn.Module")
+        if not self.training:
+            model.eval()
+            running_statistics(model, self.init_seed)
         return model
+
+    def in_mode(self, training: bool) -> "Problem":
+        """This problem with its models in train() (True) or eval() (False) mode."""
+        import dataclasses
+
+        return dataclasses.replace(self, training=training)
 
     def make_inputs(self, seed: int, device: str | torch.device = "cpu") -> list:
         """Fresh inputs drawn on `device` under `seed` (drawn on the GPU directly: they can be large)."""
@@ -73,10 +83,12 @@ class Problem:
             raise ProblemError(self.where, "get_inputs() must return a list")
         return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
-    def check(self, device: str | torch.device = "meta") -> list[torch.Tensor]:
+    def check(self, device: str | torch.device = "meta") -> list[torch.Tensor] | None:
         """Run the model once on `device` (meta by default: shapes only) and check its outputs.
 
-        Returns the outputs as a flat list of tensors; raises ProblemError for bad problems.
+        Returns the outputs as a flat list of tensors; raises ProblemError for bad problems. A
+        forward that reads tensor values (.item()) cannot run on the meta device: then None, and
+        the first run on real data (optimize runs eager before any work) is the check.
         """
         model = self.make_model(device)
         inputs = self.make_inputs(0, device)
@@ -84,8 +96,26 @@ class Problem:
             with torch.no_grad(), quiet_torch_logs():
                 out = model(*inputs)
         except Exception as e:  # noqa: BLE001 - user code
+            if str(device) == "meta" and "meta tensor" in str(e):
+                return None
             raise ProblemError(self.where, f"forward raised {type(e).__name__}: {_first_line(e)}") from e
         return flatten_outputs(out, self.where)
+
+
+def running_statistics(model: torch.nn.Module, seed: int) -> None:
+    """Give every running mean / variance buffer of `model` values drawn under `seed` (means from
+    N(0, 0.5²), variances from U(0.5, 2)), as a trained model has: a fresh model's zeros and ones
+    would let an eval-mode forward that normalises wrongly pass its checks."""
+    gen = torch.Generator().manual_seed(seed + 7919)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if not buf.is_floating_point() or buf.device.type == "meta":
+                continue
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf == "running_mean":
+                buf.copy_(0.5 * torch.randn(buf.shape, generator=gen, dtype=buf.dtype))
+            elif leaf == "running_var":
+                buf.copy_(0.5 + 1.5 * torch.rand(buf.shape, generator=gen, dtype=buf.dtype))
 
 
 @contextlib.contextmanager

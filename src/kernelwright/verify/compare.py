@@ -15,6 +15,8 @@ import torch
 
 __all__ = ["excess", "excess_reason", "poisoned_like"]
 
+CHUNK = 1 << 24  # elements compared at a time (float64 temporaries of ~128 MiB each)
+
 
 def _kind(dtype: torch.dtype) -> str:
     if dtype.is_complex:
@@ -45,27 +47,30 @@ def excess_reason(
     if out.numel() == 0:
         return -math.inf, None
     wide = torch.complex128 if out.dtype.is_complex or ref.dtype.is_complex else torch.float64
-    o = out.detach().as_subclass(torch.Tensor).to(device=ref.device, dtype=wide)
-    r = ref.detach().as_subclass(torch.Tensor).to(dtype=wide)
-    if wide == torch.complex128:
-        o, r = torch.view_as_real(o), torch.view_as_real(r)
-    r_fin = torch.isfinite(r)
-    o_fin = torch.isfinite(o)
-    if not bool(r_fin.all()):
-        bad = ~r_fin
-        # NaN must meet NaN; an infinity must meet the same infinity.
-        same = torch.where(torch.isnan(r), torch.isnan(o), o == r)
-        if not bool(same[bad].all()):
-            n = int((~same & bad).sum())
-            return math.inf, f"NaN/Inf mismatch: {n} element(s) where the reference is not finite differ"
-    if not bool(o_fin[r_fin].all()):
-        n = int((~o_fin & r_fin).sum())
-        return math.inf, f"NaN/Inf mismatch: {n} non-finite element(s) where the reference is finite"
-    if not bool(r_fin.any()):
-        return -math.inf, None
-    o, r = o[r_fin], r[r_fin]
-    value = float(((o - r).abs() - tol * r.abs()).max())
-    return value, None
+    o_all = out.detach().as_subclass(torch.Tensor).reshape(-1)
+    r_all = ref.detach().as_subclass(torch.Tensor).reshape(-1)
+    value, ref_mismatch, out_mismatch, any_finite = -math.inf, 0, 0, False
+    for start in range(0, o_all.numel(), CHUNK):  # in pieces: float64 temporaries of a bounded size
+        o = o_all[start:start + CHUNK].to(device=ref.device, dtype=wide)
+        r = r_all[start:start + CHUNK].to(dtype=wide)
+        if wide == torch.complex128:
+            o, r = torch.view_as_real(o), torch.view_as_real(r)
+        r_fin = torch.isfinite(r)
+        if not bool(r_fin.all()):
+            bad = ~r_fin
+            # NaN must meet NaN; an infinity must meet the same infinity.
+            same = torch.where(torch.isnan(r), torch.isnan(o), o == r)
+            ref_mismatch += int((~same & bad).sum())
+        out_mismatch += int((~torch.isfinite(o) & r_fin).sum())
+        if bool(r_fin.any()):
+            any_finite = True
+            o, r = o[r_fin], r[r_fin]
+            value = max(value, float(((o - r).abs() - tol * r.abs()).max()))
+    if ref_mismatch:
+        return math.inf, f"NaN/Inf mismatch: {ref_mismatch} element(s) where the reference is not finite differ"
+    if out_mismatch:
+        return math.inf, f"NaN/Inf mismatch: {out_mismatch} non-finite element(s) where the reference is finite"
+    return (value if any_finite else -math.inf), None
 
 
 def excess(out: torch.Tensor, ref: torch.Tensor, tol: float, dtype: torch.dtype | None = None) -> float:

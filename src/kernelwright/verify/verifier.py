@@ -106,7 +106,9 @@ def _clone_inputs(inputs: list) -> list:
 
 
 def _upcast(inputs: list, dtype: torch.dtype) -> list:
-    return [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+    """Copies of `inputs`, floating tensors in `dtype` (the model may change what it is given)."""
+    return [x.to(dtype, copy=True) if isinstance(x, torch.Tensor) and x.is_floating_point() else
+            x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
 
 
 @contextlib.contextmanager
@@ -149,7 +151,7 @@ class _HighPrecisionReference:
                 self.dtype = "float32"
                 self.model = self.problem.make_model(self.device)  # fresh: no hooks a candidate added
         with torch.no_grad(), _tf32_off():
-            return flatten_outputs(self.model(*inputs), self.problem.where)
+            return flatten_outputs(self.model(*_clone_inputs(inputs)), self.problem.where)
 
 
 def _call_candidate(candidate, inputs, reference, policy, device):
@@ -165,7 +167,7 @@ def _call_candidate(candidate, inputs, reference, policy, device):
         stream_after = torch.cuda.current_stream(device) if device.type == "cuda" else None
         outs = out if isinstance(out, (list, tuple)) else [out]
         tensors = [o for o in outs if isinstance(o, torch.Tensor)]
-        early = [t.detach().clone() for t in tensors] if device.type == "cuda" else None
+        early = [anticheat.snapshot(t) for t in tensors] if device.type == "cuda" else None
     _sync(device)
     reason = anticheat.check_reference_fallback(wire)
     if reason:
@@ -177,7 +179,7 @@ def _call_candidate(candidate, inputs, reference, policy, device):
         flat = flatten_outputs(out, "candidate")
     except Exception as e:  # noqa: BLE001
         raise _Fail("outputs", str(e).removeprefix("candidate: ")) from e
-    settled = [t.detach().clone() for t in flat]
+    settled = [anticheat.snapshot(t) for t in flat]
     return flat, early, settled, (stream_before, stream_after)
 
 
@@ -248,24 +250,37 @@ def verify(
         if reason:
             raise _Fail("patched_timers", reason)
 
-        decoy = problem.make_inputs(seed0 - 1, device)
         first: dict[str, list] = {}
         for k in range(n_sets):
             seed = seed0 + k
             inputs = problem.make_inputs(seed, device)
             pristine = _clone_inputs(inputs)
+            state = _float_buffers(reference)  # what the candidate starts each call of this set from
             # every call of a set starts from the same random state, so random ops (dropout in
             # training mode, rand_like) draw the same numbers in the reference, eager and the
             # candidate when the candidate draws as the model does
             torch.manual_seed(seed)
-            hi = high(_clone_inputs(inputs))
+            hi = high(inputs)
             torch.manual_seed(seed)
             with eager_under(policy, problem.where, device):
                 eager = flatten_outputs(reference(*inputs), problem.where)
             _sync(device)
+            n_out = len(eager)
+            # buffers the forward updates (running statistics, an EMA) are outputs too: the
+            # candidate's after its call against the reference's after its one call
+            if k == 0:  # (the buffers the first call moves, compared in every set; not against a
+                # float32 reference, which starts from fresh buffers)
+                moved = [name for name, v in _float_buffers(reference).items() if not torch.equal(v, state[name])]
+                moved = moved if high.dtype == "float64" else []
+            if moved:
+                if high.dtype != "float64":
+                    raise RuntimeError(f"{problem.where}: the float64 reference failed after the first input set")
+                eager = eager + [dict(reference.named_buffers())[name].detach().clone() for name in moved]
+                hi = hi + [dict(high.model.named_buffers())[name] for name in moved]
             ref_mutates = anticheat.check_input_mutation(inputs, pristine) is not None
             ref_aliases = [anticheat.aliases_any(o, inputs) for o in eager]
-            if len(hi) != len(eager):
+            del inputs  # (the candidate runs on copies of `pristine`)
+            if len(hi) != len(eager):  # (buffers were added to both alike)
                 raise RuntimeError(f"{problem.where}: float64 and float32 references return different output counts")
             if not eager_exc:
                 eager_exc = [-math.inf] * len(eager)
@@ -282,17 +297,17 @@ def verify(
                 poison = [poisoned_like(o) for o in eager]  # leave NaN in the allocator's free blocks
                 del poison
                 cand_inputs = _clone_inputs(run_inputs)
-                before = _clone_inputs(run_inputs)
+                _restore_buffers(candidate, state)
                 torch.manual_seed(seed)
                 outs, early, settled, streams = _call_candidate(candidate, cand_inputs, reference, policy, device)
                 if not full_checks:
                     return outs, settled
-                if len(outs) != len(eager):
-                    raise _Fail("outputs", f"returned {len(outs)} output(s), expected {len(eager)}")
+                if len(outs) != n_out:
+                    raise _Fail("outputs", f"returned {len(outs)} output(s), expected {n_out}")
                 for name, reason in (
                     ("lazy_results", anticheat.check_lazy_results(outs)),
                     ("output_memory", anticheat.check_output_memory(outs, eager, cand_inputs, ref_aliases)),
-                    ("input_mutation", anticheat.check_input_mutation(cand_inputs, before, ref_mutates)),
+                    ("input_mutation", anticheat.check_input_mutation(cand_inputs, run_inputs, ref_mutates)),
                     ("other_streams", anticheat.check_other_streams(early, settled, device, *streams)),
                 ):
                     if reason:
@@ -303,6 +318,9 @@ def verify(
                     reason = anticheat.check_deferred_values(settled, outs)
                     if reason:
                         raise _Fail("lazy_results", reason)
+                if moved:
+                    bufs = dict(candidate.named_buffers())
+                    outs = outs + [bufs[k] for k in moved]
                 for i, (o, h, e) in enumerate(zip(outs, hi, eager)):
                     if o.device != e.device:
                         x, why = math.inf, f"output on {o.device}, expected {e.device}"
@@ -321,19 +339,38 @@ def verify(
             _, settled_a = run(pristine, full_checks=True, delay=(k == 0))
             if k < 2:
                 first[f"cand{k}"] = settled_a
-                first[f"ref{k}"] = [o.detach().clone() for o in eager]
+                first[f"ref{k}"] = [anticheat.snapshot(o) for o in eager[:n_out]]
             if k == 1:
                 reason = anticheat.check_constant_outputs(first["ref0"], first["ref1"], first["cand0"], first["cand1"])
                 first.clear()
                 if reason:
                     raise _Fail("constant_outputs", reason)
             del settled_a
-            run(decoy, full_checks=False)  # different inputs in between: stale memory now holds other values
+            run(problem.make_inputs(seed0 - 1, device), full_checks=False)  # other inputs in between: stale memory now holds other values
             run(pristine, full_checks=True)
-            del inputs, pristine, hi, eager
+            del pristine, hi, eager
     except _Fail as f:
         return finish(f)
     return finish(None)
+
+
+def _float_buffers(model) -> dict[str, torch.Tensor]:
+    """Copies of `model`'s floating-point buffers by name ({} for a candidate that is no module)."""
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    return {k: v.detach().clone() for k, v in model.named_buffers() if v.is_floating_point()}
+
+
+def _restore_buffers(candidate, state: dict[str, torch.Tensor]) -> None:
+    """Set the candidate's buffers to `state` (the reference's before its call of the set): the
+    candidate is called three times a set, the reference once, and a forward that updates its
+    buffers must start each call where the reference started."""
+    if not state or not isinstance(candidate, torch.nn.Module):
+        return
+    with torch.no_grad():
+        for k, v in candidate.named_buffers():
+            if k in state and v.shape == state[k].shape:
+                v.copy_(state[k])
 
 
 def _threshold(tol: float, eager: float) -> float:

@@ -1,0 +1,247 @@
+"""ModelNew as users call it: in train() and eval() (non-trivial running statistics), at another
+batch size, with gradients on, in another dtype, with keyword arguments, under the caller's
+autocast, and with submodules in mixed modes. Calls unlike the specialised one run the original
+forward (one warning per reason); each mode whose graph differs has its own generated forward."""
+import copy
+import io
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kernelwright.capture.modes import mode_modules, reads_training
+from kernelwright.emit.module import import_model_new
+from kernelwright.pipeline import Options, optimize_problem
+from kernelwright.policy import get_policy
+from kernelwright.problem import load_problem
+from kernelwright.problem.load import running_statistics
+from kernelwright.verify import verify
+
+FIX = os.path.join(os.path.dirname(__file__), "fixtures", "modes")
+pytestmark = pytest.mark.interpreter
+
+
+# --- which modules depend on the mode -----------------------------------------------------------
+
+class _Branchy(nn.Module):
+    """Mentions training in its docstring only."""
+
+    def forward(self, x):
+        return x + 1
+
+
+class _Branching(nn.Module):
+    def forward(self, x):
+        return x * 2 if self.training else x
+
+
+def test_mode_modules_finds_norms_dropout_and_training_branches():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Dropout(0.1), _Branchy(), _Branching(),
+                          nn.LayerNorm(4))
+    assert mode_modules(model) == ["1", "3", "5"]
+    assert not reads_training(nn.Sequential) and not reads_training(nn.LayerNorm) and reads_training(nn.LSTM)
+
+
+def test_running_statistics_are_drawn_not_trivial():
+    m = nn.BatchNorm2d(5)
+    running_statistics(m, 0)
+    assert m.running_mean.abs().sum() > 0 and (m.running_var != 1).all() and (m.running_var > 0).all()
+
+
+# --- one KernelBench problem, optimized once ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def emitted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("modes")
+    problem = load_problem(os.path.join(FIX, "conv_bn_dropout.py"))
+    result = optimize_problem(problem, out, Options(budget_trials=2, device="cpu", log=lambda s: None))
+    return problem, result, import_model_new(out / "model_new.py"), out
+
+
+def _pair(problem, mod, training=True):
+    ref = problem.in_mode(training).make_model()
+    new = mod.ModelNew(*problem.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    return ref, new.train(training)
+
+
+def _kw_warnings(caught):
+    return [str(w.message) for w in caught if "kernelwright" in str(w.message)]
+
+
+def _same(fn_ref, fn_new, seed=1):
+    torch.manual_seed(seed)
+    a = fn_ref()
+    torch.manual_seed(seed)
+    b = fn_new()
+    assert a.dtype == b.dtype and a.shape == b.shape
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    return a, b
+
+
+def test_both_modes_are_generated_and_verified(emitted):
+    _, result, _, out = emitted
+    assert set(result["modes"]) == {"train", "eval"} and result["mode"] == "train"
+    assert result["mode_modules"] == ["", "bn", "drop"]
+    for mode in ("train", "eval"):
+        r = result["modes"][mode]
+        assert r["verify"]["passed"] and "verify_fallback" not in r, (mode, r["verify"])
+    text = (out / "model_new.py").read_text()
+    assert "def _kw_forward_train(" in text and "def _kw_forward_eval(" in text
+    names = {p.name for p in (out / "kernels").glob("*.py")}
+    assert any(n.startswith("train_") for n in names) and any(n.startswith("eval_") for n in names)
+
+
+def test_eval_mode_runs_its_own_generated_forward(emitted):
+    problem, _, mod, _ = emitted
+    ref, new = _pair(problem, mod, training=False)
+    assert ref.bn.running_var.ne(1).all()  # non-trivial statistics, shared through the state_dict
+    x = problem.make_inputs(3)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        _same(lambda: ref(*x), lambda: new(*x))
+    assert _kw_warnings(caught) == []
+
+
+def test_train_mode_matches_draw_for_draw_and_updates_running_statistics(emitted):
+    problem, _, mod, _ = emitted
+    ref, new = _pair(problem, mod, training=True)
+    x = problem.make_inputs(4)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        _same(lambda: ref(*x), lambda: new(*x))
+    assert _kw_warnings(caught) == []
+    torch.testing.assert_close(new.bn.running_mean, ref.bn.running_mean)
+    torch.testing.assert_close(new.bn.running_var, ref.bn.running_var)
+    assert int(new.bn.num_batches_tracked) == int(ref.bn.num_batches_tracked) == 1
+
+
+def test_another_batch_size_runs_the_original_forward_and_warns_once(emitted):
+    problem, _, mod, _ = emitted
+    for training in (True, False):
+        ref, new = _pair(problem, mod, training)
+        x = [torch.randn(5, 3, 9, 7)]
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            _same(lambda: ref(*x), lambda: new(*x))
+            _same(lambda: ref(*x), lambda: new(*x), seed=2)
+        assert len(_kw_warnings(caught)) <= 1 and "original forward" in " ".join(_kw_warnings(caught)) + \
+            " ".join(mod._KW_WARNED) or mod._KW_WARNED
+
+
+def test_gradients_are_eager_gradients(emitted):
+    problem, _, mod, _ = emitted
+    ref, new = _pair(problem, mod, training=True)
+    x = problem.make_inputs(5)[0]
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    a, b = _same(lambda: ref(xa), lambda: new(xb))
+    w = torch.randn_like(a)
+    (a * w).sum().backward()
+    (b * w).sum().backward()
+    torch.testing.assert_close(xb.grad, xa.grad)
+    for (name, pa), pb in zip(ref.named_parameters(), new.parameters()):
+        torch.testing.assert_close(pb.grad, pa.grad, msg=name)
+    # parameters requiring grad alone (inputs do not) also take the original forward
+    new.zero_grad()
+    out = new(x)
+    assert out.grad_fn is not None
+
+
+def test_other_dtypes_keyword_arguments_autocast_and_mixed_modes_take_the_original_forward(emitted):
+    problem, _, mod, _ = emitted
+    ref, new = _pair(problem, mod, training=False)
+    x = problem.make_inputs(6)
+    with torch.no_grad():
+        _same(lambda: ref(*x, scale=3.0), lambda: new(*x, scale=3.0))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _same(lambda: ref(*x), lambda: new(*x))
+        ref.train(), new.train()
+        ref.bn.eval(), new.bn.eval()  # a frozen BatchNorm while the rest trains
+        _same(lambda: ref(*x), lambda: new(*x))
+        ref.double(), new.double()
+        _same(lambda: ref(x[0].double()), lambda: new(x[0].double()))
+    assert any("training modes" in w for w in mod._KW_WARNED)
+    assert any("keyword" in w for w in mod._KW_WARNED) and any("autocast" in w for w in mod._KW_WARNED)
+
+
+def test_noncontiguous_input_of_the_same_shape_is_not_the_specialised_call(emitted):
+    problem, _, mod, _ = emitted
+    ref, new = _pair(problem, mod, training=False)
+    x = torch.randn(2, 3, 7, 9).transpose(2, 3)
+    with torch.no_grad():
+        _same(lambda: ref(x), lambda: new(x))
+
+
+# --- the Python API: the live module's mode, pickling, copies -----------------------------------
+
+def test_api_module_in_eval_mode_pickles_and_copies(tmp_path):
+    import kernelwright
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.5)).eval()
+    running_statistics(model, 3)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        want = model(x)
+    fast = kernelwright.optimize(model, [x], tmp_path / "api", budget_trials=2, device="cpu")
+    result = __import__("json").loads((tmp_path / "api" / "result.json").read_text())
+    assert set(result["modes"]) == {"eval"} and result["untuned_modes"] == ["train"]
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), want)
+        buf = io.BytesIO()
+        torch.save(fast, buf)
+        buf.seek(0)
+        back = torch.load(buf, weights_only=False)
+        torch.testing.assert_close(back(x), want)  # its own class's forward after unpickling
+        twin = copy.deepcopy(fast)
+        assert "forward" in twin.__dict__  # a copy keeps kernelwright's forward
+        torch.testing.assert_close(twin(x), want)
+        fast.train()  # the mode without a generated forward: the module's own (dropout active)
+        torch.manual_seed(1)
+        got = fast(x)
+        model_ref = copy.deepcopy(back).train()
+        torch.manual_seed(1)
+        torch.testing.assert_close(got, model_ref(x))
+
+
+# --- buffers updated in forward -------------------------------------------------------------------
+
+class _Ema(nn.Module):
+    """ema_buffer.py's model written again (the verifier refuses candidates that call the problem's own
+    forward); `off` is added to the stored average, after the output is computed from the right one."""
+
+    def __init__(self, off=0.0):
+        super().__init__()
+        self.register_buffer("ema", torch.zeros(16))
+        self.off = off
+
+    def forward(self, x):
+        new = 0.9 * self.ema + 0.1 * x.mean(0)
+        self.ema.copy_(new + self.off)
+        return torch.tanh(x - new)
+
+
+def test_a_forward_that_updates_a_buffer_verifies_from_the_same_state():
+    """Called three times a set against the reference's once, an honest candidate starts each call
+    from the reference's state and passes; one whose output is right but whose buffer is not fails."""
+    problem = load_problem(os.path.join(FIX, "ema_buffer.py"))
+
+    def build(off):
+        def factory(reference):
+            m = _Ema(off)
+            m.load_state_dict(reference.state_dict())
+            return m
+        return factory
+
+    policy = get_policy("fp32")
+    assert verify(problem, build(0.0), policy, "cpu").passed
+    bad = verify(problem, build(1.0), policy, "cpu")
+    assert not bad.passed and bad.failed_check == "excess" and "output 1" in bad.reason
+
+
+def test_ema_problem_optimizes_and_passes(tmp_path):
+    problem = load_problem(os.path.join(FIX, "ema_buffer.py"))
+    result = optimize_problem(problem, tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
