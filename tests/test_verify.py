@@ -173,6 +173,21 @@ def test_cheat_rejected(name):
         assert "time.perf_counter" in r.reason
 
 
+@pytest.mark.parametrize("name", ["honest", "wrong"] + sorted(set(cheats.CHEATS) - {"side_stream"}))
+def test_large_inputs_and_outputs_are_drawn_again_and_fingerprinted(name, monkeypatch):
+    """With every input set counted as large (drawn again from its seed for each use) and every
+    output as too large to copy (fingerprinted), verification reaches the same verdicts."""
+    from kernelwright.verify import verifier
+
+    monkeypatch.setattr(verifier, "LARGE_INPUTS", 0)
+    monkeypatch.setattr(anticheat, "SNAPSHOT_LIMIT", 0)
+    factory, check = {"honest": (cheats.honest_factory, None), "wrong": (cheats.wrong_factory, "excess")}.get(
+        name) or cheats.CHEATS[name]
+    torch.manual_seed(0)
+    r = verify(from_module(cheats.Tiny(), [torch.randn(4, 16)], name="tiny"), factory, FP32, DEVICE)
+    assert r.passed == (check is None) and r.failed_check == check, (name, r.reason)
+
+
 def test_reference_forward_restored_after_verify():
     problem = tiny_problem()
     seen = {}

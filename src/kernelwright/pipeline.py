@@ -92,7 +92,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     started = time.time()
     memory = _MemoryPeak(device)
     out_dtypes = baseline_output_dtypes(problem, policy, device)  # eager runs here, before anything is written
-    memory.eager_done()
+    memory.mark("eager")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
@@ -107,6 +107,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
                                            out_dir / ".build" / mode, mode_opts, out_dtypes)
         if forward is not None:
             forwards[mode] = forward
+    memory.mark("tune")
     mode_modules = sensitive if "any" not in modes else []
     notes: list[str] = []
 
@@ -124,7 +125,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
             r["verify"], r["timing"] = _original_checks(p, path, policy, device, timed, log, opts)
             continue
         r["verify"], r["timing"] = _final_checks(p, path, policy, device, timed, log, cuda_graphs=opts.cuda_graphs,
-                                                 compile_mode=opts.compile_mode, what=f"{mode} mode")
+                                                 compile_mode=opts.compile_mode, what=f"{mode} mode", memory=memory)
         why = _not_shipped(r)
         if why is not None:  # the original forward runs in this mode instead
             log(f"{mode} mode: {why}: ModelNew keeps the original forward there")
@@ -158,29 +159,33 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
 
 
 class _MemoryPeak:
-    """Peak GPU memory of one eager forward (model, inputs, outputs, temporaries) and of the whole
-    job after it (tuning, verification, timing), both from the allocator's own statistics."""
+    """Peak GPU memory, from the allocator's own statistics, of one eager forward (model, inputs,
+    outputs, temporaries) and of each stage of the job after it: tuning, verification, timing."""
 
     def __init__(self, device: torch.device):
-        self.device, self.eager = device, None
+        self.device, self.peaks = device, {}
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             self.base = torch.cuda.memory_allocated(device)
 
-    def eager_done(self) -> None:
+    def mark(self, stage: str) -> None:
+        """The peak since the last mark belongs to `stage` (the largest, when a stage repeats)."""
         if self.device.type == "cuda":
-            self.eager = torch.cuda.max_memory_allocated(self.device) - self.base
+            peak = torch.cuda.max_memory_allocated(self.device) - self.base
+            self.peaks[stage] = max(self.peaks.get(stage, 0), peak)
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def report(self) -> dict | None:
-        """{"eager_peak_mib", "job_peak_mib", "ratio"} on a GPU, else None."""
-        if self.device.type != "cuda":
+        """Per stage (eager, tune, verify, timing) its peak in MiB, and each one's ratio to eager's;
+        None off the GPU."""
+        if self.device.type != "cuda" or "eager" not in self.peaks:
             return None
-        job = torch.cuda.max_memory_allocated(self.device) - self.base
-        mib = 1 << 20
-        return {"eager_peak_mib": round(self.eager / mib, 1), "job_peak_mib": round(job / mib, 1),
-                "ratio": round(job / self.eager, 2) if self.eager else None}
+        eager = self.peaks["eager"]
+        return {**{f"{k}_peak_mib": round(v / (1 << 20), 1) for k, v in self.peaks.items()},
+                "ratio": round(max(self.peaks.values()) / eager, 2) if eager else None,
+                "verify_tune_ratio": round(max(self.peaks.get("tune", 0), self.peaks.get("verify", 0)) / eager, 2)
+                if eager else None}
 
 
 def _modes(problem: Problem, wanted: str) -> tuple[list[str], list[str]]:
@@ -615,14 +620,16 @@ def _original_checks(problem, path, policy, device, timed, log, opts):
     return {"passed": True, "skipped": "the module keeps its own forward: nothing generated to verify"}, None
 
 
-def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default", what=None):
+def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default", what=None,
+                  memory=None):
     """Verify the emitted module and, on a GPU, time it beside eager and torch.compile (in
     `compile_mode`, which timing["compile_mode"] names; its timing is keyed "compile"). With
     `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified and timed too;
     timing["kernelwright"] is then the faster of the two and timing["cuda_graphs"] says which.
     `what` names the generated forward checked (its mode): a call that ran the original forward
     instead (the module's guard found the call unlike the specialised one) fails the check, so what
-    is verified and timed is the generated code."""
+    is verified and timed is the generated code. `memory` (a _MemoryPeak) gets the verification's and
+    the timing's peaks."""
     from kernelwright.verify import verify
 
     mod = import_model_new(path)
@@ -636,6 +643,8 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
     if what and v.passed and mod._KW_WARNED:
         v.passed, v.failed_check = False, "fallback"
         v.reason = f"the {what} forward ran the original forward for a call with {sorted(mod._KW_WARNED)[0]}"
+    if memory is not None:
+        memory.mark("verify")
     log((f"{what}: " if what else "") + f"verify: {'PASS' if v.passed else 'FAIL'} excess {v.excess:.3g} (eager {v.eager_excess:.3g}, threshold {v.threshold:.3g})"
         + (f" - {v.reason}" if v.reason else ""))
     timing = None
@@ -651,8 +660,12 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
                 cands[GRAPHS] = build(ref, True)
             else:
                 log(f"CUDA graphs not used: verify failed ({vg.reason})")
+        if memory is not None:
+            memory.mark("verify")  # (the replayed forward's verification)
         t = time_problem(problem, policy, device, candidates=cands, profile_calls=PROFILE_CALLS,
                          compile_mode=compile_mode)
+        if memory is not None:
+            memory.mark("timing")
         timing = {k: v.to_json() for k, v in t.items()}
         timing["compile_mode"] = compile_mode
         timing["errors"] = dict(t.errors)

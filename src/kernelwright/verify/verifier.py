@@ -106,9 +106,37 @@ def _clone_inputs(inputs: list) -> list:
 
 
 def _upcast(inputs: list, dtype: torch.dtype) -> list:
-    """Copies of `inputs`, floating tensors in `dtype` (the model may change what it is given)."""
-    return [x.to(dtype, copy=True) if isinstance(x, torch.Tensor) and x.is_floating_point() else
-            x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
+    return [x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+
+
+LARGE_INPUTS = 1 << 30  # bytes: input sets above this are drawn again for each use, not kept
+
+
+class _InputSet:
+    """One input set, handed out as fresh copies (every call may change what it is given). A small
+    set is kept and cloned; a large one (over LARGE_INPUTS bytes) is drawn again from its seed for
+    each use, its fingerprints checked against the first draw's, so that verification holds one
+    copy of the inputs at a time."""
+
+    def __init__(self, problem, seed: int, device: torch.device):
+        self.problem, self.seed, self.device = problem, seed, device
+        first = problem.make_inputs(seed, device)
+        large = sum(x.numel() * x.element_size() for x in first if isinstance(x, torch.Tensor)) > LARGE_INPUTS
+        self.kept = None if large else first
+        self.prints = [anticheat.snapshot(x) if isinstance(x, torch.Tensor) else x for x in first] if large else None
+
+    def fresh(self) -> list:
+        if self.kept is not None:
+            return _clone_inputs(self.kept)
+        inputs = self.problem.make_inputs(self.seed, self.device)
+        if not all(anticheat.same_values(x, p) for x, p in zip(inputs, self.prints) if isinstance(x, torch.Tensor)):
+            raise RuntimeError(f"{self.problem.where}: get_inputs() drew different values under the same seed")
+        return inputs
+
+
+def _snapshots(inputs: list) -> list:
+    """What `inputs` hold now, to tell afterwards whether a call changed them."""
+    return [anticheat.snapshot(x) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
 @contextlib.contextmanager
@@ -141,17 +169,18 @@ class _HighPrecisionReference:
         self.dtype = "float64"
         self.fallback_reason: str | None = None
 
-    def __call__(self, inputs: list) -> list[torch.Tensor]:
+    def __call__(self, draw: Callable[[], list]) -> list[torch.Tensor]:
+        """The reference's outputs on `draw()`, a fresh copy of the input set (upcast, then let go)."""
         if self.dtype == "float64":
             try:
                 with torch.no_grad(), _tf32_off(), _default_dtype(torch.float64):
-                    return flatten_outputs(self.model(*_upcast(inputs, torch.float64)), self.problem.where)
+                    return flatten_outputs(self.model(*_upcast(draw(), torch.float64)), self.problem.where)
             except Exception as e:  # noqa: BLE001 - float64 unsupported by some op/device
                 self.fallback_reason = _exc_line(e)
                 self.dtype = "float32"
                 self.model = self.problem.make_model(self.device)  # fresh: no hooks a candidate added
         with torch.no_grad(), _tf32_off():
-            return flatten_outputs(self.model(*_clone_inputs(inputs)), self.problem.where)
+            return flatten_outputs(self.model(*draw()), self.problem.where)
 
 
 def _call_candidate(candidate, inputs, reference, policy, device):
@@ -253,14 +282,15 @@ def verify(
         first: dict[str, list] = {}
         for k in range(n_sets):
             seed = seed0 + k
-            inputs = problem.make_inputs(seed, device)
-            pristine = _clone_inputs(inputs)
+            inputs_k = _InputSet(problem, seed, device)
             state = _float_buffers(reference)  # what the candidate starts each call of this set from
             # every call of a set starts from the same random state, so random ops (dropout in
             # training mode, rand_like) draw the same numbers in the reference, eager and the
             # candidate when the candidate draws as the model does
             torch.manual_seed(seed)
-            hi = high(inputs)
+            hi = high(inputs_k.fresh)
+            inputs = inputs_k.fresh()
+            before = _snapshots(inputs)
             torch.manual_seed(seed)
             with eager_under(policy, problem.where, device):
                 eager = flatten_outputs(reference(*inputs), problem.where)
@@ -277,9 +307,9 @@ def verify(
                     raise RuntimeError(f"{problem.where}: the float64 reference failed after the first input set")
                 eager = eager + [dict(reference.named_buffers())[name].detach().clone() for name in moved]
                 hi = hi + [dict(high.model.named_buffers())[name] for name in moved]
-            ref_mutates = anticheat.check_input_mutation(inputs, pristine) is not None
+            ref_mutates = anticheat.check_input_mutation(inputs, before) is not None
             ref_aliases = [anticheat.aliases_any(o, inputs) for o in eager]
-            del inputs  # (the candidate runs on copies of `pristine`)
+            del inputs, before  # (each candidate call gets a fresh copy)
             if len(hi) != len(eager):  # (buffers were added to both alike)
                 raise RuntimeError(f"{problem.where}: float64 and float32 references return different output counts")
             if not eager_exc:
@@ -293,10 +323,11 @@ def verify(
                 eager_exc[i] = max(eager_exc[i], x)
                 set_res.eager_excess = max(set_res.eager_excess, x)
 
-            def run(run_inputs, *, full_checks: bool, delay: bool = False):
+            def run(draw, *, full_checks: bool, delay: bool = False):
                 poison = [poisoned_like(o) for o in eager]  # leave NaN in the allocator's free blocks
                 del poison
-                cand_inputs = _clone_inputs(run_inputs)
+                cand_inputs = draw()
+                before = _snapshots(cand_inputs) if full_checks else None
                 _restore_buffers(candidate, state)
                 torch.manual_seed(seed)
                 outs, early, settled, streams = _call_candidate(candidate, cand_inputs, reference, policy, device)
@@ -307,7 +338,7 @@ def verify(
                 for name, reason in (
                     ("lazy_results", anticheat.check_lazy_results(outs)),
                     ("output_memory", anticheat.check_output_memory(outs, eager, cand_inputs, ref_aliases)),
-                    ("input_mutation", anticheat.check_input_mutation(cand_inputs, run_inputs, ref_mutates)),
+                    ("input_mutation", anticheat.check_input_mutation(cand_inputs, before, ref_mutates)),
                     ("other_streams", anticheat.check_other_streams(early, settled, device, *streams)),
                 ):
                     if reason:
@@ -336,7 +367,7 @@ def verify(
                         set_res.reasons.append(f"output {i}: {why}")
                 return outs, settled
 
-            _, settled_a = run(pristine, full_checks=True, delay=(k == 0))
+            _, settled_a = run(inputs_k.fresh, full_checks=True, delay=(k == 0))
             if k < 2:
                 first[f"cand{k}"] = settled_a
                 first[f"ref{k}"] = [anticheat.snapshot(o) for o in eager[:n_out]]
@@ -346,9 +377,10 @@ def verify(
                 if reason:
                     raise _Fail("constant_outputs", reason)
             del settled_a
-            run(problem.make_inputs(seed0 - 1, device), full_checks=False)  # other inputs in between: stale memory now holds other values
-            run(pristine, full_checks=True)
-            del pristine, hi, eager
+            # other inputs in between: stale memory now holds other values
+            run(lambda: problem.make_inputs(seed0 - 1, device), full_checks=False)
+            run(inputs_k.fresh, full_checks=True)
+            del inputs_k, hi, eager
     except _Fail as f:
         return finish(f)
     return finish(None)
