@@ -508,7 +508,30 @@ def test_a_forward_that_waits_for_the_gpu_is_not_captured(fake_clock, tmp_path):
             torch.testing.assert_close(mod._kw_graphed(holder, "t", forward, (x,), state), x * float(x.sum()))
             assert torch.cuda.current_stream() == before
     assert next(iter(mod._kw_graphs_of(holder).values())).graph is None
-    assert len(calls) == 4  # three calls plus the failed capture's one trace, never retried
+    # the first two calls stop at the .item() (synchronizing operations raise then) and run again;
+    # the third runs once: no capture is ever begun
+    assert len(calls) == 5
+    torch.randn(16, device="cuda")  # torch's CUDA generator is usable (a failed capture breaks it)
+    torch.nn.functional.dropout(x, 0.5)
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_forward_that_waits_only_on_its_first_call_is_captured_on_its_second(fake_clock, tmp_path):
+    """A per-version check (the causal mask's) waits for the GPU once, then hits its cache."""
+    _, mod, _ = _emit(fake_clock, tmp_path, "level2/gemm_gelu_scale.py", "cuda")
+    holder, seen = torch.nn.Module(), []
+
+    def forward(x):
+        if not seen:
+            seen.append(float(x.sum()))
+        return x * 2
+
+    x = torch.randn(8, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(mod._kw_graphed(holder, "t", forward, (x,), lambda: ()), x * 2)
+    assert next(iter(mod._kw_graphs_of(holder).values())).graph is not None
 
 
 @pytest.mark.gpu

@@ -298,10 +298,12 @@ def verify(
             n_out = len(eager)
             # buffers the forward updates (running statistics, an EMA) are outputs too: the
             # candidate's after its call against the reference's after its one call
-            if k == 0:  # (the buffers the first call moves, compared in every set; not against a
-                # float32 reference, which starts from fresh buffers)
-                moved = [name for name, v in _float_buffers(reference).items() if not torch.equal(v, state[name])]
-                moved = moved if high.dtype == "float64" else []
+            if k == 0:  # (the buffers the first call moves, restored before each candidate call and
+                # compared in every set; not compared against a float32 reference, which starts from
+                # fresh buffers)
+                updated = [name for name, v in _float_buffers(reference).items() if not torch.equal(v, state[name])]
+                moved = updated if high.dtype == "float64" else []
+            state = {name: state[name] for name in updated}
             if moved:
                 if high.dtype != "float64":
                     raise RuntimeError(f"{problem.where}: the float64 reference failed after the first input set")
@@ -394,9 +396,11 @@ def _float_buffers(model) -> dict[str, torch.Tensor]:
 
 
 def _restore_buffers(candidate, state: dict[str, torch.Tensor]) -> None:
-    """Set the candidate's buffers to `state` (the reference's before its call of the set): the
-    candidate is called three times a set, the reference once, and a forward that updates its
-    buffers must start each call where the reference started."""
+    """Set the candidate's buffers named in `state` (those the reference's forward updates) to the
+    reference's values before its call of the set: the candidate is called three times a set, the
+    reference once, and a forward that updates its buffers must start each call where the
+    reference started. Buffers the forward only reads are left alone: writing them would move their
+    versions, which the emitted forward's per-version caches (a causal mask's check) follow."""
     if not state or not isinstance(candidate, torch.nn.Module):
         return
     with torch.no_grad():
