@@ -1,4 +1,6 @@
-"""The command line, through `python -m kernelwright` subprocesses, and budget parsing."""
+"""The command line: budget parsing, exit codes, one-line errors, `--debug`, and optimize's
+atomic output folder. Most tests call `kernelwright.cli.main()` in this process (fast); a few
+run `python -m kernelwright` to cover the entry point and what other libraries print."""
 from __future__ import annotations
 
 import json
@@ -6,9 +8,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from kernelwright import cli, pipeline
 from kernelwright.cli import parse_budget
 from kernelwright.errors import UserError
 
@@ -25,14 +29,36 @@ def kw(*args, timeout=300, cwd=ROOT, env_extra=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _one_line_error(p, *needles):
+@pytest.fixture
+def run(monkeypatch, capsys):
+    """Call `kernelwright.cli.main()` with these arguments in this process; returns its exit code,
+    stdout and stderr as a subprocess result names them."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    def call(*args):
+        monkeypatch.setattr(sys, "argv", ["kernelwright", *map(str, args)])
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            cli.main()
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=exit_.value.code, stdout=out, stderr=err)
+    return call
+
+
+def _one_line(p, code, *needles):
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
     assert len(lines) == 1, p.stderr
-    assert "Traceback" not in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
     for n in needles:
         assert n in lines[0], (n, lines[0])
     return lines[0]
+
+
+def _one_line_error(p, *needles):
+    line = _one_line(p, 2, *needles)
+    assert line.startswith("kernelwright: error: "), line
+    return line
 
 
 # -- parse_budget -------------------------------------------------------------------------
@@ -62,16 +88,36 @@ def test_parse_budget_invalid(bad):
         parse_budget([bad])
 
 
-# -- subprocess ---------------------------------------------------------------------------
 
-def test_doctor():
-    p = kw("doctor")
+# -- through `python -m kernelwright` ------------------------------------------------------
+
+# `inspect` runs Problem.check() before capturing, so a bad problem is one line: torch.export's
+# fake-tensor logger would otherwise write a multi-line ERROR log with a traceback to stderr
+# (which only a separate process's stderr shows), and a forward returning a dict would print a table.
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_inspect_bad_problem(path):
+    assert BAD, "no fixtures"
+    p = kw("inspect", path)
+    _one_line_error(p, path.name)
+
+
+def test_entry_point_bad_input_and_debug_after_the_command(tmp_path):
+    _one_line_error(kw("frobnicate"), "frobnicate")
+    (tmp_path / "f").write_text("")
+    p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "f" / "o", "--device", "cpu", "--debug")
+    assert p.returncode == 1 and "Traceback" in p.stderr and "UserError" in p.stderr, p.stderr
+
+
+# -- commands and their bad input ----------------------------------------------------------
+
+def test_doctor(run):
+    p = run("doctor")
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip()
 
 
-def test_inspect_json():
-    p = kw("inspect", "problems/level1/softmax.py", "--json", "--small")
+def test_inspect_json(run):
+    p = run("inspect", ROOT / "problems/level1/softmax.py", "--json", "--small")
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     assert isinstance(data["nodes"], list) and data["nodes"]
@@ -81,120 +127,410 @@ def test_inspect_json():
     assert any("softmax" in n["op"] for n in data["nodes"])
 
 
-def test_inspect_json_full_size():
-    p = kw("inspect", "problems/level1/softmax.py", "--json")
+def test_inspect_json_full_size(run):
+    p = run("inspect", ROOT / "problems/level1/softmax.py", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["nodes"]
 
 
-# Known bugs (reported to the coordinator), one cause: `inspect` captures without running
-# Problem.check() first. forward_raises.py: torch.export's fake-tensor logger writes a multi-line
-# ERROR log with a Python traceback to stderr before the `kernelwright: error:` line.
-# returns_non_tensor.py (forward returns a dict): exits 0 and prints a table.
-@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
-def test_inspect_bad_problem(path):
-    assert BAD, "no fixtures"
-    p = kw("inspect", path)
-    _one_line_error(p, path.name)
+def test_inspect_missing_file(run, tmp_path):
+    _one_line_error(run("inspect", tmp_path / "nope.py"), "nope.py", "no such file")
 
 
-def test_optimize_model_that_fails_on_real_data(tmp_path):
+def test_inspect_unknown_device(run):
+    _one_line_error(run("inspect", ROOT / "problems/level1/relu.py", "--small", "--device-name", "tpu9"), "tpu9")
+
+
+def test_optimize_model_that_fails_on_real_data(run, tmp_path):
     """The meta-device check passes (shapes only), eager fails on the device: one line naming the
     policy and device, exit 2, nothing written (on a GPU a model that builds CPU index tensors in
-    its forward fails the same way; it was an internal error after the whole search)."""
+    its forward fails the same way)."""
     path = ROOT / "tests" / "fixtures" / "runtime_bad" / "fails_on_data.py"
-    p = kw("optimize", path, "--out", tmp_path / "o", "--device", "cpu")
+    p = run("optimize", path, "--out", tmp_path / "o", "--device", "cpu")
     _one_line_error(p, "fails_on_data.py", "the model itself fails under the fp32 policy on cpu", "IndexError")
+    assert os.listdir(tmp_path) == []
+
+
+def test_optimize_missing_file(run, tmp_path):
+    _one_line_error(run("optimize", tmp_path / "nope.py", "--out", tmp_path / "o", "--device", "cpu"), "nope.py")
+
+
+def test_optimize_missing_out(run):
+    _one_line_error(run("optimize", RELU, "--device", "cpu"), "--out")
+
+
+def test_optimize_bad_precision(run, tmp_path):
+    _one_line_error(run("optimize", RELU, "--out", tmp_path / "o", "--precision", "fp64", "--device", "cpu"), "fp64")
     assert not (tmp_path / "o").exists()
 
 
-def test_optimize_missing_file(tmp_path):
-    p = kw("optimize", tmp_path / "nope.py", "--out", tmp_path / "o", "--device", "cpu")
-    _one_line_error(p, "nope.py")
+def test_optimize_bad_budget(run, tmp_path):
+    _one_line_error(run("optimize", RELU, "--out", tmp_path / "o", "--budget", "abc", "--device", "cpu"), "abc")
 
 
-def test_optimize_bad_precision(tmp_path):
-    p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "o", "--precision", "fp64", "--device", "cpu")
-    _one_line_error(p, "fp64")
-    assert not (tmp_path / "o" / "model_new.py").exists()
-
-
-def test_optimize_bad_budget(tmp_path):
-    p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "o", "--budget", "abc", "--device", "cpu")
-    _one_line_error(p, "abc")
-
-
-def test_bad_compile_mode(tmp_path):
-    p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "o", "--compile-mode", "fastest", "--device", "cpu")
+def test_bad_compile_mode(run, tmp_path):
+    p = run("optimize", RELU, "--out", tmp_path / "o", "--compile-mode", "fastest", "--device", "cpu")
     _one_line_error(p, "fastest", "reduce-overhead")
-    assert not (tmp_path / "o" / "model_new.py").exists()
-    _one_line_error(kw("bench", "problems/level1/relu.py", "--compile-mode", "fastest"), "fastest")
+    assert not (tmp_path / "o").exists()
+    _one_line_error(run("bench", RELU, "--compile-mode", "fastest"), "fastest")
 
 
-def test_optimize_bad_device(tmp_path):
-    p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "o", "--device", "tpu")
-    _one_line_error(p, "tpu")
+def test_optimize_bad_device(run, tmp_path):
+    _one_line_error(run("optimize", RELU, "--out", tmp_path / "o", "--device", "tpu"), "tpu")
 
 
-def test_bench_without_gpu():
+def test_bad_hang_limit_is_one_line_and_writes_nothing(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELWRIGHT_HANG_S", "soon")
+    p = run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu", "--small")
+    _one_line_error(p, "KERNELWRIGHT_HANG_S", "soon")
+    assert os.listdir(tmp_path) == []
+
+
+def test_bench_without_gpu(run):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    p = kw("bench", "problems/level1/relu.py")
-    line = _one_line_error(p)
-    assert "GPU" in line
+    assert "GPU" in _one_line_error(run("bench", RELU))
 
 
-def test_report_empty_folder(tmp_path):
-    p = kw("report", tmp_path)
-    _one_line_error(p, "result.json")
+def test_bench_missing_path_and_empty_out(run, tmp_path):
+    _one_line_error(run("bench", tmp_path / "nope"), "nope", "no such file")
+    _one_line_error(run("bench", RELU, "--out", ""), "--out", "empty")
 
 
-def test_report_bad_json(tmp_path):
+def test_report_empty_folder(run, tmp_path):
+    _one_line_error(run("report", tmp_path), "result.json")
+
+
+def test_report_bad_json(run, tmp_path):
     (tmp_path / "result.json").write_text("{not json")
-    p = kw("report", tmp_path)
-    _one_line_error(p, "JSON")
+    _one_line_error(run("report", tmp_path), "JSON")
 
 
-def test_unknown_command():
-    p = kw("frobnicate")
-    assert p.returncode == 2
-    assert "Traceback" not in p.stderr
+def test_report_missing_folder_or_a_file(run, tmp_path):
+    _one_line_error(run("report", tmp_path / "nope"), "nope", "no such folder")
+    (tmp_path / "f").write_text("x")
+    _one_line_error(run("report", tmp_path / "f"), "not a folder")
+    _one_line_error(run("report", ""), "empty")
 
+
+@pytest.mark.parametrize("text", ["[]", "{}", '{"problem": "relu"}'])
+def test_report_json_that_is_not_a_result(run, tmp_path, text):
+    (tmp_path / "result.json").write_text(text)
+    _one_line_error(run("report", tmp_path), "not an optimize result")
+
+
+def test_unknown_command(run):
+    _one_line_error(run("frobnicate"), "frobnicate")
+
+
+def test_no_command_prints_the_help_and_one_line(run):
+    p = run()
+    _one_line_error(p, "missing command")
+    assert "optimize" in p.stdout
+
+
+def test_help_anywhere_exits_0(run):
+    assert run("--help").returncode == 0
+    p = run("optimize", "--help")
+    assert p.returncode == 0 and "--out" in p.stdout
+
+
+# -- --debug -------------------------------------------------------------------------------
+
+def test_without_debug_takes_every_debug_out_up_to_a_double_dash():
+    assert cli._without_debug(["--debug", "report", "d", "--debug"]) == (True, ["report", "d"])
+    assert cli._without_debug(["report", "d"]) == (False, ["report", "d"])
+    assert cli._without_debug(["report", "--", "--debug"]) == (False, ["report", "--", "--debug"])
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_anywhere_shows_the_traceback(run, tmp_path, monkeypatch, where):
+    def broken(problem, out_dir, opts):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(pipeline, "optimize_problem", broken)
+    args = ["optimize", RELU, "--out", tmp_path / "o", "--device", "cpu"]
+    line = _one_line(run(*args), 1, "internal error", "RuntimeError", "boom", "--debug")
+    assert "second line" not in line
+    monkeypatch.setattr(sys, "argv", ["kernelwright", *map(str, ["--debug", *args] if where == "before" else [*args, "--debug"])])
+    with pytest.raises(RuntimeError, match="boom"):
+        cli.main()
+    assert os.listdir(tmp_path) == []
+
+
+def test_debug_after_the_command_raises_bad_input(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["kernelwright", "report", str(tmp_path / "nope"), "--debug"])
+    with pytest.raises(UserError, match="no such folder"):
+        cli.main()
+    monkeypatch.setattr(sys, "argv", ["kernelwright", "report", str(tmp_path / "nope")])
+    with pytest.raises(SystemExit) as e:  # the debug state does not outlive its run
+        cli.main()
+    assert e.value.code == 2
+
+
+# -- optimize's output folder --------------------------------------------------------------
+
+RELU = ROOT / "problems" / "level1" / "relu.py"
+PASSED = {"problem": "relu", "precision": "fp32", "device": "cpu", "verify": {"passed": True}}
+
+
+def fake_pipeline(monkeypatch, result=PASSED, then=None, seen=None):
+    """Replace the pipeline with one that writes an output folder as optimize_problem does (naming
+    the folder it writes in result.json, as a failed candidate's message may) and returns `result`,
+    or raises `then` once it has written; `seen` collects the folders it was given."""
+    def optimize_problem(problem, out_dir, opts):
+        out_dir = Path(out_dir)
+        (seen if seen is not None else []).append(out_dir)
+        (out_dir / ".build" / "any").mkdir(parents=True)
+        (out_dir / ".build" / "any" / "k_1.py").write_text("# cache")
+        (out_dir / "kernels").mkdir()
+        (out_dir / "kernels" / "g0.py").write_text("# kernel")
+        (out_dir / "model_new.py").write_text("# new")
+        record = {**result, "note": f"candidate failed in {out_dir / '.build' / 'any' / 'k_1.py'}"}
+        (out_dir / "result.json").write_text(json.dumps(record, indent=2))
+        (out_dir / "report.md").write_text(f"# report\n{record['note']}\n")
+        if then is not None:
+            raise then
+        return record
+
+    monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
+
+
+def not_called(monkeypatch):
+    def optimize_problem(problem, out_dir, opts):
+        raise AssertionError("the pipeline ran")
+
+    monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
+
+
+def tree(folder: Path) -> dict:
+    """Every file under `folder` with its text (hidden ones too)."""
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def no_staging_left(folder: Path):
+    left = [p.name for p in folder.iterdir() if ".partial-" in p.name or ".old-" in p.name]
+    assert not left, left
+
+
+def test_out_empty_is_bad_input_and_writes_nothing(run, tmp_path, monkeypatch):
+    not_called(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    _one_line_error(run("optimize", RELU, "--out", "", "--device", "cpu"), "--out", "empty")
+    _one_line_error(run("optimize", RELU, "--out", "  ", "--device", "cpu"), "--out", "empty")
+    assert os.listdir(tmp_path) == []
+
+
+def test_out_below_a_regular_file_is_bad_input(run, tmp_path, monkeypatch):
+    not_called(monkeypatch)
+    (tmp_path / "f").write_text("x")
+    line = _one_line_error(run("optimize", RELU, "--out", tmp_path / "f" / "a" / "o", "--device", "cpu"),
+                           str(tmp_path / "f" / "a" / "o"), "not a folder")
+    assert str(tmp_path / "f") in line
+    _one_line_error(run("optimize", RELU, "--out", tmp_path / "f", "--device", "cpu"), "exists and is not a folder")
+    assert tree(tmp_path) == {"f": "x"}
+
+
+def test_out_that_is_a_broken_link_is_bad_input(run, tmp_path, monkeypatch):
+    not_called(monkeypatch)
+    (tmp_path / "o").symlink_to(tmp_path / "gone")
+    _one_line_error(run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu"), "not a folder")
+
+
+def test_out_in_a_folder_that_cannot_be_written_is_bad_input(run, tmp_path, monkeypatch):
+    """Checked with os.access (as root, a read-only folder is writable: see the test below)."""
+    not_called(monkeypatch)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != ro and real(path, mode, **kw))
+    _one_line_error(run("optimize", RELU, "--out", ro / "a" / "o", "--device", "cpu"),
+                    str(ro / "a" / "o"), f"cannot write in {ro}")
+    _one_line_error(run("optimize", RELU, "--out", ro, "--device", "cpu"), f"cannot write in {ro}")
+    assert os.listdir(ro) == []
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="needs POSIX permissions, not as root")
+def test_out_under_a_read_only_folder_is_bad_input(run, tmp_path, monkeypatch):
+    not_called(monkeypatch)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        _one_line_error(run("optimize", RELU, "--out", ro / "o", "--device", "cpu"), str(ro / "o"), "cannot write")
+    finally:
+        ro.chmod(0o755)
+
+
+def test_output_is_staged_beside_out_and_moved_in(run, tmp_path, monkeypatch):
+    seen = []
+    fake_pipeline(monkeypatch, seen=seen)
+    out = tmp_path / "a" / "b" / "o"  # parents made only once the run has finished
+    p = run("optimize", RELU, "--out", out, "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    assert f"{out}/model_new.py written" in p.stdout
+    assert seen[0].parent == tmp_path and seen[0].name.startswith(".o.partial-")
+    files = tree(out)
+    assert set(files) == {".build/any/k_1.py", "kernels/g0.py", "model_new.py", "result.json", "report.md"}
+    for record in ("result.json", "report.md"):  # the folder the user named, never the staging one
+        assert ".partial-" not in files[record]
+        assert str(out / ".build" / "any" / "k_1.py") in files[record]
+    assert os.listdir(tmp_path) == ["a"]
+
+
+def test_existing_out_keeps_other_files_and_gets_the_new_ones(run, tmp_path, monkeypatch):
+    fake_pipeline(monkeypatch)
+    out = tmp_path / "o"
+    (out / "kernels").mkdir(parents=True)
+    (out / "kernels" / "old.py").write_text("# old kernel")
+    (out / "model_new.py").write_text("# old")
+    (out / "notes.txt").write_text("mine")
+    p = run("optimize", RELU, "--out", out, "--device", "cpu")
+    assert p.returncode == 0, p.stderr
+    files = tree(out)
+    assert files["notes.txt"] == "mine"
+    assert files["model_new.py"] == "# new"
+    assert "kernels/old.py" not in files and files["kernels/g0.py"] == "# kernel"
+    assert ".partial-" not in files["result.json"] + files["report.md"]
+    no_staging_left(tmp_path)
+
+
+def test_out_dot_is_the_current_folder(run, tmp_path, monkeypatch):
+    fake_pipeline(monkeypatch)
+    (tmp_path / "o").mkdir()
+    monkeypatch.chdir(tmp_path / "o")
+    assert run("optimize", RELU, "--out", ".", "--device", "cpu").returncode == 0
+    assert (tmp_path / "o" / "model_new.py").read_text() == "# new"
+    no_staging_left(tmp_path)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_failed_run_leaves_out_as_it_was(run, tmp_path, monkeypatch, existing):
+    fake_pipeline(monkeypatch, then=RuntimeError("disk on fire"))
+    out = tmp_path / "o"
+    if existing:
+        out.mkdir()
+        (out / "model_new.py").write_text("# old")
+    before = tree(tmp_path)
+    _one_line(run("optimize", RELU, "--out", out, "--device", "cpu"), 1, "internal error", "disk on fire")
+    assert tree(tmp_path) == before
+    assert out.exists() == existing
+    no_staging_left(tmp_path)
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_ctrl_c_exits_130_and_leaves_nothing_half_written(run, tmp_path, monkeypatch, existing):
+    fake_pipeline(monkeypatch, then=KeyboardInterrupt())
+    out = tmp_path / "o"
+    if existing:
+        out.mkdir()
+        (out / "report.md").write_text("# the last run")
+    before = tree(tmp_path)
+    p = run("optimize", RELU, "--out", out, "--device", "cpu")
+    assert _one_line(p, 130) == "kernelwright: interrupted"
+    assert tree(tmp_path) == before
+    assert out.exists() == existing
+    no_staging_left(tmp_path)
+
+
+def test_ctrl_c_outside_a_command_exits_130(run, monkeypatch):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("kernelwright.doctor.collect", interrupted)
+    assert _one_line(run("doctor"), 130) == "kernelwright: interrupted"
+
+
+def test_a_move_that_fails_half_way_puts_everything_back(tmp_path, monkeypatch):
+    staging, out = tmp_path / ".o.partial-1-x", tmp_path / "o"
+    for folder, text in ((staging, "new"), (out, "old")):
+        folder.mkdir()
+        (folder / "a.txt").write_text(text)
+    (staging / "b.txt").write_text("new")
+    (out / "keep.txt").write_text("mine")
+    real = os.rename
+
+    def rename(src, dst):
+        if Path(src) == staging / "b.txt":
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        cli._commit(staging, out)
+    assert tree(out) == {"a.txt": "old", "keep.txt": "mine"}
+    assert tree(staging) == {"a.txt": "new", "b.txt": "new"}
+    assert sorted(os.listdir(tmp_path)) == [".o.partial-1-x", "o"]
+
+
+def test_staging_left_by_a_dead_process_is_removed(run, tmp_path, monkeypatch):
+    """A hang exit (os._exit) or a kill leaves its staging folder; the next run into the same
+    --out removes it, and leaves a running process's one alone."""
+    fake_pipeline(monkeypatch)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".o.partial-{int(dead.stdout)}-abc"
+    live = tmp_path / f".o.partial-{os.getpid()}-abc"
+    other = tmp_path / f".other.partial-{int(dead.stdout)}-abc"
+    for folder in (stale, live, other):
+        (folder / "kernels").mkdir(parents=True)
+    assert run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu").returncode == 0
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+# -- verification verdicts -----------------------------------------------------------------
+
+def test_verification_failure_exits_1_in_one_line_and_keeps_the_output(run, tmp_path, monkeypatch):
+    fake_pipeline(monkeypatch, result={**PASSED, "verify": {"passed": False}})
+    out = tmp_path / "o"
+    p = run("optimize", RELU, "--out", out, "--device", "cpu")
+    _one_line(p, 1, "FAILED verification", f"{out}/report.md")
+    assert {"model_new.py", "report.md", "result.json"} <= set(os.listdir(out))
+    no_staging_left(tmp_path)
+
+
+def test_generated_program_failed_and_original_forward_kept_exits_0(run, tmp_path, monkeypatch):
+    fake_pipeline(monkeypatch, result={**PASSED, "verify_fallback": {"passed": False, "reason": "excess"}})
+    p = run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu")
+    _one_line(p, 0, "generated program FAILED verification", "original forward was kept")
+
+
+def test_both_failed_is_one_line_exit_1(run, tmp_path, monkeypatch):
+    fake_pipeline(monkeypatch, result={**PASSED, "verify": {"passed": False}, "verify_fallback": {"passed": False}})
+    line = _one_line(run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu"), 1, "emitted module FAILED")
+    assert "original forward was kept" not in line
+
+
+# -- real runs (Triton interpreter) --------------------------------------------------------
 
 @pytest.mark.interpreter
-def test_optimize_then_report(tmp_path):
+def test_optimize_then_report(run, tmp_path):
     out = tmp_path / "run"
-    p = kw("optimize", "problems/level1/relu.py", "--small", "--device", "cpu", "--budget", "2", "--out", out,
-           "--db", tmp_path / "db.jsonl")
+    p = run("optimize", RELU, "--small", "--device", "cpu", "--budget", "2", "--out", out, "--db", tmp_path / "db.jsonl")
     assert p.returncode == 0, p.stderr
     assert "model_new.py" in p.stdout
     for f in ("model_new.py", "report.md", "result.json"):
         assert (out / f).is_file(), f
+        assert ".partial-" not in (out / f).read_text(), f
     assert list((out / "kernels").glob("*.py"))
     result = json.loads((out / "result.json").read_text())
     assert result["verify"]["passed"]
     assert result["device"] == "cpu"
+    no_staging_left(tmp_path)
 
-    r = kw("report", out)
+    r = run("report", out)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
     assert "relu" in r.stdout
     assert r.stdout.strip() == (out / "report.md").read_text().strip()
 
 
-def test_backend_cuda_without_a_gpu_keeps_the_library_and_says_why(tmp_path):
+def test_backend_cuda_without_a_gpu_keeps_the_library_and_says_why(run, tmp_path):
     out = tmp_path / "o"
-    p = kw("optimize", os.path.join(ROOT, "problems", "level1", "softmax.py"), "--small", "--backend", "cuda",
-           "--device", "cpu", "--budget", "2", "--out", str(out))
+    p = run("optimize", ROOT / "problems" / "level1" / "softmax.py", "--small", "--backend", "cuda",
+            "--device", "cpu", "--budget", "2", "--out", out)
     assert p.returncode == 0, p.stderr
     assert "CUDA C++ candidates run only on a GPU" in (out / "report.md").read_text()
     assert not list((out / "kernels").glob("*.py"))
-
-
-def test_bad_hang_limit_is_one_line_and_writes_nothing(tmp_path):
-    p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "o", "--device", "cpu", "--small",
-           env_extra={"KERNELWRIGHT_HANG_S": "soon"})
-    _one_line_error(p, "KERNELWRIGHT_HANG_S", "soon")
-    assert not (tmp_path / "o").exists()

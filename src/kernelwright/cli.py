@@ -1,15 +1,22 @@
 """Command line: doctor, inspect, optimize, bench, report (see design.md's contract).
 
-Exit codes: 0 success, 2 bad input (one line on stderr), 1 internal error.
+Exit codes: 0 success; 2 bad input (one line on stderr, `kernelwright: error: ...`); 1 an
+internal error or an emitted module that failed verification (one line saying so); 130 Ctrl-C
+(`kernelwright: interrupted`). No traceback unless `--debug` is given, anywhere on the line.
+`optimize` writes its output atomically: the pipeline runs into a staging folder beside `--out`
+whose contents move into `--out` only when the run finishes, so a failed or interrupted run leaves
+`--out` as it was.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import typer
 
@@ -20,9 +27,14 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 _state = {"debug": False}
 
 
+INTERRUPTED = 130  # the exit code of a run ended by Ctrl-C (typer's, and the shell's 128 + SIGINT)
+
+
 @app.callback()
-def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")):
-    _state["debug"] = debug
+def _main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors (accepted anywhere on the line).")):
+    """`main` takes `--debug` out of the line wherever it is; this option documents it in --help and
+    serves callers that run `app` directly."""
+    _state["debug"] = _state["debug"] or debug
 
 
 def parse_budget(values: list[str] | None) -> tuple[int | None, float | None]:
@@ -103,6 +115,14 @@ def inspect(problem: Path = typer.Argument(..., help="KernelBench-format problem
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+MODE_HELP = ("Training modes to generate a forward for: train | eval | both (a model whose result does not "
+             "depend on its mode gets one forward for both); a mode without one runs the original forward.")
+VERIFY_ONLY_HELP = "On a GPU: verify generated kernels there, without tuning trials or timing (configs untimed)."
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("train", "eval", "both"):
+        raise UserError(f"--mode {mode!r}: choose train, eval or both")
 
 
 def _check_compile_mode(mode: str) -> None:
@@ -110,9 +130,145 @@ def _check_compile_mode(mode: str) -> None:
         raise UserError(f"--compile-mode {mode!r}: choose {', '.join(COMPILE_MODES)}")
 
 
+def _out_folder(text: str, option: str = "--out") -> Path:
+    """The output folder `text` names, checked before any work starts: not empty, a folder or
+    nothing yet, and writable, as is the folder its output is staged in (see `_staged`)."""
+    if not text.strip():
+        raise UserError(f"{option} is empty: name the output folder")
+    out = Path(text)
+    if (out.exists() or out.is_symlink()) and not out.is_dir():
+        raise UserError(f"{option} {out}: exists and is not a folder")
+    home = _staging_home(out)
+    if not home.is_dir():
+        raise UserError(f"{option} {out}: cannot be created, {home} is not a folder")
+    for folder in (home, out) if out.is_dir() else (home,):
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UserError(f"{option} {out}: cannot write in {folder} (permission denied)")
+    return out
+
+
+def _staging_home(out: Path) -> Path:
+    """Where `out`'s output is staged: its parent folder, or the nearest existing folder above it
+    when the parent is not made yet (on the file system `out` will be on, so the output moves in
+    by renaming; the parents are made only once the run has finished)."""
+    home = Path(os.path.abspath(out)).parent
+    while not home.exists() and home != home.parent:
+        home = home.parent
+    return home
+
+
+def _staging_prefix(out: Path) -> str:
+    """Name prefix of `out`'s staging folders; the process id lets a later run tell a folder left
+    by a process that ended without cleaning up (a hang exit, a kill) from one in use."""
+    return f".{Path(os.path.abspath(out)).name}.partial-"
+
+
+def _remove_stale_staging(out: Path, home: Path) -> None:
+    """Remove the staging folders of `out` in `home` whose process no longer runs."""
+    prefix = _staging_prefix(out)
+    for entry in home.iterdir():
+        pid = entry.name[len(prefix):].split("-", 1)[0] if entry.name.startswith(prefix) else ""
+        if pid.isdigit() and entry.is_dir() and not _running(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists (another user's counts; off POSIX, where probing a process
+    with signal 0 would end it, every process counts as running)."""
+    if os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+RECORDS = ("result.json", "report.md")  # the files of an optimize output that may name its folder
+
+
+def _staged(out: Path, run: Callable[[Path], dict]) -> dict:
+    """`run(folder)` into a fresh staging folder beside `out`, then move what it wrote into `out`
+    (see `_commit`) and return its result. On any exception, Ctrl-C included, the staging folder is
+    removed and `out` is left as it was. Paths into the staging folder in result.json and report.md
+    (a failed candidate's message naming its file under .build/) are rewritten to name `out`."""
+    home = _staging_home(out)
+    _remove_stale_staging(out, home)
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f"{_staging_prefix(out)}{os.getpid()}-", dir=home))
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot create a folder in {home} ({e.strerror})") from e
+    try:
+        result = run(staging)
+        _rename_in_records(staging, Path(os.path.abspath(out)))
+        _commit(staging, out)
+        return result
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _rename_in_records(staging: Path, out: Path) -> None:
+    """Replace `staging` by `out` in the RECORDS files under `staging`, as written and as JSON
+    escapes it."""
+    names = {str(staging), str(staging.resolve())}
+    pairs = [(n, str(out)) for n in names] + [(json.dumps(n)[1:-1], json.dumps(str(out))[1:-1]) for n in names]
+    for record in RECORDS:
+        path = staging / record
+        if not path.is_file():
+            continue
+        text = fixed = path.read_text()
+        for old, new in pairs:
+            fixed = fixed.replace(old, new)
+        if fixed != text:
+            path.write_text(fixed)
+
+
+def _commit(staging: Path, out: Path) -> None:
+    """Move `staging`'s entries into `out`, all or none: a missing `out` is `staging` renamed; in an
+    existing one, entries of the same name are replaced and other files are left alone. If a move
+    fails (or Ctrl-C comes) half way, the entries moved so far go back and `out` is as it was."""
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staging, out)
+        return
+    backup = Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.old-", dir=_staging_home(out)))
+    moved, replaced = [], []
+    try:
+        for entry in sorted(staging.iterdir()):
+            target = out / entry.name
+            if target.exists() or target.is_symlink():
+                os.rename(target, backup / entry.name)
+                replaced.append(entry.name)
+            os.rename(entry, target)
+            moved.append(entry.name)
+    except BaseException:
+        for name in moved:
+            os.rename(out / name, staging / name)
+        for name in replaced:
+            os.rename(backup / name, out / name)
+        raise
+    finally:
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+def _verdict(result: dict, out: Path) -> None:
+    """One line on stderr when the emitted module is not the verified generated program: exit 1
+    when it failed verification (the output is kept, to read report.md), a note when the generated
+    program failed and the verified original forward ships instead."""
+    if not (result.get("verify") or {}).get("passed"):
+        typer.echo(f"kernelwright: verification failed: the emitted module FAILED verification; "
+                   f"output kept in {out} (see {out}/report.md)", err=True)
+        raise typer.Exit(1)
+    if result.get("verify_fallback"):
+        typer.echo("kernelwright: the generated program FAILED verification; the original forward was kept "
+                   f"in model_new.py (see {out}/report.md)", err=True)
+
+
 @app.command()
 def optimize(problem: Path = typer.Argument(..., help="KernelBench-format problem file"),
-             out: Path = typer.Option(..., "--out", help="Output folder for model_new.py, kernels, result.json, report.md"),
+             out: str = typer.Option(..., "--out", help="Output folder for model_new.py, kernels, result.json, report.md"),
              budget: Optional[List[str]] = typer.Option(None, "--budget", help="Trials (40) and/or seconds (90s) per problem."),
              precision: str = typer.Option("fp32", "--precision", help="fp32 | tf32 | bf16"),
              device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda when a GPU is present)"),
@@ -122,7 +278,9 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
              cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                               help="Also time the forward replayed as CUDA graphs; ship it when faster."),
              compile_mode: str = typer.Option("default", "--compile-mode",
-                                              help="torch.compile mode of the baseline: " + " | ".join(COMPILE_MODES))):
+                                              help="torch.compile mode of the baseline: " + " | ".join(COMPILE_MODES)),
+             mode: str = typer.Option("both", "--mode", help=MODE_HELP),
+             verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP)):
     """Generate, verify, time and choose kernels; write a drop-in ModelNew and a report."""
     from kernelwright.policy import get_policy
 
@@ -133,6 +291,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     _check_compile_mode(compile_mode)
     if backend not in ("triton", "cuda", "all"):
         raise UserError(f"--backend {backend!r}: choose triton, cuda or all")
+    out_dir = _out_folder(out)
     _use_interpreter_if_cpu(device)
     dev = _device(device)
     from kernelwright.pipeline import Options, optimize_problem
@@ -140,19 +299,13 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
 
     p = load_problem(problem, small=small)
     p.check("meta")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: exists and is not a folder")
+    _check_mode(mode)
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
                    db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
-                   log=lambda s: typer.echo(s, err=True))
-    result = optimize_problem(p, out, opts)
-    typer.echo(f"{out}/model_new.py written; report: {out}/report.md")
-    if result.get("verify_fallback"):
-        typer.echo("the generated program FAILED verification; model_new.py runs the original forward "
-                   "(see report.md)", err=True)
-    if not (result.get("verify") or {}).get("passed"):
-        typer.echo("the emitted module FAILED verification (see report.md)", err=True)
-        raise typer.Exit(1)
+                   mode=mode, timed=not verify_only, log=lambda s: typer.echo(s, err=True))
+    result = _staged(out_dir, lambda folder: optimize_problem(p, folder, opts))
+    typer.echo(f"{out_dir}/model_new.py written; report: {out_dir}/report.md")
+    _verdict(result, out_dir)
 
 
 @app.command()
@@ -161,20 +314,24 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
           precision: str = typer.Option("fp32", "--precision"),
           budget: Optional[List[str]] = typer.Option(None, "--budget"),
           json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON here."),
-          out: Path = typer.Option(Path("kw_runs"), "--out", help="Folder for per-problem optimize outputs."),
+          out: str = typer.Option("kw_runs", "--out", help="Folder for per-problem optimize outputs."),
           small: bool = typer.Option(False, "--small"),
           compile_mode: str = typer.Option("default", "--compile-mode",
                                            help="torch.compile mode of the baseline: " + " | ".join(COMPILE_MODES)),
           cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
-                                           help="Let kernelwright ship CUDA-graph replay where it measures faster.")):
+                                           help="Let kernelwright ship CUDA-graph replay where it measures faster."),
+          mode: str = typer.Option("both", "--mode", help=MODE_HELP),
+          verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP)):
     """Time eager, torch.compile (and kernelwright) over problems; per-level geometric means."""
     from kernelwright.bench.runner import run_bench
     from kernelwright.policy import get_policy
     from kernelwright.problem import discover
 
     get_policy(precision)
+    _check_mode(mode)
     _check_compile_mode(compile_mode)
     trials, seconds = parse_budget(budget)
+    out_dir = _out_folder(out)
     files = discover([str(p) for p in paths])
     if not files:
         raise UserError("no problem files found under " + ", ".join(map(str, paths)))
@@ -184,43 +341,98 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
 
     limit_seconds()  # a bad $KERNELWRIGHT_HANG_S: one line, before any worker starts
     run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
-              seconds=seconds, json_out=json_out, out_dir=out, small=small, compile_mode=compile_mode,
-              cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s))
+              seconds=seconds, json_out=json_out, out_dir=out_dir, small=small, compile_mode=compile_mode,
+              cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s), mode=mode, timed=not verify_only)
+
+
+RESULT_KEYS = ("problem", "precision", "device")  # what every result.json names
 
 
 @app.command()
-def report(folder: Path = typer.Argument(..., help="An optimize output folder")):
+def report(folder: str = typer.Argument(..., help="An optimize output folder")):
     """Print (and rewrite) report.md from result.json."""
     from kernelwright.emit.report import write_report
 
-    res = folder / "result.json"
-    if not res.exists():
-        raise UserError(f"{folder}: no result.json (run `kernelwright optimize ... --out {folder}` first)")
+    result = _read_result(folder)
+    try:
+        path = write_report(Path(folder), result)
+    except OSError as e:
+        raise UserError(f"{Path(folder) / 'report.md'}: cannot write ({e.strerror})") from e
+    typer.echo(path.read_text())
+
+
+def _read_result(folder: str) -> dict:
+    """result.json of the optimize output `folder`; a missing folder or file, or one that is not
+    an optimize result, is bad input."""
+    if not folder.strip():
+        raise UserError("the folder is empty: name an optimize output folder")
+    where = Path(folder)
+    if not where.is_dir():
+        raise UserError(f"{where}: {'not a folder' if where.exists() else 'no such folder'}")
+    res = where / "result.json"
+    if not res.is_file():
+        raise UserError(f"{where}: no result.json (run `kernelwright optimize ... --out {where}` first)")
     try:
         result = json.loads(res.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"{res}: not valid JSON ({e.msg})") from e
-    typer.echo(write_report(folder, result).read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{res}: cannot read ({getattr(e, 'strerror', None) or e})") from e
+    missing = [k for k in RESULT_KEYS if not isinstance(result, dict) or k not in result]
+    if missing:
+        raise UserError(f"{res}: not an optimize result (no {', '.join(missing)})")
+    return result
+
+
+def _without_debug(args: list[str]) -> tuple[bool, list[str]]:
+    """Take every `--debug` out of `args` (up to a `--`, after which everything is an argument):
+    whether there was one, and the rest, so that `--debug` works before or after the command."""
+    end = args.index("--") if "--" in args else len(args)
+    head = [a for a in args[:end] if a != "--debug"]
+    return len(head) < end, head + args[end:]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"kernelwright: {_one_line(message)}", file=sys.stderr)
+    sys.exit(code)
+
+
+from kernelwright.fuzz.command import fuzz as _fuzz  # noqa: E402 - a command defined beside its package
+
+app.command("fuzz")(_fuzz)
 
 
 def main():
+    """Run the command line and end the process with its exit code (see the module docstring)."""
+    _state["debug"], args = _without_debug(sys.argv[1:])
     try:
-        app(standalone_mode=False)
+        code = app(args=args, standalone_mode=False)  # an Exit (Ctrl-C: 130) comes back as its code
+    except KeyboardInterrupt:
+        code = INTERRUPTED
     except UserError as e:
         if _state["debug"]:
             raise
-        print(f"kernelwright: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
-        print("kernelwright: aborted", file=sys.stderr)
-        sys.exit(1)
+        _fail(f"error: {e}", 2)
+    except typer.Abort:
+        _fail("aborted", 1)
     except Exception as e:  # noqa: BLE001
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):  # click/typer usage errors
-            print(f"kernelwright: error: {e.format_message()}", file=sys.stderr)
-            sys.exit(2)
-        if _state["debug"] or "--debug" in sys.argv:
+            _usage_error(e)
+        if _state["debug"]:
             raise
-        print(f"kernelwright: internal error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]} (rerun with --debug)", file=sys.stderr)
-        sys.exit(1)
+        _fail(f"internal error: {type(e).__name__}: {(str(e).splitlines() or [''])[0]} (rerun with --debug)", 1)
+    if code == INTERRUPTED:
+        _fail("interrupted", INTERRUPTED)
+    sys.exit(code or 0)
+
+
+def _usage_error(e) -> None:
+    """A usage error in one line, exit 2; with no command at all, the help first (on stdout)."""
+    if type(e).__name__ == "NoArgsIsHelpError":
+        typer.echo(e.format_message())
+        _fail("error: missing command (see the usage above)", 2)
+    _fail(f"error: {e.format_message()}", 2)

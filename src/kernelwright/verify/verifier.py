@@ -102,7 +102,14 @@ def _sync(device: torch.device) -> None:
 
 
 def _clone_inputs(inputs: list) -> list:
-    return [x.clone() if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
+    """Copies of `inputs` with their strides (clone() makes a strided view contiguous, and the
+    emitted module is specialised for its inputs' strides)."""
+    return [_same_layout_copy(x) if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in inputs]
+
+
+def _same_layout_copy(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    return out.copy_(x).requires_grad_(x.requires_grad)
 
 
 def _upcast(inputs: list, dtype: torch.dtype) -> list:
