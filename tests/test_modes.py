@@ -155,6 +155,7 @@ def test_other_dtypes_keyword_arguments_autocast_and_mixed_modes_take_the_origin
     x = problem.make_inputs(6)
     with torch.no_grad():
         _same(lambda: ref(*x, scale=3.0), lambda: new(*x, scale=3.0))
+        _same(lambda: ref(*x, 3.0), lambda: new(*x, 3.0))  # the optional argument given by position
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _same(lambda: ref(*x), lambda: new(*x))
         ref.train(), new.train()
@@ -204,6 +205,17 @@ def test_api_module_in_eval_mode_pickles_and_copies(tmp_path):
         model_ref = copy.deepcopy(back).train()
         torch.manual_seed(1)
         torch.testing.assert_close(got, model_ref(x))
+
+
+def test_a_forward_that_reads_tensor_values_keeps_the_original_with_the_reason(tmp_path):
+    problem = load_problem(os.path.join(FIX, "item_branch.py"))
+    result = optimize_problem(problem, tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
+    assert "tensor values" in result["capture"] and "meta" not in result["capture"]
+    assert result["verify"]["passed"]
+    mod = import_model_new(tmp_path / "model_new.py")
+    new, ref = mod.ModelNew(), problem.make_model()
+    for x in (torch.randn(3, 8) + 5, torch.randn(3, 8) - 5):  # both branches
+        torch.testing.assert_close(new(x), ref(x))
 
 
 # --- buffers updated in forward -------------------------------------------------------------------

@@ -75,15 +75,24 @@ class Fingerprint:
     sample: torch.Tensor  # every k-th element, about _SAMPLE of them
 
 
+_PIECE = 1 << 24  # elements a fingerprint reads at a time (its temporaries stay small)
+
+
 def fingerprint(t: torch.Tensor) -> Fingerprint:
     t = t.detach().as_subclass(torch.Tensor)
     flat = t.reshape(-1)
     sample = flat[:: max(1, flat.numel() // _SAMPLE)].clone()
-    if t.dtype.is_floating_point or t.dtype.is_complex:
-        total = torch.nansum(t, dtype=torch.complex128 if t.dtype.is_complex else torch.float64)
-        nans = torch.isnan(t).sum()
-    else:
-        total, nans = torch.sum(t, dtype=torch.int64), torch.zeros((), dtype=torch.int64, device=t.device)
+    floating = t.dtype.is_floating_point or t.dtype.is_complex
+    wide = torch.complex128 if t.dtype.is_complex else torch.float64 if floating else torch.int64
+    total = torch.zeros((), dtype=wide, device=t.device)
+    nans = torch.zeros((), dtype=torch.int64, device=t.device)
+    for start in range(0, flat.numel(), _PIECE):
+        piece = flat[start:start + _PIECE]
+        if floating:
+            total += torch.nansum(piece.to(wide))
+            nans += torch.isnan(piece).sum()
+        else:
+            total += torch.sum(piece, dtype=torch.int64)
     return Fingerprint(t.shape, t.dtype, t.device, total, nans, sample)
 
 
