@@ -26,7 +26,7 @@ def optimize(model, example_inputs, out_dir, **options):
         os.environ["TRITON_INTERPRET"] = "1"  # must be set before any kernel module is imported
     options.setdefault("log", lambda s: None)
     options.setdefault("mode", "train" if model.training else "eval")
-    problem = from_module(model, list(example_inputs), type(model).__name__).in_mode(model.training)
+    problem = from_module(model, list(example_inputs), type(model).__name__)
     result = optimize_problem(problem, out_dir, Options(**options))
     if not (result.get("verify") or {}).get("passed"):
         raise RuntimeError(f"the optimised module failed verification: {(result.get('verify') or {}).get('reason')}")

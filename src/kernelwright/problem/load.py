@@ -230,7 +230,8 @@ def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str 
     """Python API: a problem from a live module and example inputs.
 
     Fresh input sets keep the examples' shapes and dtypes: floating tensors are redrawn from a
-    standard normal, integer tensors uniformly from their observed range.
+    standard normal, integer tensors uniformly from their observed range. The problem's models are
+    in the module's current training mode.
     """
     if not isinstance(model, torch.nn.Module):
         raise UserError("from_module: model must be a torch.nn.Module")
@@ -256,6 +257,7 @@ def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str 
         model_cls=type(model),
         get_inputs=get_inputs,
         get_init_inputs=lambda: [],
+        training=model.training,
         _instance=model,
     )
 

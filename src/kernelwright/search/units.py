@@ -86,16 +86,24 @@ class KernelTuner:
         self.hang_s: float | None = None  # None: watchdog.limit_seconds()
 
     def _run_library(self, dtype=None) -> dict:
+        """The unit's ATen ops on its inputs (in `dtype`, for the high-precision reference: then a
+        value no later op reads is let go as soon as it is read, so the float64 run holds about
+        what eager holds, not every intermediate)."""
         local = {k: (self.env[k].to(dtype) if dtype is not None and _floating(self.env[k]) else self.env[k])
                  for k in self.unit_inputs}
         dev = input_device(local) or self.device
-        for name in self.nodes:
+        last = {v: i for i, name in enumerate(self.nodes) for v in self.graph.node(name).inputs}
+        kept = {name for name, _ in self.outputs}
+        for i, name in enumerate(self.nodes):
             node = self.graph.node(name)
             if dtype is not None and node.target == "aten._to_copy.default" \
                     and isinstance(node.kwargs.get("dtype"), torch.dtype) and node.kwargs["dtype"].is_floating_point:
                 # the high-precision reference keeps its dtype through the policy's casts (bf16 operands)
                 node = dataclasses.replace(node, kwargs={**node.kwargs, "dtype": dtype})
             local[name] = run_node(node, local, dev)
+            if dtype is not None:
+                for v in [v for v, j in last.items() if j == i and v not in kept]:
+                    local.pop(v, None)
         return local
 
     def library_fn(self):

@@ -1,0 +1,54 @@
+"""`kernelwright fuzz`: the differential fuzzer from the command line (exit 1 when a program is wrong).
+
+Only typer is imported here: Triton decides interpreter-or-GPU when kernels are defined, so
+TRITON_INTERPRET is set for the CPU before the runner (and with it every kernel module) loads."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kernelwright.errors import UserError
+
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def _device(device: Optional[str]) -> str:
+    """The device to fuzz on: the one asked for, else cuda when a GPU is visible, else cpu."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in DEVICES:
+        raise UserError(f"--device {device!r}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is visible on this machine")
+    return device
+
+
+def fuzz(count: int = typer.Option(20, "--count", help="Programs to generate and check."),
+         seed: int = typer.Option(0, "--seed", help="Seed of the first program (then seed + 1, ...)."),
+         device: Optional[str] = typer.Option(None, "--device",
+                                              help="cpu | cuda (default: cuda when a GPU is present)"),
+         precision: str = typer.Option("fp32", "--precision", help="fp32 | tf32 | bf16"),
+         out: Path = typer.Option(Path("kw_fuzz"), "--out", help="Folder for programs, emitted modules and wrong/."),
+         budget: int = typer.Option(2, "--budget", help="Search trials per program.")):
+    """Generate random KernelBench-format programs, optimize each, and check the emitted module
+    against eager PyTorch (train and eval mode, another batch size, gradients, float64)."""
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision {precision!r}: choose {', '.join(PRECISIONS)}")
+    if count < 1 or budget < 1:
+        raise UserError("--count and --budget must be positive")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: exists and is not a folder")
+    dev = _device(device)
+    if dev == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    from kernelwright.fuzz.runner import run
+
+    summary = run(count, seed, dev, precision, out, budget, log=typer.echo)
+    if summary.count("wrong"):
+        raise typer.Exit(1)

@@ -1,0 +1,617 @@
+"""The zoo of steps a fuzz program chains: anchors (linear, convolutions, transposed convolution,
+matmuls of inputs, pooling), normalisations, dropout, reductions, softmax, views and pointwise
+epilogues (the op table's activations, scalar and broadcast-tensor arithmetic, residual adds,
+`self.training` branches).
+
+Every step is drawn in two halves: `draw(rng, dims)` picks its arguments for the shape it meets
+(the dimensions after the batch dimension; None when it cannot apply there), and `emit(builder,
+index, args)` writes its __init__ and forward lines, deriving everything shape-dependent (input
+channels, groups, broadcast shapes) from the shape it meets then. So a recorded chain can be
+rendered again with steps left out (shrinking): a step that no longer fits raises `Invalid`.
+Arguments are JSON values, so a program can record its own chain.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+MAX_ELEMENTS = 10_000  # per sample: with batch sizes up to 5, at most 50k elements per tensor
+MAX_RANK = 5
+CHANNELS = [3, 4, 5, 6, 7, 8, 13, 16]
+FEATURES = [5, 7, 8, 13, 16, 33, 48]
+SCALARS = [0.5, 2.0, -1.5, 0.1, 3.0, 0.75]
+
+
+class Invalid(Exception):
+    """A step does not fit the shape it meets."""
+
+
+class Builder:
+    """A program being written: its __init__ lines, forward lines and inputs, and the name and
+    shape (after the batch dimension) of every value the forward has computed so far."""
+
+    def __init__(self, first_input: str, dims: tuple[int, ...], dtype: str):
+        self.dtype = dtype  # "" or ", dtype=torch.float64": appended to every torch.randn of an input
+        self.init: list[str] = []
+        self.body: list[str] = []
+        self.inputs: list[tuple[str, str]] = [("x0", first_input)]
+        self.values: list[tuple[str, tuple[int, ...]]] = [("x0", tuple(dims))]
+
+    @property
+    def cur(self) -> str:
+        return self.values[-1][0]
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return self.values[-1][1]
+
+    def attr(self, name: str, ctor: str) -> str:
+        """Declare `self.<name> = <ctor>` in __init__; returns the attribute expression."""
+        self.init.append(f"self.{name} = {ctor}")
+        return f"self.{name}"
+
+    def add_input(self, expr: str) -> str:
+        """A further forward argument drawn by get_inputs as `expr`; returns its name."""
+        name = f"x{len(self.inputs)}"
+        self.inputs.append((name, expr))
+        return name
+
+    def assign(self, index: int, expr: str, dims) -> None:
+        """The forward line `h<index> = <expr>`, a value of shape (batch, *dims)."""
+        dims = tuple(int(d) for d in dims)
+        if any(d < 1 for d in dims):
+            raise Invalid(f"empty dimension in {dims}")
+        if math.prod(dims) > MAX_ELEMENTS or len(dims) + 1 > MAX_RANK:
+            raise Invalid(f"shape {dims} is too large")
+        self.body.append(f"h{index} = {expr}")
+        self.values.append((f"h{index}", dims))
+
+    def branch(self, index: int, train_expr: str, eval_expr: str) -> None:
+        """An `if self.training:` branch assigning h<index> (same shape as the current value)."""
+        dims = self.dims
+        self.body += ["if self.training:", f"    h{index} = {train_expr}", "else:", f"    h{index} = {eval_expr}"]
+        self.values.append((f"h{index}", dims))
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kind of step: its category (how often the generator draws it), how its arguments are
+    drawn for a shape, how it is written, and how often it is drawn among its category's steps
+    that fit the shape."""
+
+    category: str
+    draw: Callable[[random.Random, tuple[int, ...]], dict | None]
+    emit: Callable[[Builder, int, dict], None]
+    weight: float = 1.0
+
+
+def _sizes(values) -> str:
+    """A kernel size, stride or output size as written in a constructor: `3` or `(3, 5)`."""
+    values = list(values)
+    return str(values[0]) if len(set(values)) == 1 else "(" + ", ".join(map(str, values)) + ")"
+
+
+def _smallest_divisor(n: int) -> int:
+    return next(d for d in range(2, n + 1) if n % d == 0)
+
+
+# --- anchors ------------------------------------------------------------------------------------
+
+
+def _draw_linear(rng, dims):
+    if not dims or dims[-1] > 512:
+        return None
+    return {"out": rng.choice(FEATURES), "bias": rng.random() < 0.8}
+
+
+def _emit_linear(b, i, a):
+    fc = b.attr(f"fc{i}", f"nn.Linear({b.dims[-1]}, {a['out']}, bias={a['bias']})")
+    b.assign(i, f"{fc}({b.cur})", b.dims[:-1] + (a["out"],))
+
+
+def _draw_conv(nd):
+    def draw(rng, dims):
+        if len(dims) != nd + 1:
+            return None
+        square = rng.random() < 0.7
+        k0 = rng.randint(1, 5 if nd < 3 else 3)
+        k = [k0] * nd if square else [rng.randint(1, 5 if nd < 3 else 3) for _ in range(nd)]
+        stride = rng.choice([1, 1, 2] + ([3] if nd == 1 else []))
+        dilation = rng.choice([1, 1, 1, 2])
+        if stride == 1 and all(n % 2 for n in k) and rng.random() < 0.15:  # (even 'same' kernels pad unevenly)
+            padding = "same"
+        else:
+            padding = rng.randint(0, (dilation * (max(k) - 1) + 1) // 2)
+        mode = "zeros"
+        if padding != 0 and padding != "same" and rng.random() < 0.15:
+            mode = rng.choice(["reflect", "replicate", "circular"])
+        return {"out": rng.choice(CHANNELS), "k": k, "stride": stride, "padding": padding, "dilation": dilation,
+                "groups": rng.choice(["one", "one", "depthwise", "grouped"]), "mult": rng.choice([1, 2]),
+                "bias": rng.random() < 0.8, "mode": mode}
+    return draw
+
+
+def _conv_groups(cin: int, a: dict) -> tuple[int, int]:
+    """(groups, output channels) of a convolution step on `cin` channels."""
+    if a["groups"] == "depthwise":
+        return cin, cin * a["mult"]
+    if a["groups"] == "grouped":
+        g = _smallest_divisor(cin)
+        return g, g * max(1, round(a["out"] / g))
+    return 1, a["out"]
+
+
+def _emit_conv(nd):
+    def emit(b, i, a):
+        cin, spatial = b.dims[0], b.dims[1:]
+        if len(spatial) != nd or len(a["k"]) != nd:
+            raise Invalid(f"conv{nd}d needs {nd} spatial dimensions")
+        groups, out = _conv_groups(cin, a)
+        p, d, s = a["padding"], a["dilation"], a["stride"]
+        if p == "same":
+            sizes = list(spatial)
+        else:
+            if a["mode"] != "zeros" and any(p >= n for n in spatial):
+                raise Invalid("padding as wide as the input")
+            sizes = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, k in zip(spatial, a["k"])]
+        pad = "'same'" if p == "same" else str(p)
+        mode = "" if a["mode"] == "zeros" else f", padding_mode='{a['mode']}'"
+        conv = b.attr(f"conv{i}", f"nn.Conv{nd}d({cin}, {out}, kernel_size={_sizes(a['k'])}, stride={s}, "
+                                  f"padding={pad}, dilation={d}, groups={groups}, bias={a['bias']}{mode})")
+        b.assign(i, f"{conv}({b.cur})", [out] + sizes)
+    return emit
+
+
+def _draw_conv_transpose2d(rng, dims):
+    if len(dims) != 3:
+        return None
+    k, stride, dilation = rng.randint(1, 4), rng.choice([1, 2, 2]), rng.choice([1, 1, 1, 2])
+    return {"out": rng.choice(CHANNELS), "k": k, "stride": stride, "dilation": dilation,
+            "padding": rng.randint(0, (dilation * (k - 1)) // 2),
+            "output_padding": rng.randint(0, max(stride, dilation) - 1),
+            "grouped": rng.random() < 0.25, "bias": rng.random() < 0.8}
+
+
+def _emit_conv_transpose2d(b, i, a):
+    if len(b.dims) != 3:
+        raise Invalid("conv_transpose2d needs 2 spatial dimensions")
+    cin = b.dims[0]
+    groups = _smallest_divisor(cin) if a["grouped"] else 1
+    out = groups * max(1, round(a["out"] / groups))
+    k, s, p, d, op = a["k"], a["stride"], a["padding"], a["dilation"], a["output_padding"]
+    sizes = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n in b.dims[1:]]
+    conv = b.attr(f"convt{i}", f"nn.ConvTranspose2d({cin}, {out}, kernel_size={k}, stride={s}, padding={p}, "
+                               f"output_padding={op}, groups={groups}, bias={a['bias']}, dilation={d})")
+    b.assign(i, f"{conv}({b.cur})", [out] + sizes)
+
+
+def _draw_matmul_input(rng, dims):
+    if not dims:
+        return None
+    return {"n": rng.choice(FEATURES), "transposed": rng.random() < 0.3}
+
+
+def _emit_matmul_input(b, i, a):
+    k, n = b.dims[-1], a["n"]
+    expr = f"torch.randn({n}, {k}{b.dtype}).t()" if a["transposed"] else f"torch.randn({k}, {n}{b.dtype})"
+    y = b.add_input(expr)
+    b.assign(i, f"torch.matmul({b.cur}, {y})", b.dims[:-1] + (n,))
+
+
+def _draw_bmm_input(rng, dims):
+    if len(dims) != 2:
+        return None
+    return {"n": rng.choice(FEATURES), "transposed": rng.random() < 0.3}
+
+
+def _emit_bmm_input(b, i, a):
+    if len(b.dims) != 2:
+        raise Invalid("bmm needs a 3-d operand")
+    k, n = b.dims[-1], a["n"]
+    expr = (f"torch.randn(batch_size, {n}, {k}{b.dtype}).transpose(1, 2)" if a["transposed"]
+            else f"torch.randn(batch_size, {k}, {n}{b.dtype})")
+    y = b.add_input(expr)
+    b.assign(i, f"torch.bmm({b.cur}, {y})", (b.dims[0], n))
+
+
+def _draw_gram(rng, dims):
+    return {} if len(dims) >= 2 else None
+
+
+def _emit_gram(b, i, a):
+    if len(b.dims) < 2:
+        raise Invalid("a Gram matrix needs a 3-d value")
+    x = b.cur
+    b.assign(i, f"torch.matmul({x}, {x}.transpose(-1, -2)) / {b.dims[-1]}", b.dims[:-1] + (b.dims[-2],))
+
+
+def _pool_size(n: int, k: int, s: int, p: int, ceil: bool) -> int:
+    """PyTorch's pooled length (a last window starting in the right padding is dropped)."""
+    if n + 2 * p < k:
+        raise Invalid("pooling window larger than the input")
+    span = n + 2 * p - k
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= n + p:
+        out -= 1
+    return out
+
+
+def _draw_pool(nd):
+    def draw(rng, dims):
+        if len(dims) != nd + 1:
+            return None
+        kind = rng.choice(["max", "max", "avg", "avg", "adaptive_avg", "adaptive_max"])
+        k = rng.randint(2, 3)
+        return {"kind": kind, "k": k, "stride": rng.choice([0, 1, 2]), "padding": rng.randint(0, k // 2),
+                "ceil": rng.random() < 0.2, "include_pad": rng.random() < 0.7, "module": rng.random() < 0.5,
+                "size": [rng.randint(1, 3) for _ in range(nd)]}
+    return draw
+
+
+def _emit_pool(nd):
+    def emit(b, i, a):
+        spatial = b.dims[1:]
+        if len(spatial) != nd:
+            raise Invalid(f"pool{nd}d needs {nd} spatial dimensions")
+        x, kind = b.cur, a["kind"]
+        if kind.startswith("adaptive"):
+            size = [min(o, n) for o, n in zip(a["size"], spatial)]
+            fn = f"adaptive_{kind.split('_')[1]}_pool{nd}d"
+            b.assign(i, f"F.{fn}({x}, {_sizes(size)})", [b.dims[0]] + size)
+            return
+        k, p, ceil = a["k"], a["padding"], a["ceil"]
+        s = a["stride"] or k
+        sizes = [_pool_size(n, k, s, p, ceil) for n in spatial]
+        extra = f", ceil_mode={ceil}" + ("" if kind == "max" or a["include_pad"] else ", count_include_pad=False")
+        if a["module"]:
+            pool = b.attr(f"pool{i}", f"nn.{kind.capitalize()}Pool{nd}d({k}, stride={s}, padding={p}{extra})")
+            b.assign(i, f"{pool}({x})", [b.dims[0]] + sizes)
+        else:
+            b.assign(i, f"F.{kind}_pool{nd}d({x}, {k}, stride={s}, padding={p}{extra})", [b.dims[0]] + sizes)
+    return emit
+
+
+# --- normalisation and dropout --------------------------------------------------------------------
+
+
+def _draw_batchnorm(rng, dims):
+    if not 1 <= len(dims) <= 4:
+        return None
+    return {"affine": rng.random() < 0.8, "track": rng.random() < 0.85, "momentum": rng.choice([0.1, 0.1, 0.3, None]),
+            "eps": rng.choice([1e-5, 1e-3])}
+
+
+def _emit_batchnorm(b, i, a):
+    if not 1 <= len(b.dims) <= 4:
+        raise Invalid("batch norm needs 2-d to 5-d values")
+    nd = max(1, len(b.dims) - 1)
+    bn = b.attr(f"bn{i}", f"nn.BatchNorm{nd}d({b.dims[0]}, eps={a['eps']}, momentum={a['momentum']}, "
+                          f"affine={a['affine']}, track_running_stats={a['track']})")
+    b.assign(i, f"{bn}({b.cur})", b.dims)
+
+
+def _draw_layernorm(rng, dims):
+    if not dims:
+        return None
+    return {"n": rng.choice([1, 1, 2]), "affine": rng.random() < 0.8, "bias": rng.random() < 0.8}
+
+
+def _emit_layernorm(b, i, a):
+    n = min(a["n"], len(b.dims))
+    shape = b.dims[-n:]
+    if math.prod(shape) < 4:
+        raise Invalid("layer norm over fewer than 4 elements")
+    ln = b.attr(f"ln{i}", f"nn.LayerNorm({list(shape)}, elementwise_affine={a['affine']}, bias={a['bias']})")
+    b.assign(i, f"{ln}({b.cur})", b.dims)
+
+
+def _draw_groupnorm(rng, dims):
+    if not dims:
+        return None
+    return {"groups": rng.choice([1, 2, 0]), "affine": rng.random() < 0.8}  # 0: one group per channel
+
+
+def _emit_groupnorm(b, i, a):
+    c = b.dims[0]
+    groups = {1: 1, 0: c}.get(a["groups"], _smallest_divisor(c))
+    if c // groups * math.prod(b.dims[1:]) < 4:
+        raise Invalid("group norm over fewer than 4 elements per group")
+    gn = b.attr(f"gn{i}", f"nn.GroupNorm({groups}, {c}, affine={a['affine']})")
+    b.assign(i, f"{gn}({b.cur})", b.dims)
+
+
+def _draw_instancenorm(rng, dims):
+    if not 2 <= len(dims) <= 4:
+        return None
+    return {"affine": rng.random() < 0.5, "track": rng.random() < 0.5}
+
+
+def _emit_instancenorm(b, i, a):
+    if not 2 <= len(b.dims) <= 4 or math.prod(b.dims[1:]) < 4:
+        raise Invalid("instance norm needs 3-d to 5-d values with 4 elements per channel")
+    norm = b.attr(f"inorm{i}", f"nn.InstanceNorm{len(b.dims) - 1}d({b.dims[0]}, affine={a['affine']}, "
+                               f"track_running_stats={a['track']})")
+    b.assign(i, f"{norm}({b.cur})", b.dims)
+
+
+def _draw_dropout(rng, dims):
+    return {"p": rng.choice([0.1, 0.2, 0.3, 0.5]), "module": rng.random() < 0.6}
+
+
+def _emit_dropout(b, i, a):
+    if a["module"]:
+        drop = b.attr(f"drop{i}", f"nn.Dropout({a['p']})")
+        b.assign(i, f"{drop}({b.cur})", b.dims)
+    else:
+        b.assign(i, f"F.dropout({b.cur}, p={a['p']}, training=self.training)", b.dims)
+
+
+# --- reductions, softmax, views ------------------------------------------------------------------
+
+
+def _draw_reduce(rng, dims):
+    if not dims:
+        return None
+    fn = rng.choice(["sum", "mean", "amax", "max", "logsumexp"])
+    both = fn != "max" and len(dims) >= 3 and rng.random() < 0.3
+    return {"fn": fn, "dim": [-2, -1] if both else [-rng.randint(1, len(dims))], "keepdim": rng.random() < 0.5}
+
+
+def _emit_reduce(b, i, a):
+    dims, picked, keep = list(b.dims), a["dim"], a["keepdim"]
+    if any(-d > len(dims) for d in picked):
+        raise Invalid("reduction over a missing dimension")
+    dim = str(picked[0]) if len(picked) == 1 else "(" + ", ".join(map(str, picked)) + ")"
+    x = b.cur
+    expr = {"sum": f"{x}.sum(dim={dim}, keepdim={keep})",
+            "mean": f"torch.mean({x}, dim={dim}, keepdim={keep})",
+            "amax": f"torch.amax({x}, dim={dim}, keepdim={keep})",
+            "max": f"torch.max({x}, dim={dim}, keepdim={keep}).values",
+            "logsumexp": f"torch.logsumexp({x}, dim={dim}, keepdim={keep})"}[a["fn"]]
+    out = [1 if keep and (j - len(dims)) in picked else n for j, n in enumerate(dims)
+           if keep or (j - len(dims)) not in picked]
+    b.assign(i, expr, out)
+
+
+def _draw_softmax(rng, dims):
+    if not dims:
+        return None
+    return {"log": rng.random() < 0.3, "dim": -rng.randint(1, len(dims)), "module": rng.random() < 0.3}
+
+
+def _emit_softmax(b, i, a):
+    if -a["dim"] > len(b.dims):
+        raise Invalid("softmax over a missing dimension")
+    fn = "log_softmax" if a["log"] else "softmax"
+    if a["module"]:
+        mod = b.attr(f"softmax{i}", f"nn.{'LogSoftmax' if a['log'] else 'Softmax'}(dim={a['dim']})")
+        b.assign(i, f"{mod}({b.cur})", b.dims)
+    else:
+        b.assign(i, f"torch.{fn}({b.cur}, dim={a['dim']})", b.dims)
+
+
+def _draw_flatten(rng, dims):
+    if len(dims) < 2:
+        return None
+    return {"start": rng.choice([1, 1, 2]), "reshape": rng.random() < 0.4}
+
+
+def _emit_flatten(b, i, a):
+    start = a["start"] if len(b.dims) >= 3 else 1
+    if len(b.dims) < 2:
+        raise Invalid("nothing to flatten")
+    kept = b.dims[:start - 1]
+    out = kept + (math.prod(b.dims[start - 1:]),)
+    x = b.cur
+    if a["reshape"]:
+        lead = ", ".join(f"{x}.shape[{j}]" for j in range(start))
+        b.assign(i, f"{x}.reshape({lead}, -1)", out)
+    else:
+        b.assign(i, f"torch.flatten({x}, {start})", out)
+
+
+def _draw_split(rng, dims):
+    if not dims or len(dims) >= MAX_RANK - 1:
+        return None
+    return {"factor": rng.choice([2, 3, 4])}
+
+
+def _emit_split(b, i, a):
+    f = a["factor"]
+    if not b.dims or b.dims[-1] % f or b.dims[-1] == f:
+        raise Invalid(f"last dimension does not split by {f}")
+    b.assign(i, f"{b.cur}.reshape(*{b.cur}.shape[:-1], {f}, -1)", b.dims[:-1] + (f, b.dims[-1] // f))
+
+
+def _draw_permute(rng, dims):
+    if len(dims) < 2:
+        return None
+    return {"pick": rng.randrange(1000), "swap": rng.random() < 0.5, "contiguous": rng.random() < 0.3}
+
+
+def _emit_permute(b, i, a):
+    n = len(b.dims)
+    if n < 2:
+        raise Invalid("nothing to permute")
+    x, tail = b.cur, ".contiguous()" if a["contiguous"] else ""
+    if a["swap"]:
+        pairs = list(itertools.combinations(range(1, n + 1), 2))
+        p, q = pairs[a["pick"] % len(pairs)]
+        dims = list(b.dims)
+        dims[p - 1], dims[q - 1] = dims[q - 1], dims[p - 1]
+        b.assign(i, f"{x}.transpose({p}, {q}){tail}", dims)
+        return
+    perms = [p for p in itertools.permutations(range(1, n + 1)) if list(p) != list(range(1, n + 1))]
+    perm = perms[a["pick"] % len(perms)]
+    b.assign(i, f"{x}.permute(0, {', '.join(map(str, perm))}){tail}", [b.dims[j - 1] for j in perm])
+
+
+# --- pointwise epilogues --------------------------------------------------------------------------
+
+# activation -> (functional form, module form or None); all in the op table (codegen.triton_ops)
+# or decomposed into ops in it
+ACTIVATIONS = {
+    "relu": ("torch.relu({x})", "nn.ReLU()"),
+    "gelu": ("F.gelu({x})", "nn.GELU()"),
+    "gelu_tanh": ("F.gelu({x}, approximate='tanh')", "nn.GELU(approximate='tanh')"),
+    "tanh": ("torch.tanh({x})", "nn.Tanh()"),
+    "sigmoid": ("torch.sigmoid({x})", "nn.Sigmoid()"),
+    "silu": ("F.silu({x})", "nn.SiLU()"),
+    "elu": ("F.elu({x})", "nn.ELU()"),
+    "abs": ("torch.abs({x})", None),
+    "neg": ("-{x}", None),
+    "sin": ("torch.sin({x})", None),
+    "erf": ("torch.erf({x})", None),
+    "where": ("torch.where({x} > 0, {x}, {x} * 0.1)", None),
+}
+
+
+def _draw_activation(rng, dims):
+    return {"fn": rng.choice(sorted(ACTIVATIONS)), "module": rng.random() < 0.3}
+
+
+def _emit_activation(b, i, a):
+    functional, module = ACTIVATIONS[a["fn"]]
+    if a["module"] and module is not None:
+        act = b.attr(f"act{i}", module)
+        b.assign(i, f"{act}({b.cur})", b.dims)
+    else:
+        b.assign(i, functional.format(x=b.cur), b.dims)
+
+
+def _draw_clamp(rng, dims):
+    lo, hi = rng.choice([-1.0, -0.5, 0.0]), rng.choice([0.5, 1.0, 2.0])
+    return {"kind": rng.choice(["hardtanh", "clamp", "clamp_min", "clamp_max", "leaky_relu"]), "lo": lo, "hi": hi,
+            "slope": rng.choice([0.01, 0.1, 0.2])}
+
+
+def _emit_clamp(b, i, a):
+    x, lo, hi = b.cur, a["lo"], a["hi"]
+    expr = {"hardtanh": f"F.hardtanh({x}, min_val={lo}, max_val={hi})",
+            "clamp": f"torch.clamp({x}, min={lo}, max={hi})",
+            "clamp_min": f"torch.clamp({x}, min={lo})",
+            "clamp_max": f"{x}.clamp(max={hi})",
+            "leaky_relu": f"F.leaky_relu({x}, negative_slope={a['slope']})"}[a["kind"]]
+    b.assign(i, expr, b.dims)
+
+
+def _draw_scalar(rng, dims):
+    return {"op": rng.choice(["mul", "add", "sub", "div", "rsub"]), "value": rng.choice(SCALARS)}
+
+
+def _emit_scalar(b, i, a):
+    x, v = b.cur, a["value"]
+    expr = {"mul": f"{x} * {v}", "add": f"{x} + {v}", "sub": f"{x} - {v}", "div": f"{x} / {v}",
+            "rsub": f"{v} - {x}"}[a["op"]]
+    b.assign(i, expr, b.dims)
+
+
+def _operand_shape(kind: str, dims: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of a broadcast operand: per channel (C, 1, ..., 1), per last dimension, the
+    whole sample, or one element."""
+    if kind == "channel" and len(dims) >= 2:
+        return (dims[0],) + (1,) * (len(dims) - 1)
+    if kind == "full" and dims:
+        return dims
+    if kind in ("channel", "last", "full") and dims:
+        return (dims[-1],)
+    return (1,)
+
+
+def _draw_tensor_op(rng, dims):
+    return {"op": rng.choice(["mul", "add", "sub"]), "source": rng.choice(["param", "param", "buffer", "input"]),
+            "kind": rng.choice(["channel", "channel", "last", "full", "one"])}
+
+
+def _emit_tensor_op(b, i, a):
+    shape = _operand_shape(a["kind"], b.dims)
+    draw = f"torch.randn{shape}"
+    if a["source"] == "param":
+        y = b.attr(f"w{i}", f"nn.Parameter({draw})")
+    elif a["source"] == "buffer":
+        b.init.append(f"self.register_buffer('c{i}', {draw})")
+        y = f"self.c{i}"
+    else:
+        y = b.add_input(f"torch.randn({', '.join(map(str, shape))}{b.dtype})")
+    sign = {"mul": "*", "add": "+", "sub": "-"}[a["op"]]
+    b.assign(i, f"{b.cur} {sign} {y}", b.dims)
+
+
+def _draw_residual(rng, dims):
+    return {"pick": rng.randrange(1000)}
+
+
+def _emit_residual(b, i, a):
+    earlier = [name for name, dims in b.values[:-1] if dims == b.dims]
+    if not earlier:
+        raise Invalid("no earlier value of this shape")
+    b.assign(i, f"{b.cur} + {earlier[a['pick'] % len(earlier)]}", b.dims)
+
+
+def _draw_branch(rng, dims):
+    return {"scale": rng.choice([0.5, 2.0, 1.5]), "eval": rng.choice(["tanh", "identity", "shift"])}
+
+
+def _emit_branch(b, i, a):
+    x = b.cur
+    eval_expr = {"tanh": f"torch.tanh({x})", "identity": x, "shift": f"{x} + 0.25"}[a["eval"]]
+    b.branch(i, f"{x} * {a['scale']}", eval_expr)
+
+
+OPS: dict[str, Op] = {
+    "linear": Op("anchor", _draw_linear, _emit_linear, 3),
+    "conv1d": Op("anchor", _draw_conv(1), _emit_conv(1), 4),
+    "conv2d": Op("anchor", _draw_conv(2), _emit_conv(2), 8),
+    "conv3d": Op("anchor", _draw_conv(3), _emit_conv(3), 6),
+    "conv_transpose2d": Op("anchor", _draw_conv_transpose2d, _emit_conv_transpose2d, 3),
+    "matmul_input": Op("anchor", _draw_matmul_input, _emit_matmul_input, 1),
+    "bmm_input": Op("anchor", _draw_bmm_input, _emit_bmm_input, 3),
+    "gram": Op("anchor", _draw_gram, _emit_gram, 0.5),
+    "pool1d": Op("anchor", _draw_pool(1), _emit_pool(1), 2),
+    "pool2d": Op("anchor", _draw_pool(2), _emit_pool(2), 3),
+    "pool3d": Op("anchor", _draw_pool(3), _emit_pool(3), 2),
+    "batchnorm": Op("norm", _draw_batchnorm, _emit_batchnorm, 3),
+    "layernorm": Op("norm", _draw_layernorm, _emit_layernorm),
+    "groupnorm": Op("norm", _draw_groupnorm, _emit_groupnorm),
+    "instancenorm": Op("norm", _draw_instancenorm, _emit_instancenorm, 1.5),
+    "dropout": Op("dropout", _draw_dropout, _emit_dropout),
+    "reduce": Op("reduce", _draw_reduce, _emit_reduce, 2),
+    "softmax": Op("reduce", _draw_softmax, _emit_softmax),
+    "flatten": Op("view", _draw_flatten, _emit_flatten, 2),
+    "split": Op("view", _draw_split, _emit_split),
+    "permute": Op("view", _draw_permute, _emit_permute, 1.5),
+    "activation": Op("pointwise", _draw_activation, _emit_activation, 4),
+    "clamp": Op("pointwise", _draw_clamp, _emit_clamp, 1.5),
+    "scalar": Op("pointwise", _draw_scalar, _emit_scalar, 2),
+    "tensor_op": Op("pointwise", _draw_tensor_op, _emit_tensor_op, 2),
+    "residual": Op("pointwise", _draw_residual, _emit_residual),
+    "branch": Op("branch", _draw_branch, _emit_branch),
+}
+
+# how often each category is drawn after the first step (which is an anchor or a norm)
+CATEGORY_WEIGHTS = {"pointwise": 10, "anchor": 3, "norm": 2, "view": 2, "reduce": 1.5, "dropout": 0.7, "branch": 0.6}
+
+
+def label(op: str, args: dict) -> str:
+    """A step's short name in a chain description: `conv2d`, `relu`, `mul_param`, `bn`..."""
+    if op == "activation":
+        return args["fn"]
+    if op == "clamp":
+        return args["kind"]
+    if op == "scalar":
+        return f"{args['op']}_scalar"
+    if op == "tensor_op":
+        return f"{args['op']}_{args['source']}"
+    if op.startswith("conv") and args.get("groups") in ("depthwise", "grouped"):
+        return f"{op}_{'dw' if args['groups'] == 'depthwise' else 'g'}"
+    if op.startswith("pool"):
+        return f"{args['kind']}_{op}"
+    if op == "reduce":
+        return args["fn"]
+    if op == "softmax":
+        return "log_softmax" if args["log"] else "softmax"
+    return {"batchnorm": "bn", "layernorm": "ln", "groupnorm": "gn", "instancenorm": "in",
+            "branch": "if_training", "permute": "permute"}.get(op, op)

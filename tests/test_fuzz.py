@@ -1,0 +1,256 @@
+"""The differential fuzzer: programs are deterministic per seed and valid in eager; the oracle
+passes correct emitted modules and flags wrong ones; the runner's lines and summary; shrinking."""
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kernelwright.fuzz import generate as gen
+from kernelwright.fuzz import runner
+from kernelwright.fuzz.oracle import Check, Outcome, _difference, _judge
+from kernelwright.problem import load_problem
+
+FIX = Path(__file__).parent / "fixtures" / "fuzz"
+SLICE = [2, 4, 5]  # small programs: a linear chain, a convolution chain, dropout + batch norm in float64
+
+
+# --- the generator -------------------------------------------------------------------------------
+
+def test_generate_is_deterministic_per_seed():
+    assert gen.generate(3) == gen.generate(3)
+    assert gen.generate(3) != gen.generate(4)
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_every_program_loads_and_runs_in_eager(seed, tmp_path):
+    text = gen.generate(seed)
+    assert text.startswith(f'"""fuzz seed {seed}: ')
+    assert re.search(r"^batch_size = [234]$", text, re.M)
+    path = tmp_path / f"fuzz_{seed}.py"
+    path.write_text(text)
+    problem = load_problem(path)
+    model = problem.make_model()
+    with torch.no_grad():
+        out = model(*problem.make_inputs(0))
+    assert torch.isfinite(out).all()
+    assert gen.spec_of(text) == gen.draw(seed).spec
+
+
+def test_tensors_stay_small():
+    for seed in range(50):
+        spec = gen.draw(seed).spec
+        per_sample = max(math.prod(dims) for _, dims in gen.build(spec).values)
+        assert per_sample * gen.second_batch_size(spec.batch) <= 50_000
+
+
+def test_a_recorded_chain_renders_again_with_fewer_steps():
+    spec = gen.draw(5).spec
+    shorter = gen.Spec(spec.seed, spec.batch, spec.dims, spec.layout, spec.double, spec.steps[:1])
+    text = gen.render(shorter)
+    gen.validate(text)
+    assert gen.spec_of(text) == shorter
+
+
+def test_the_batch_size_global_draws_the_inputs():
+    module = gen.load_text(gen.generate(7))
+    module.batch_size = 5
+    assert all(x.shape[0] == 5 for x in module.get_inputs() if x.dim() >= 3)
+
+
+def test_generated_programs_cover_the_zoo():
+    programs = [gen.draw(s) for s in range(120)]
+    ops = {step.op for p in programs for step in p.spec.steps}
+    assert {"conv2d", "conv3d", "linear", "batchnorm", "dropout", "branch", "residual", "reduce"} <= ops
+    assert any(p.spec.double for p in programs) and any(p.spec.layout != "contiguous" for p in programs)
+    assert any("if self.training:" in p.text for p in programs)
+
+
+# --- comparisons ---------------------------------------------------------------------------------
+
+def test_difference_reports_error_dtype_and_shape():
+    a = torch.ones(3, 4)
+    assert _difference(a + 1e-6, a, 1e-4) is None
+    error, what = _difference(a + 0.1, a, 1e-4)
+    assert error == pytest.approx(0.1, rel=1e-5) and "max error" in what
+    assert "dtype" in _difference(a, a.double(), 1e-4)[1]
+    assert "shape" in _difference(a[:2], a, 1e-4)[1]
+    assert _difference(a + 5, a, 1e-4, values=False) is None
+
+
+class _Quiet:
+    """A stand-in for the oracle's subject: no warnings from the emitted module."""
+
+    def notes(self):
+        return ""
+
+
+def test_reduced_precision_results_are_held_to_eagers_own_error():
+    exact = torch.linspace(-2, 2, 50, dtype=torch.float64)
+    eager = (exact + 0.05).float()  # eager's own rounding
+    assert _judge("train", _Quiet(), (exact - 0.04).float(), eager, 1e-2, exact=exact).status == "ok"
+    wrong = _judge("train", _Quiet(), (exact + 0.3).float(), eager, 1e-2, exact=exact)
+    assert wrong.status == "wrong" and "from float64: 0.3" in wrong.detail
+    assert _judge("train", _Quiet(), (exact - 0.04).float(), eager, 1e-2).status == "wrong"  # fp32: no yardstick
+
+
+# --- the oracle, end to end (Triton interpreter) --------------------------------------------------
+
+def _write(seed, folder: Path) -> Path:
+    path = folder / f"fuzz_{seed:05d}.py"
+    path.write_text(gen.generate(seed))
+    return path
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("seed", SLICE)
+def test_the_oracle_passes_a_fixed_slice(seed, tmp_path):
+    from kernelwright.fuzz.oracle import check
+
+    outcome = check(_write(seed, tmp_path), "cpu", "fp32", 2)
+    assert outcome.status in ("ok", "kept"), outcome
+    assert [c.name for c in outcome.checks] == ["train", "buffers", "eval", "batch", "grad", "double"]
+    assert all(c.status in ("ok", "skipped", "refused") for c in outcome.checks), outcome.checks
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("name", sorted(p.name for p in FIX.glob("*.py")))
+def test_no_check_is_wrong_on_the_fixtures(name):
+    from kernelwright.fuzz.oracle import check
+
+    outcome = check(FIX / name, "cpu", "fp32", 2)
+    assert outcome.status in ("ok", "kept") and not outcome.wrong, outcome
+
+
+def _patched_import(monkeypatch, wrap):
+    """Make the oracle see emitted modules whose ModelNew.forward is wrap(original forward)."""
+    from kernelwright.fuzz import oracle
+
+    real = oracle.import_model_new
+
+    def patched(path):
+        mod = real(path)
+        mod.ModelNew.forward = wrap(mod.ModelNew.forward)
+        return mod
+
+    monkeypatch.setattr(oracle, "import_model_new", patched)
+
+
+def _batch_statistics_in_eval(forward):
+    def wrong(self, *args):
+        norms = [m for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if self.training or not norms:
+            return forward(self, *args)
+        for m in norms:
+            m.train()
+        try:
+            return forward(self, *args)
+        finally:
+            for m in norms:
+                m.eval()
+    return wrong
+
+
+@pytest.mark.interpreter
+def test_the_oracle_flags_batch_statistics_in_eval(monkeypatch):
+    from kernelwright.fuzz.oracle import check
+
+    _patched_import(monkeypatch, _batch_statistics_in_eval)
+    outcome = check(FIX / "bn_eval_running_stats.py", "cpu", "fp32", 2)
+    checks = {c.name: c for c in outcome.checks}
+    assert outcome.status == "wrong" and outcome.reason.startswith("eval:")
+    assert checks["eval"].status == "wrong" and checks["eval"].error >= 0.1
+    assert checks["train"].status == "ok" and checks["grad"].status == "ok"
+
+
+@pytest.mark.interpreter
+def test_the_oracle_flags_an_offset_output(monkeypatch, tmp_path):
+    from kernelwright.fuzz.oracle import check
+
+    _patched_import(monkeypatch, lambda forward: lambda self, *a: forward(self, *a) + 0.1)
+    outcome = check(_write(2, tmp_path), "cpu", "fp32", 2)
+    checks = {c.name: c for c in outcome.checks}
+    assert outcome.status == "wrong"
+    assert all(checks[n].status == "wrong" for n in ("train", "eval", "batch", "grad", "double"))
+    assert checks["train"].error == pytest.approx(0.1, rel=1e-3)
+
+
+@pytest.mark.interpreter
+def test_shrink_keeps_the_failing_check_with_fewer_steps(monkeypatch, tmp_path):
+    from kernelwright.fuzz.shrink import shrink
+
+    _patched_import(monkeypatch, lambda forward: lambda self, *a: forward(self, *a) + (0 if self.training else 0.1))
+    seed = next(s for s in range(100) if len(gen.draw(s).spec.steps) == 3 and not gen.draw(s).spec.double
+                and gen.draw(s).spec.layout == "contiguous")
+    path = _write(seed, tmp_path)
+    text = shrink(path)
+    assert len(gen.spec_of(text).steps) == 1
+    assert "Checks the emitted module's `eval` call" in text
+    assert (tmp_path / f"{path.stem}_min.py").read_text() == text
+
+
+# --- the runner ----------------------------------------------------------------------------------
+
+def test_the_summary_line_has_the_exact_format():
+    results = [runner.Result(i, "a+b", Outcome("p", status), 1.0)
+               for i, status in enumerate(["ok", "wrong", "failed", "kept", "kept", "ok"])]
+    assert runner.Summary(results).line == "fuzz: 6 programs, 1 wrong, 1 failed to optimize, 2 kept original"
+
+
+def test_run_prints_a_line_per_program_and_survives_the_oracle(monkeypatch, tmp_path):
+    statuses = iter(["ok", "wrong", "raise", "kept"])
+
+    def fake_check(path, device, precision, budget, work=None):
+        status = next(statuses)
+        if status == "raise":
+            raise RuntimeError("oracle bug\nsecond line")
+        checks = [Check("eval", "wrong", 0.5, "max error 0.5")] if status == "wrong" else []
+        return Outcome(str(path), status, checks, reason="eval: max error 0.5" if status == "wrong" else "")
+
+    monkeypatch.setattr(runner, "check", fake_check)
+    lines = []
+    summary = runner.run(4, 10, "cpu", "fp32", tmp_path, 2, log=lines.append)
+    assert lines[-1] == "fuzz: 4 programs, 1 wrong, 1 failed to optimize, 1 kept original"
+    assert re.match(r"fuzz  10 ok      \S+  \(\d+\.\d s\)$", lines[0])
+    assert lines[1].startswith("fuzz  11 wrong   ") and "eval: max error 0.5" in lines[1]
+    assert "oracle raised RuntimeError: oracle bug" in lines[2] and summary.results[2].outcome.status == "failed"
+    assert (tmp_path / "wrong" / "fuzz_00011.py").exists() and (tmp_path / "wrong" / "fuzz_00011.json").exists()
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 4
+
+
+def test_ctrl_c_ends_the_run_with_the_summary_so_far(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_check(path, device, precision, budget, work=None):
+        calls.append(path)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return Outcome(str(path), "ok")
+
+    monkeypatch.setattr(runner, "check", fake_check)
+    lines = []
+    summary = runner.run(10, 0, "cpu", "fp32", tmp_path, 2, log=lines.append)
+    assert summary.interrupted and len(summary.results) == 2
+    assert lines[-1] == "fuzz: 2 programs, 0 wrong, 0 failed to optimize, 0 kept original"
+
+
+def test_the_command_exits_1_when_a_program_is_wrong(monkeypatch, tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from kernelwright.fuzz.command import fuzz
+
+    def fake_run(count, seed, device, precision, out, budget, log):
+        log("fuzz: 1 programs, 1 wrong, 0 failed to optimize, 0 kept original")
+        return runner.Summary([runner.Result(0, "x", Outcome("p", "wrong"), 0.1)])
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "1"))
+    app = typer.Typer()
+    app.command()(fuzz)
+    result = CliRunner().invoke(app, ["--count", "1", "--device", "cpu", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "1 wrong" in result.output
+    assert os.environ["TRITON_INTERPRET"] == "1"
