@@ -254,3 +254,23 @@ def test_the_command_exits_1_when_a_program_is_wrong(monkeypatch, tmp_path):
     result = CliRunner().invoke(app, ["--count", "1", "--device", "cpu", "--out", str(tmp_path)])
     assert result.exit_code == 1 and "1 wrong" in result.output
     assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+def test_given_files_the_command_checks_them_and_applies_small_where_defined(tmp_path):
+    """`kernelwright fuzz PATH... --small` runs the oracle on existing problems: a shipped problem
+    at its SMALL sizes, a fixture (no SMALL) as it is."""
+    import typer
+    from typer.testing import CliRunner
+
+    from kernelwright.fuzz.command import fuzz
+
+    root = Path(__file__).resolve().parents[1]
+    app = typer.Typer()
+    app.command()(fuzz)
+    result = CliRunner().invoke(app, [str(root / "problems" / "level1" / "relu.py"),
+                                      str(root / "tests" / "fixtures" / "modes" / "ema_buffer.py"),
+                                      "--small", "--device", "cpu", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("fuzz ")]
+    assert "relu" in lines[0] and "ema_buffer" in lines[1] and " ok " in lines[0]
+    assert result.output.strip().endswith("fuzz: 2 programs, 0 wrong, 0 failed to optimize, 0 kept original")

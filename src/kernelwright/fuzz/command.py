@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -29,13 +29,16 @@ def _device(device: Optional[str]) -> str:
     return device
 
 
-def fuzz(count: int = typer.Option(20, "--count", help="Programs to generate and check."),
+def fuzz(files: Optional[List[Path]] = typer.Argument(None, help="Check these problem files or folders (shipped "
+                                                      "problems, fixtures) instead of generated programs."),
+         count: int = typer.Option(20, "--count", help="Programs to generate and check."),
          seed: int = typer.Option(0, "--seed", help="Seed of the first program (then seed + 1, ...)."),
          device: Optional[str] = typer.Option(None, "--device",
                                               help="cpu | cuda (default: cuda when a GPU is present)"),
          precision: str = typer.Option("fp32", "--precision", help="fp32 | tf32 | bf16"),
          out: Path = typer.Option(Path("kw_fuzz"), "--out", help="Folder for programs, emitted modules and wrong/."),
-         budget: int = typer.Option(2, "--budget", help="Search trials per program.")):
+         budget: int = typer.Option(2, "--budget", help="Search trials per program."),
+         small: bool = typer.Option(False, "--small", help="With files: apply each problem's SMALL overrides.")):
     """Generate random KernelBench-format programs, optimize each, and check the emitted module
     against eager PyTorch (train and eval mode, another batch size, gradients, float64)."""
     if precision not in PRECISIONS:
@@ -47,8 +50,14 @@ def fuzz(count: int = typer.Option(20, "--count", help="Programs to generate and
     dev = _device(device)
     if dev == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-    from kernelwright.fuzz.runner import run
+    if files:
+        from kernelwright.fuzz.runner import run_files
+        from kernelwright.problem import discover
 
-    summary = run(count, seed, dev, precision, out, budget, log=typer.echo)
+        summary = run_files(discover([str(f) for f in files]), dev, precision, out, budget, small, log=typer.echo)
+    else:
+        from kernelwright.fuzz.runner import run
+
+        summary = run(count, seed, dev, precision, out, budget, log=typer.echo)
     if summary.count("wrong"):
         raise typer.Exit(1)

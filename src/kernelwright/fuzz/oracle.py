@@ -413,19 +413,20 @@ def _quiet():
 
 
 def check(path: str | Path, device: str = "cpu", precision: str = "fp32", budget: int = 2,
-          work: Path | None = None) -> Outcome:
-    """Optimize the program at `path` (into `work`, a temporary folder when None) and run every
-    check on the emitted module; see the module docstring."""
+          work: Path | None = None, small: bool = False) -> Outcome:
+    """Optimize the program at `path` (into `work`, a temporary folder when None; with `small`, its
+    SMALL size overrides applied) and run every check on the emitted module; see the module
+    docstring."""
     policy = get_policy(precision)
     started = time.time()
-    problem = load_problem(path)
+    problem = load_problem(path, small=small)
     temp = None if work is not None else Path(tempfile.mkdtemp(prefix="kw_fuzz_"))
     out_dir = Path(work) if work is not None else temp
     try:
         try:
             with _quiet():
                 result = optimize_problem(problem, out_dir, Options(budget_trials=budget, precision=precision,
-                                                                    device=device, log=lambda s: None))
+                                                                    device=device, small=small, log=lambda s: None))
         except Exception as e:  # noqa: BLE001 - the finding
             return Outcome(str(path), "failed", reason=f"optimize raised {first_line(e)}",
                            optimize_s=time.time() - started)

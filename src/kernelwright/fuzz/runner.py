@@ -9,12 +9,14 @@ every outcome.
 """
 from __future__ import annotations
 
+import functools
 import json
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from kernelwright.fuzz.generate import draw
 from kernelwright.fuzz.oracle import Outcome, check, first_line
@@ -90,15 +92,24 @@ def _record(r: Result, out: Path) -> None:
         (wrong / f"{program.stem}.json").write_text(json.dumps(json.loads(row), indent=2))
 
 
-def run(count: int, seed: int = 0, device: str = "cpu", precision: str = "fp32", out_dir: Path = Path("kw_fuzz"),
-        budget: int = 2, log: Callable[[str], None] = print) -> Summary:
-    """Generate and check `count` programs (seeds seed .. seed + count - 1); see the module docstring."""
-    out = Path(out_dir)
-    (out / "programs").mkdir(parents=True, exist_ok=True)
+def _one_file(i: int, path: Path, device: str, precision: str, out: Path, budget: int, small: bool) -> Result:
+    """Check the existing program at `path` (the i-th of a run over files)."""
+    started = time.time()
+    small = small and re.search(r"^SMALL\s*=", Path(path).read_text(), re.M) is not None  # (fixtures are small)
+    try:
+        outcome = check(path, device, precision, budget, work=out / "emitted" / f"{i:03d}_{Path(path).stem}",
+                        small=small)
+    except Exception as e:  # noqa: BLE001 - the oracle's own failure ends this program only
+        outcome = Outcome(str(path), "failed", reason=f"oracle raised {first_line(e)}")
+    return Result(i, Path(path).stem, outcome, time.time() - started)
+
+
+def _drive(jobs: Iterable[Callable[[], Result]], out: Path, log: Callable[[str], None]) -> Summary:
+    """Run the jobs in order, one line each, then the summary line (Ctrl-C: the summary so far)."""
     summary = Summary()
     try:
-        for i in range(count):
-            r = _one(seed + i, device, precision, out, budget)
+        for job in jobs:
+            r = job()
             summary.results.append(r)
             _record(r, out)
             log(program_line(r))
@@ -109,3 +120,21 @@ def run(count: int, seed: int = 0, device: str = "cpu", precision: str = "fp32",
         log(f"fuzz: {summary.mean_seconds:.1f} s per program on average")
     log(summary.line)
     return summary
+
+
+def run_files(paths: list[Path], device: str = "cpu", precision: str = "fp32", out_dir: Path = Path("kw_fuzz"),
+              budget: int = 2, small: bool = False, log: Callable[[str], None] = print) -> Summary:
+    """The oracle over existing programs (shipped problems, fixtures; `small`: their SMALL size
+    overrides) instead of generated ones: one line each, numbered in order and named by file."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return _drive((functools.partial(_one_file, i, p, device, precision, out, budget, small)
+                   for i, p in enumerate(paths)), out, log)
+
+
+def run(count: int, seed: int = 0, device: str = "cpu", precision: str = "fp32", out_dir: Path = Path("kw_fuzz"),
+        budget: int = 2, log: Callable[[str], None] = print) -> Summary:
+    """Generate and check `count` programs (seeds seed .. seed + count - 1); see the module docstring."""
+    out = Path(out_dir)
+    (out / "programs").mkdir(parents=True, exist_ok=True)
+    return _drive((functools.partial(_one, seed + i, device, precision, out, budget) for i in range(count)), out, log)
