@@ -257,3 +257,14 @@ def test_ema_problem_optimizes_and_passes(tmp_path):
     problem = load_problem(os.path.join(FIX, "ema_buffer.py"))
     result = optimize_problem(problem, tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
     assert result["verify"]["passed"], result["verify"]
+
+
+def test_a_counter_buffer_is_restored_too(tmp_path):
+    """BatchNorm with momentum=None averages by num_batches_tracked (an integer buffer): the
+    original forward kept in train mode verifies only when every call starts from the
+    reference's counter as well as its statistics."""
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "fuzz", "bn_momentum_none.py")
+    result = optimize_problem(load_problem(path), tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
+    train = result["modes"]["train"]
+    assert train["capture"] != "ok" and train["verify"]["passed"], train["verify"]
+    assert result["modes"]["eval"]["verify"]["passed"]

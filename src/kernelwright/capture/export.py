@@ -5,6 +5,8 @@ so problems with gigabyte inputs are captured in about a second.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import operator
 import warnings
 
@@ -77,7 +79,9 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
     if any(not isinstance(x, torch.Tensor) for x in inputs):
         kinds = sorted({type(x).__name__ for x in inputs if not isinstance(x, torch.Tensor)})
         raise CaptureError(f"non-tensor inputs ({', '.join(kinds)}) are not supported")
-    with warnings.catch_warnings(), quiet_torch_logs():
+    # (torch.export prints the whole graph when tracing fails: the reason reaches the user in one line)
+    with warnings.catch_warnings(), quiet_torch_logs(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
             with torch.device(_device_of(inputs, model)):  # tensors made in forward land beside the inputs

@@ -290,7 +290,7 @@ def verify(
         for k in range(n_sets):
             seed = seed0 + k
             inputs_k = _InputSet(problem, seed, device)
-            state = _float_buffers(reference)  # what the candidate starts each call of this set from
+            state = _buffers(reference)  # what the candidate starts each call of this set from
             # every call of a set starts from the same random state, so random ops (dropout in
             # training mode, rand_like) draw the same numbers in the reference, eager and the
             # candidate when the candidate draws as the model does
@@ -308,7 +308,7 @@ def verify(
             if k == 0:  # (the buffers the first call moves, restored before each candidate call and
                 # compared in every set; not compared against a float32 reference, which starts from
                 # fresh buffers)
-                updated = [name for name, v in _float_buffers(reference).items() if not torch.equal(v, state[name])]
+                updated = [name for name, v in _buffers(reference).items() if not torch.equal(v, state[name])]
                 moved = updated if high.dtype == "float64" else []
             state = {name: state[name] for name in updated}
             if moved:
@@ -395,11 +395,11 @@ def verify(
     return finish(None)
 
 
-def _float_buffers(model) -> dict[str, torch.Tensor]:
-    """Copies of `model`'s floating-point buffers by name ({} for a candidate that is no module)."""
+def _buffers(model) -> dict[str, torch.Tensor]:
+    """Copies of `model`'s buffers by name ({} for a candidate that is no module)."""
     if not isinstance(model, torch.nn.Module):
         return {}
-    return {k: v.detach().clone() for k, v in model.named_buffers() if v.is_floating_point()}
+    return {k: v.detach().clone() for k, v in model.named_buffers()}
 
 
 def _restore_buffers(candidate, state: dict[str, torch.Tensor]) -> None:
