@@ -163,7 +163,7 @@ def test_other_dtypes_keyword_arguments_autocast_and_mixed_modes_take_the_origin
         _same(lambda: ref(*x), lambda: new(*x))
         ref.double(), new.double()
         _same(lambda: ref(x[0].double()), lambda: new(x[0].double()))
-    assert any("training modes" in w for w in mod._KW_WARNED)
+    assert any("mixed mode" in w for w in mod._KW_WARNED)
     assert any("keyword" in w for w in mod._KW_WARNED) and any("autocast" in w for w in mod._KW_WARNED)
 
 
@@ -268,3 +268,25 @@ def test_a_counter_buffer_is_restored_too(tmp_path):
     train = result["modes"]["train"]
     assert train["capture"] != "ok" and train["verify"]["passed"], train["verify"]
     assert result["modes"]["eval"]["verify"]["passed"]
+
+
+def test_a_model_built_with_a_frozen_norm_answers_for_its_own_flags_only(tmp_path):
+    """depthwise_separable3d builds its BatchNorm in eval mode inside a training model: the
+    generated forward answers for those flags (and for all-eval, which captures the same graph);
+    after .train() the BatchNorm normalises by batch statistics, and the original forward runs."""
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "sweep", "depthwise_separable3d.py")
+    problem = load_problem(path)
+    result = optimize_problem(problem, tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
+    assert result["modes"].keys() == {"any"} and result["mode_modules"] == ["bn"]
+    mod = import_model_new(tmp_path / "model_new.py")
+    ref = problem.make_model()
+    new = mod.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    x = problem.make_inputs(2)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _same(lambda: ref(*x), lambda: new(*x))  # as built: the generated forward
+        assert _kw_warnings(caught) == []
+        ref.train(), new.train()
+        _same(lambda: ref(*x), lambda: new(*x))  # all training: batch statistics, the original forward
+        assert any("(no generated forward for it)" in w for w in _kw_warnings(caught))

@@ -96,7 +96,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
-    sensitive, modes = _modes(problem, opts.mode)
+    sensitive, modes, keys = _modes(problem, opts.mode)
     log(f"modes: {', '.join(modes)}" + (f" (mode-dependent: {', '.join(n or 'the model' for n in sensitive)})"
                                          if sensitive else " (the result does not depend on the training mode)"))
     results: dict[str, dict] = {}
@@ -104,16 +104,15 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     for i, mode in enumerate(modes):
         mode_opts = _mode_share(opts, i, len(modes))
         forward, results[mode] = _generate(_in_mode(problem, mode), mode, policy, device, timed,
-                                           out_dir / ".build" / mode, mode_opts, out_dtypes)
+                                           out_dir / ".build" / mode, mode_opts, out_dtypes, keys[mode])
         if forward is not None:
             forwards[mode] = forward
     memory.mark("tune")
-    mode_modules = sensitive if "any" not in modes else []
     notes: list[str] = []
 
     def emit(cuda_graphs=False) -> Path:
         shipped = [forwards[m] for m in modes if m in forwards]
-        text = render_model_new(problem, shipped, policy.name, overrides, mode_modules, cuda_graphs, device.type, notes)
+        text = render_model_new(problem, shipped, policy.name, overrides, sensitive, cuda_graphs, device.type, notes)
         return write_module(out_dir, text, module_files(shipped))
 
     path = emit()
@@ -188,21 +187,31 @@ class _MemoryPeak:
                 if eager else None}
 
 
-def _modes(problem: Problem, wanted: str) -> tuple[list[str], list[str]]:
-    """(mode-dependent submodules, the modes to generate a forward for). Without mode-dependent
+def _modes(problem: Problem, wanted: str) -> tuple[list[str], list[str], dict[str, list[tuple]]]:
+    """(mode-dependent submodules, the modes to generate a forward for, each mode's keys: the
+    training flags of those submodules it answers for). A model built with some submodules in
+    eval mode (a frozen BatchNorm) keeps them so in its "train" mode. Without mode-dependent
     submodules, or when both modes capture the same graph, one forward serves both: ["any"]."""
     if wanted not in ("train", "eval", "both"):
         raise UserError(f"mode {wanted!r}: choose train, eval or both")
     sensitive = mode_modules(problem.make_model("meta"))
     if not sensitive:
-        return [], ["any"]
+        return [], ["any"], {"any": [()]}
+    train, evals = problem.in_mode(True), problem.in_mode(False)
+    keys = {"train": [_flags(train, sensitive)], "eval": [_flags(evals, sensitive)]}
     try:
-        same = _same_graph(capture(problem.in_mode(True)), capture(problem.in_mode(False)))
+        same = _same_graph(capture(train), capture(evals))
     except CaptureError:
         same = False  # reported when the modes are captured one by one
     if same:
-        return sensitive, ["any"]
-    return sensitive, ["train", "eval"] if wanted == "both" else [wanted]
+        return sensitive, ["any"], {"any": list(dict.fromkeys(keys["train"] + keys["eval"]))}
+    return sensitive, ["train", "eval"] if wanted == "both" else [wanted], keys
+
+
+def _flags(problem: Problem, names: list[str]) -> tuple[bool, ...]:
+    """The training flags of submodules `names` of `problem`'s model."""
+    model = problem.make_model("meta")
+    return tuple(model.get_submodule(n).training for n in names)
 
 
 def _same_graph(a, b) -> bool:
@@ -224,9 +233,11 @@ def _mode_share(opts: Options, i: int, n: int) -> Options:
     return replace(opts, budget_trials=trials, budget_s=seconds)
 
 
-def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Path, opts: Options, out_dtypes):
+def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Path, opts: Options, out_dtypes,
+              keys: list[tuple]):
     """Capture, rewrite, plan and tune `problem` (its models in `mode`): (the generated forward, or
-    None when capture failed, and this mode's record for result.json, its plan under "plan")."""
+    None when capture failed, and this mode's record for result.json, its plan under "plan").
+    `keys`: the submodules' training flags the forward answers for."""
     record: dict = {"capture": "ok", "groups": []}
     try:
         graph, record["rewrites"] = rewrite(capture(problem), policy.name, out_dtypes)
@@ -237,7 +248,7 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
         return None, record
     summary, kernels, sources, support = _tune_groups(problem, plan, policy, device, timed, cache_dir, opts, record)
     record["plan"] = plan
-    return ModeForward(mode, plan, kernels, sources, summary, support), record
+    return ModeForward(mode, plan, kernels, sources, summary, support, keys), record
 
 
 def _not_shipped(record: dict) -> str | None:

@@ -39,6 +39,9 @@ class ModeForward:
     sources: dict[str, str] = field(default_factory=dict)  # kernel file name -> its text
     summary: list[str] = field(default_factory=list)
     support: dict[str, str] = field(default_factory=dict)  # support files beside the kernels
+    # the training flags of the mode-dependent submodules (render_model_new's `mode_modules`) this
+    # forward answers for: one tuple per mode it was captured and verified in; [()] without any
+    keys: list[tuple[bool, ...]] = field(default_factory=lambda: [()])
 
     @property
     def prefix(self) -> str:
@@ -75,7 +78,8 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
     for f in forwards:
         mods = {key: (None if k is None else (f"_k_{f.prefix}{k[0]}", k[1], k[2], k[3])) for key, k in f.kernels.items()}
         g = f.plan.graph
-        rendered.append({"mode": f.mode, "forward": forward_text(f.plan, mods, single_output(f.plan), f.mode),
+        rendered.append({"mode": f.mode, "flags": [tuple(k) for k in f.keys],
+                         "forward": forward_text(f.plan, mods, single_output(f.plan), f.mode),
                          "state": state_reads(f.plan), "dtypes": [i.meta.dtype for i in g.inputs if i.kind in ("param", "buffer")]})
     summary = list(notes) + ([f"{f.mode}: {line}" if f.mode != "any" else line for f in forwards for line in f.summary]
                              or ["(the original forward)"])
@@ -133,4 +137,9 @@ def model_new_like(mod, problem: Problem, reference: torch.nn.Module, device) ->
     with torch.device(device):
         m = mod.ModelNew(*problem.get_init_inputs())
     m.load_state_dict(reference.state_dict())
-    return m.to(device).train(reference.training)
+    m = m.to(device)
+    modes = dict(reference.named_modules())
+    for name, sub in m.named_modules():  # every submodule's own flag (a frozen norm stays frozen)
+        if name in modes:
+            sub.training = modes[name].training
+    return m

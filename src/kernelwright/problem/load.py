@@ -50,7 +50,9 @@ class Problem:
         if self._instance is not None:
             import copy
 
-            return copy.deepcopy(self._instance).to(device).train(self.training)
+            model = copy.deepcopy(self._instance).to(device)
+            # (the live module's own flags in its own mode: a frozen BatchNorm stays frozen)
+            return model if model.training == self.training else model.train(self.training)
         torch.manual_seed(self.init_seed)
         try:
             with torch.device(device):
