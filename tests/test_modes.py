@@ -290,3 +290,13 @@ def test_a_model_built_with_a_frozen_norm_answers_for_its_own_flags_only(tmp_pat
         ref.train(), new.train()
         _same(lambda: ref(*x), lambda: new(*x))  # all training: batch statistics, the original forward
         assert any("(no generated forward for it)" in w for w in _kw_warnings(caught))
+
+
+def test_the_report_says_how_each_mode_is_answered(emitted):
+    from kernelwright.emit.report import render_report
+
+    _, result, _, _ = emitted
+    text = render_report(result)
+    assert "mode-dependent submodules: (the model), bn, drop" in text
+    assert "- train mode: its generated forward, verification PASS" in text
+    assert "- eval mode: its generated forward, verification PASS" in text

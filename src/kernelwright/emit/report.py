@@ -32,6 +32,26 @@ def _kernel_lines(per_impl: dict, top: int = 8) -> list[str]:
     return lines
 
 
+def _mode_lines(result: dict) -> list[str]:
+    """How ModelNew answers each training mode: its own generated forward (verified, timed), or
+    the original forward (and why)."""
+    modes, sensitive = result.get("modes") or {}, result.get("mode_modules") or []
+    if not sensitive:
+        return []
+    lines = [f"- mode-dependent submodules: {', '.join(n or '(the model)' for n in sensitive)}"]
+    for mode, r in modes.items():
+        v, t = r.get("verify") or {}, r.get("timing") or {}
+        kw, eager = (t.get("kernelwright") or {}).get("median_ms"), (t.get("eager") or {}).get("median_ms")
+        kept = r.get("verify_fallback") or r.get("whole_model_fallback") or r.get("capture") != "ok"
+        what = "the original forward" if kept else "its generated forward"
+        timing = f", {kw:.3f} ms (eager {eager:.3f} ms)" if kw and eager else ""
+        lines.append(f"- {'train and eval' if mode == 'any' else mode} mode: {what}, verification "
+                     f"{'PASS' if v.get('passed') else 'FAIL'}{timing}")
+    for mode in result.get("untuned_modes") or []:
+        lines.append(f"- {mode} mode: the original forward (not generated; `--mode both` generates it)")
+    return lines
+
+
 def render_report(result: dict) -> str:
     from kernelwright.analyze import device_spec
 
@@ -43,7 +63,8 @@ def render_report(result: dict) -> str:
                     if result["precision"] == "bf16" else ")"))
     lines.append(f"- device: {result['device']}" + (" (shrunk SMALL shapes)" if result.get("small") else ""))
     if result.get("capture") != "ok":
-        lines.append(f"- capture failed: {result['capture']} — ModelNew is the original model")
+        where = f" ({result['mode']} mode)" if len(result.get("modes") or {}) > 1 else ""
+        lines.append(f"- capture failed{where}: {result['capture']} — ModelNew runs the original forward there")
     v = result.get("verify") or {}
     if v.get("skipped"):
         lines.append(f"- verification: not needed ({v['skipped']})")
@@ -60,9 +81,11 @@ def render_report(result: dict) -> str:
     if fb:
         lines.append(f"- the generated program took {fb['generated_ms']:.3f} ms against eager's {fb['eager_ms']:.3f} ms, "
                      "so ModelNew keeps the original forward (the groups below are what was tried)")
+    lines += _mode_lines(result)
     t = result.get("timing")
     lines.append("")
-    lines.append("## Whole model")
+    lines.append(f"## Whole model ({result.get('mode', 'any')} mode)" if len(result.get("modes") or {}) > 1
+                 else "## Whole model")
     if t:
         lines += ["", "| implementation | median ms | mean ms | runs | host issue ms |", "|---|---:|---:|---:|---:|"]
         for k, row in t.items():
