@@ -160,3 +160,24 @@ def test_group_outputs_are_read_outside():
             if n in escaping or n in readers_outside:
                 if g.levels[n] != "tuple":
                     assert n in g.outputs
+
+
+def test_run_graph_keeps_only_the_values_asked_for():
+    """The tuning run keeps what crosses a unit's boundary: intermediates inside a fusion group
+    are let go after their last use, the units' outputs and the graph's inputs stay."""
+    from kernelwright.capture.execute import run_graph
+
+    class M(nn.Module):
+        def forward(self, x):
+            y = torch.relu(x).abs()  # one pointwise group
+            return torch.mm(y, x.t()).sum(1).tanh()
+
+    x = torch.randn(4, 6)
+    graph, plan = _plan(M(), x)
+    crossing = {v for u in plan.units for v in u.outputs}
+    env = run_graph(graph, M(), [x], keep=crossing)
+    full = run_graph(graph, M(), [x], keep=True)
+    assert set(env) < set(full) and crossing <= set(env)
+    assert all(i.name in env for i in graph.inputs)
+    for name in env:
+        torch.testing.assert_close(env[name], full[name])

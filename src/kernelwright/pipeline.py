@@ -349,7 +349,8 @@ def _tune_groups(problem, plan: Plan, policy, device, timed, cache_dir, opts: Op
     model = problem.make_model(device)
     inputs = problem.make_inputs(0, device)
     with torch.no_grad(), policy.active():
-        env = run_graph(graph, model, inputs, keep=True)
+        # the values the tuners read: what crosses a unit's boundary (inputs and outputs of units)
+        env = run_graph(graph, model, inputs, keep={v for u in plan.units for v in u.outputs} | set(graph.mutations))
     templates = {u.node: template_for(graph, graph.node(u.node))[0] for u in plan.units if u.group is None}
     units = [u for u in plan.units if u.group is not None or templates[u.node] is not None]
     n = max(1, len(units))

@@ -93,12 +93,26 @@ def input_device(env: dict) -> torch.device | None:
     return None
 
 
-def run_graph(graph: Graph, model: torch.nn.Module, inputs: list, keep: bool = False):
-    """Run the whole graph; returns the user outputs (a list), or the full environment if `keep`."""
+def run_graph(graph: Graph, model: torch.nn.Module, inputs: list, keep: bool | set[str] = False):
+    """Run the whole graph; returns the user outputs (a list), or, with `keep`, the environment:
+    every value (keep=True), or the graph's inputs and the values named in `keep` (a set; the
+    other values are let go after their last use, so the run holds about what eager holds)."""
     env = bind_inputs(graph, model, inputs)
     device = input_device(env)
-    for node in graph.nodes:
+    names = keep if isinstance(keep, (set, frozenset)) else None
+    dead: dict[int, list[str]] = {}
+    if names is not None:
+        last = {node.name: i for i, node in enumerate(graph.nodes)}  # a value no node reads: gone at once
+        for i, node in enumerate(graph.nodes):
+            for v in node.inputs:
+                last[v] = i
+        for v, i in last.items():
+            if v not in names and not graph.is_input(v) and v not in graph.outputs:
+                dead.setdefault(i, []).append(v)
+    for i, node in enumerate(graph.nodes):
         env[node.name] = run_node(node, env, device)
+        for v in dead.get(i, ()):
+            env.pop(v, None)
     if keep:
         return env
     return [env[name] for name in graph.outputs]
