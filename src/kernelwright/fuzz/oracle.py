@@ -253,16 +253,22 @@ def check_train(s: _Subject) -> list[Check]:
     return result + [Check("buffers", "ok", detail="" if values else "dropout: values not compared")]
 
 
-def check_eval(s: _Subject) -> Check:
-    """eval() under no_grad with non-trivial running statistics."""
-    ref, new = s.pair(False)
+def _compare(name: str, s: _Subject, training: bool, tol_mode: str) -> Check:
+    """One call of a fresh pair in `training` mode under no_grad: the emitted module against eager
+    (and against the model in float64, for reduced-precision policies)."""
+    ref, new = s.pair(training)
     with torch.no_grad():
         want = s.run_eager(ref, s.inputs())
         try:
             got = s.run_emitted(new, s.inputs())
         except Exception as e:  # noqa: BLE001
-            return _raised("eval", s, e)
-    return _judge("eval", s, got, want, s.tolerance("eval"), exact=s.float64(ref, s.inputs()))
+            return _raised(name, s, e)
+    return _judge(name, s, got, want, s.tolerance(tol_mode), exact=s.float64(ref, s.inputs()))
+
+
+def check_eval(s: _Subject) -> Check:
+    """eval() under no_grad with non-trivial running statistics."""
+    return _compare("eval", s, False, "eval")
 
 
 def _free_mode(s: _Subject) -> str:
@@ -278,17 +284,9 @@ def check_batch(s: _Subject) -> Check:
     mode, size = _free_mode(s), module.batch_size
     module.batch_size = second_batch_size(size)
     try:
-        ref, new = s.pair(mode == "train")
-        with torch.no_grad():
-            want = s.run_eager(ref, s.inputs())
-            try:
-                got = s.run_emitted(new, s.inputs())
-            except Exception as e:  # noqa: BLE001
-                return _raised("batch", s, e)
-        exact = s.float64(ref, s.inputs())
+        c = _compare("batch", s, mode == "train", mode)
     finally:
         module.batch_size = size
-    c = _judge("batch", s, got, want, s.tolerance(mode), exact=exact)
     c.detail = "; ".join(n for n in (f"{mode}, batch_size {second_batch_size(size)}", c.detail) if n)
     return c
 
