@@ -96,7 +96,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
-    sensitive, modes, keys = _modes(problem, opts.mode)
+    sensitive, modes, keys, graphs = _modes(problem, opts.mode)
     log(f"modes: {', '.join(modes)}" + (f" (mode-dependent: {', '.join(n or 'the model' for n in sensitive)})"
                                          if sensitive else " (the result does not depend on the training mode)"))
     results: dict[str, dict] = {}
@@ -104,7 +104,8 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     for i, mode in enumerate(modes):
         mode_opts = _mode_share(opts, i, len(modes))
         forward, results[mode] = _generate(_in_mode(problem, mode), mode, policy, device, timed,
-                                           out_dir / ".build" / mode, mode_opts, out_dtypes, keys[mode])
+                                           out_dir / ".build" / mode, mode_opts, out_dtypes, keys[mode],
+                                           graphs.get(mode))
         if forward is not None:
             forwards[mode] = forward
     memory.mark("tune")
@@ -187,25 +188,29 @@ class _MemoryPeak:
                 if eager else None}
 
 
-def _modes(problem: Problem, wanted: str) -> tuple[list[str], list[str], dict[str, list[tuple]]]:
+def _modes(problem: Problem, wanted: str) -> tuple[list[str], list[str], dict[str, list[tuple]], dict]:
     """(mode-dependent submodules, the modes to generate a forward for, each mode's keys: the
-    training flags of those submodules it answers for). A model built with some submodules in
-    eval mode (a frozen BatchNorm) keeps them so in its "train" mode. Without mode-dependent
-    submodules, or when both modes capture the same graph, one forward serves both: ["any"]."""
+    training flags of those submodules it answers for, the captures made to compare the modes,
+    by mode). A model built with some submodules in eval mode (a frozen BatchNorm) keeps them so
+    in its "train" mode. Without mode-dependent submodules, or when both modes capture the same
+    graph, one forward serves both: ["any"]."""
     if wanted not in ("train", "eval", "both"):
         raise UserError(f"mode {wanted!r}: choose train, eval or both")
     sensitive = mode_modules(problem.make_model("meta"))
     if not sensitive:
-        return [], ["any"], {"any": [()]}
+        return [], ["any"], {"any": [()]}, {}
     train, evals = problem.in_mode(True), problem.in_mode(False)
     keys = {"train": [_flags(train, sensitive)], "eval": [_flags(evals, sensitive)]}
-    try:
-        same = _same_graph(capture(train), capture(evals))
-    except CaptureError:
-        same = False  # reported when the modes are captured one by one
-    if same:
-        return sensitive, ["any"], {"any": list(dict.fromkeys(keys["train"] + keys["eval"]))}
-    return sensitive, ["train", "eval"] if wanted == "both" else [wanted], keys
+    graphs = {}
+    for mode, p in (("train", train), ("eval", evals)):
+        try:
+            graphs[mode] = capture(p)
+        except CaptureError:
+            pass  # reported when that mode is captured again on its own
+    if len(graphs) == 2 and _same_graph(graphs["train"], graphs["eval"]):
+        return sensitive, ["any"], {"any": list(dict.fromkeys(keys["train"] + keys["eval"]))}, \
+            {"any": graphs["train"]}
+    return sensitive, ["train", "eval"] if wanted == "both" else [wanted], keys, graphs
 
 
 def _flags(problem: Problem, names: list[str]) -> tuple[bool, ...]:
@@ -234,13 +239,15 @@ def _mode_share(opts: Options, i: int, n: int) -> Options:
 
 
 def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Path, opts: Options, out_dtypes,
-              keys: list[tuple]):
-    """Capture, rewrite, plan and tune `problem` (its models in `mode`): (the generated forward, or
-    None when capture failed, and this mode's record for result.json, its plan under "plan").
-    `keys`: the submodules' training flags the forward answers for."""
+              keys: list[tuple], captured=None):
+    """Capture (unless `captured` is the capture already made), rewrite, plan and tune `problem`
+    (its models in `mode`): (the generated forward, or None when capture failed, and this mode's
+    record for result.json, its plan under "plan"). `keys`: the submodules' training flags the
+    forward answers for."""
     record: dict = {"capture": "ok", "groups": []}
     try:
-        graph, record["rewrites"] = rewrite(capture(problem), policy.name, out_dtypes)
+        graph = captured if captured is not None else capture(problem)
+        graph, record["rewrites"] = rewrite(graph, policy.name, out_dtypes)
         plan = plan_graph(graph)
     except CaptureError as e:
         opts.log(("" if mode == "any" else f"{mode} mode: ") + f"capture failed: {e}; the original forward runs there")

@@ -49,13 +49,17 @@ class ModeForward:
         return "" if self.mode == "any" else f"{self.mode}_"
 
 
+def _kernels_and_support(forwards: list[ModeForward]) -> tuple[dict[str, str], dict[str, str]]:
+    """The files of kernels/ for `forwards`: (kernels, named with their mode's prefix; support files)."""
+    kernels = {f.prefix + name: text for f in forwards for name, text in f.sources.items()}
+    support = {name: text for f in forwards for name, text in f.support.items()}
+    return kernels, support
+
+
 def module_files(forwards: list[ModeForward]) -> dict[str, str]:
     """Every file of kernels/ for `forwards`: kernels (prefixed by mode) and support files."""
-    files: dict[str, str] = {}
-    for f in forwards:
-        files.update(f.support)
-        files.update({f.prefix + name: text for name, text in f.sources.items()})
-    return files
+    kernels, support = _kernels_and_support(forwards)
+    return {**support, **kernels}
 
 
 def call_signature(plan: Plan) -> list[tuple[tuple, tuple, str]]:
@@ -88,8 +92,7 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
         signature = call_signature(forwards[0].plan)
     else:
         args, signature = "", []
-    kernel_files = {f.prefix + name: text for f in forwards for name, text in f.sources.items()}
-    support = {name: text for f in forwards for name, text in f.support.items()}
+    kernel_files, support = _kernels_and_support(forwards)
     return template_env("kernelwright.emit", "templates").get_template("model_new.py.j2").render(
         version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
         summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
