@@ -130,7 +130,7 @@ class _InputSet:
         first = problem.make_inputs(seed, device)
         large = sum(x.numel() * x.element_size() for x in first if isinstance(x, torch.Tensor)) > LARGE_INPUTS
         self.kept = None if large else first
-        self.prints = [anticheat.snapshot(x) if isinstance(x, torch.Tensor) else x for x in first] if large else None
+        self.prints = _snapshots(first) if large else None
 
     def fresh(self) -> list:
         if self.kept is not None:
@@ -290,7 +290,9 @@ def verify(
         for k in range(n_sets):
             seed = seed0 + k
             inputs_k = _InputSet(problem, seed, device)
-            state = _buffers(reference)  # what the candidate starts each call of this set from
+            # what the candidate starts each call of this set from (after the first set: the buffers
+            # the forward updates)
+            state = _buffers(reference, None if k == 0 else updated)
             # every call of a set starts from the same random state, so random ops (dropout in
             # training mode, rand_like) draw the same numbers in the reference, eager and the
             # candidate when the candidate draws as the model does
@@ -310,7 +312,7 @@ def verify(
                 # fresh buffers)
                 updated = [name for name, v in _buffers(reference).items() if not torch.equal(v, state[name])]
                 moved = updated if high.dtype == "float64" else []
-            state = {name: state[name] for name in updated}
+            state = {name: state[name] for name in updated}  # (only these are restored)
             if moved:
                 if high.dtype != "float64":
                     raise RuntimeError(f"{problem.where}: the float64 reference failed after the first input set")
@@ -395,11 +397,12 @@ def verify(
     return finish(None)
 
 
-def _buffers(model) -> dict[str, torch.Tensor]:
-    """Copies of `model`'s buffers by name ({} for a candidate that is no module)."""
+def _buffers(model, names=None) -> dict[str, torch.Tensor]:
+    """Copies of `model`'s buffers (those in `names`, when given) by name ({} for a candidate that
+    is no module)."""
     if not isinstance(model, torch.nn.Module):
         return {}
-    return {k: v.detach().clone() for k, v in model.named_buffers()}
+    return {k: v.detach().clone() for k, v in model.named_buffers() if names is None or k in names}
 
 
 def _restore_buffers(candidate, state: dict[str, torch.Tensor]) -> None:
