@@ -56,7 +56,8 @@ def parse_budget(values: list[str] | None) -> tuple[int | None, float | None]:
     return trials, seconds
 
 
-def _device(device: str | None) -> str:
+def device_option(device: str | None) -> str:
+    """The device a `--device` option names: cuda or cpu, by default cuda when a GPU is visible."""
     import torch
 
     if device is None:
@@ -293,7 +294,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
         raise UserError(f"--backend {backend!r}: choose triton, cuda or all")
     out_dir = _out_folder(out)
     _use_interpreter_if_cpu(device)
-    dev = _device(device)
+    dev = device_option(device)
     from kernelwright.pipeline import Options, optimize_problem
     from kernelwright.problem import load_problem
 

@@ -12,22 +12,6 @@ import typer
 
 from kernelwright.errors import UserError
 
-DEVICES = ("cpu", "cuda")
-PRECISIONS = ("fp32", "tf32", "bf16")
-
-
-def _device(device: Optional[str]) -> str:
-    """The device to fuzz on: the one asked for, else cuda when a GPU is visible, else cpu."""
-    import torch
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in DEVICES:
-        raise UserError(f"--device {device!r}: choose cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU is visible on this machine")
-    return device
-
 
 def fuzz(files: Optional[List[Path]] = typer.Argument(None, help="Check these problem files or folders (shipped "
                                                       "problems, fixtures) instead of generated programs."),
@@ -41,13 +25,15 @@ def fuzz(files: Optional[List[Path]] = typer.Argument(None, help="Check these pr
          small: bool = typer.Option(False, "--small", help="With files: apply each problem's SMALL overrides.")):
     """Generate random KernelBench-format programs, optimize each, and check the emitted module
     against eager PyTorch (train and eval mode, another batch size, gradients, float64)."""
-    if precision not in PRECISIONS:
-        raise UserError(f"--precision {precision!r}: choose {', '.join(PRECISIONS)}")
+    from kernelwright.cli import device_option
+    from kernelwright.policy import get_policy
+
+    get_policy(precision)
     if count < 1 or budget < 1:
         raise UserError("--count and --budget must be positive")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: exists and is not a folder")
-    dev = _device(device)
+    dev = device_option(device)
     if dev == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     if files:
