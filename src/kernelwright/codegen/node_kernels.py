@@ -70,27 +70,16 @@ def used_outputs(graph: Graph, node: OpNode) -> set[int]:
 
 
 def templates() -> list[NodeTemplate]:
-    """Every node template that is installed (import errors leave a template out)."""
-    found: list[NodeTemplate] = []
-    try:
-        from kernelwright.codegen.triton_pool import TEMPLATE as pool
-        found.append(pool)
-    except ImportError:
-        pass
-    try:
-        from kernelwright.codegen.triton_scan import TEMPLATE as scan
-        found.append(scan)
-    except ImportError:
-        pass
+    """Every node template, in the order template_for tries them. A template module that fails
+    to import raises here: a missing template would otherwise only show as slower programs."""
+    from kernelwright.codegen.conv_layout import TEMPLATE as conv_layout
     from kernelwright.codegen.triton_depthwise import TEMPLATE as depthwise
     from kernelwright.codegen.triton_layout import TEMPLATE as layout_copy
-    from kernelwright.codegen.conv_layout import TEMPLATE as conv_layout
+    from kernelwright.codegen.triton_pool import TEMPLATE as pool
+    from kernelwright.codegen.triton_scan import TEMPLATE as scan
 
-    found.append(depthwise)  # before the layout variant: a depthwise conv gets the direct kernel
-    found.append(layout_copy)
-
-    found.append(conv_layout)
-    return found
+    # a depthwise conv gets the direct kernel before the layout variant
+    return [pool, scan, depthwise, layout_copy, conv_layout]
 
 
 def template_for(graph: Graph, node: OpNode) -> tuple[NodeTemplate | None, str]:

@@ -17,7 +17,8 @@ from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import broadcast_strides, contiguous_strides, dense_permuted, refine_strides
 from kernelwright.codegen.templating import launch_helpers, template_text, triton_env
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
-from kernelwright.plan.fusion import EVAL_BN, FREE_VIEWS, Group, reduction_spec, row_shapes
+from kernelwright.ops import EVAL_BN, FREE_VIEWS, reduction_spec, row_shapes
+from kernelwright.plan.fusion import Group
 
 NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
 

@@ -2,12 +2,15 @@
 
 Each entry takes the rendered operand expressions (`a`: list of str; tensors and Python scalars
 already rendered) plus the node's remaining arguments, and returns one Triton expression.
-`POINTWISE` is also the set of ops the planner may fuse.
+`POINTWISE` has an entry for exactly the targets of `kernelwright.ops.POINTWISE`, the elementwise
+ops the planner fuses (checked at import).
 """
 from __future__ import annotations
 
 import math
 from typing import Callable
+
+from kernelwright.ops import POINTWISE as FUSIBLE
 
 # helpers defined in the rendered kernel file's prelude (see templates/triton/prelude.py.j2)
 Expr = Callable[[list, dict], str]
@@ -146,6 +149,9 @@ POINTWISE: dict[str, Expr] = {
     "aten.ne.Tensor": lambda a, kw: f"({a[0]} != {a[1]})",
     "aten.logical_not.default": lambda a, kw: f"({a[0]} == 0)",
 }
+if set(POINTWISE) != FUSIBLE:
+    raise ImportError(f"the Triton op table and kernelwright.ops.POINTWISE differ: only in the table "
+                      f"{sorted(set(POINTWISE) - FUSIBLE)}, only in ops {sorted(FUSIBLE - set(POINTWISE))}")
 
 # positional argument names after the tensor operands, per op (ATen schema order)
 EXTRA_ARGS = {

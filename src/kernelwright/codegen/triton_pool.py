@@ -22,20 +22,13 @@ from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import channels_last_strides
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.templating import launch_helpers, triton_env
+from kernelwright.ops import POOLS
 from kernelwright.space.axes import Axis, Space, pow2_range
 from kernelwright.space.config import Config
 
 TEMPLATE_NAME = "triton.pool"
 
-# target -> (kind, pooled dims)
-TARGETS = {
-    "aten.max_pool1d_with_indices.default": ("max", 1),
-    "aten.max_pool2d_with_indices.default": ("max", 2),
-    "aten.max_pool3d_with_indices.default": ("max", 3),
-    "aten.avg_pool1d.default": ("avg", 1),
-    "aten.avg_pool2d.default": ("avg", 2),
-    "aten.avg_pool3d.default": ("avg", 3),
-}
+TARGETS = POOLS  # target -> (kind, pooled dims)
 # argument names after `self`, in schema order
 _MAX_ARGS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 _AVG_ARGS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")

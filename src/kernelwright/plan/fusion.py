@@ -19,21 +19,8 @@ from dataclasses import dataclass, field
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import contiguous_strides, refine_strides
-from kernelwright.codegen.triton_ops import POINTWISE
-
-REDUCTIONS = {
-    "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default",
-    "aten.amax.default", "aten.amin.default", "aten.argmax.default", "aten.argmin.default",
-    "aten.max.dim", "aten.min.dim", "aten.var.correction", "aten.linalg_vector_norm.default",
-}
-NORMS = {"aten.native_layer_norm.default", "aten.native_group_norm.default", "aten._native_batch_norm_legit.no_stats",
-         "aten._native_batch_norm_legit_functional.default"}
-COMPOSITES = {"aten._softmax.default", "aten._log_softmax.default"} | NORMS
-EVAL_BN = "aten._native_batch_norm_legit_no_training.default"  # elementwise with per-channel statistics
-FLOAT_DTYPES = {"float32", "float16", "bfloat16"}
-_RESHAPES = ("aten.view.default", "aten._unsafe_view.default")
-FREE_VIEWS = {"aten.expand.default", "aten.squeeze.dims", "aten.squeeze.dim", "aten.unsqueeze.default",
-              "aten.view.default", "aten._unsafe_view.default"}
+from kernelwright.ops import (COMPOSITES, EVAL_BN, FLOAT_DTYPES, FREE_VIEWS, NORMS, POINTWISE, REDUCTIONS,
+                              RESHAPES, reduction_spec, row_shapes)
 
 
 @dataclass
@@ -92,76 +79,9 @@ class Plan:
         return [u.group for u in self.units if u.group]
 
 
-def _norm_dims(dims, ndim: int) -> tuple[int, ...]:
-    if dims is None or dims == [] or dims == ():
-        return tuple(range(ndim))
-    if isinstance(dims, int):
-        dims = [dims]
-    return tuple(sorted(d % ndim for d in dims))
-
-
-def reduction_spec(node: OpNode, graph: Graph) -> tuple[tuple[int, ...], tuple[int, ...], bool] | None:
-    """(domain, reduced dims, keepdim) of a reduction or row composite; None if not fusible."""
-    x = node.args[0]
-    meta = graph.meta(x.name) if hasattr(x, "name") else None
-    if meta is None or meta.dtype not in FLOAT_DTYPES or len(meta.shape) == 0:
-        return None
-    ndim = len(meta.shape)
-    t, a = node.target, node.args
-    if t in ("aten.sum.default", "aten.mean.default"):
-        return meta.shape, tuple(range(ndim)), False
-    if t in ("aten.sum.dim_IntList", "aten.mean.dim", "aten.amax.default", "aten.amin.default"):
-        dims = a[1] if len(a) > 1 else node.kwargs.get("dim")
-        keep = a[2] if len(a) > 2 else node.kwargs.get("keepdim", False)
-        if node.kwargs.get("dtype") is not None:
-            return None
-        return meta.shape, _norm_dims(dims, ndim), bool(keep)
-    if t in ("aten.argmax.default", "aten.argmin.default", "aten.max.dim", "aten.min.dim"):
-        dim = a[1] if len(a) > 1 else node.kwargs.get("dim")
-        keep = a[2] if len(a) > 2 else node.kwargs.get("keepdim", False)
-        if dim is None:
-            return None
-        return meta.shape, _norm_dims(dim, ndim), bool(keep)
-    if t == "aten.var.correction":
-        dims = a[1] if len(a) > 1 else node.kwargs.get("dim")
-        return meta.shape, _norm_dims(dims, ndim), bool(node.kwargs.get("keepdim", False))
-    if t == "aten.linalg_vector_norm.default":
-        order = a[1] if len(a) > 1 else node.kwargs.get("ord", 2)
-        if float(order) not in (1.0, 2.0):
-            return None
-        dims = a[2] if len(a) > 2 else node.kwargs.get("dim")
-        keep = a[3] if len(a) > 3 else node.kwargs.get("keepdim", False)
-        return meta.shape, _norm_dims(dims, ndim), bool(keep)
-    if t in ("aten._softmax.default", "aten._log_softmax.default"):
-        return meta.shape, _norm_dims(a[1], ndim), True
-    if t == "aten.native_layer_norm.default":
-        k = len(a[1])
-        return meta.shape, tuple(range(ndim - k, ndim)), True
-    if t == "aten.native_group_norm.default":
-        n, c, hw, groups = (int(v) for v in a[3:7])
-        if c % groups or n * c * hw != meta.numel:
-            return None
-        return (n, groups, c // groups, hw), (2, 3), True  # the input seen as [N, G, C/G, H*W]
-    if t == "aten._native_batch_norm_legit.no_stats":
-        if ndim < 2 or not a[3]:
-            return None
-        return meta.shape, tuple(d for d in range(ndim) if d != 1), True
-    if t == "aten._native_batch_norm_legit_functional.default":
-        if ndim < 2 or not a[5]:  # training mode: statistics over every dim but the channels
-            return None
-        return meta.shape, tuple(d for d in range(ndim) if d != 1), True
-    return None
-
-
 def _views_domain(shape, domain) -> bool:
     """Whether a contiguous tensor of `shape` can be read as the domain by a view (split/merge)."""
     return len(shape) > 0 and refine_strides(tuple(shape), contiguous_strides(shape), tuple(domain)) is not None
-
-
-def row_shapes(domain, rdims) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    keep = tuple(1 if i in rdims else s for i, s in enumerate(domain))
-    drop = tuple(s for i, s in enumerate(domain) if i not in rdims)
-    return keep, drop
 
 
 def _is_pointwise(node: OpNode, graph: Graph) -> bool:
@@ -244,7 +164,7 @@ class _Builder:
         add before a group norm over [N, G, C/G, H*W]): b's values are read through that view."""
         regroup = (a.domain != b.domain and a.rdims is not None and b.rdims is None
                    and all(v == "full" for v in b.levels.values()) and _views_domain(b.domain, a.domain)
-                   and all(self.g.node(n).target in POINTWISE or self.g.node(n).target in _RESHAPES for n in b.nodes))
+                   and all(self.g.node(n).target in POINTWISE or self.g.node(n).target in RESHAPES for n in b.nodes))
         if regroup:
             return self._acyclic(a, b)
         if a.domain != b.domain or (a.rdims is not None and b.rdims is not None and a.rdims != b.rdims):
@@ -299,7 +219,7 @@ class _Builder:
             return "row"
         if level == "full" and shape == src_shape == g.domain:
             return "full"
-        if level == "full" and n.target in _RESHAPES \
+        if level == "full" and n.target in RESHAPES \
                 and (src_shape == g.domain or _views_domain(src_shape, g.domain)) and _views_domain(shape, g.domain):
             # a reshape between two views of the domain (a GEMM's [B*S, N] result and its [B, S, N]
             # form): element i of one is element i of the other in row-major order, as in the domain

@@ -15,11 +15,9 @@ import torch
 from kernelwright.analyze.classify import is_view
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides, refine_strides
-from kernelwright.codegen.triton_ops import POINTWISE
-from kernelwright.codegen.triton_pool import TARGETS as POOLS
+from kernelwright.ops import COMPOSITES, EVAL_BN, NORMS, POINTWISE, POOLS, REDUCTIONS, reduction_spec
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
 from kernelwright.plan.dead_code import drop_unread
-from kernelwright.plan.fusion import COMPOSITES, EVAL_BN, NORMS, REDUCTIONS, reduction_spec
 from kernelwright.plan.weights import pure
 
 
