@@ -1,20 +1,25 @@
-# Set-up and run commands for a fresh machine. Both create .venv and install the project into it.
+# Set-up and run commands for a fresh machine. Each target creates .venv and installs the project into it.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # CPU machines: torch 2.13.0 lies on disk as a CPU wheel; triton's interpreter needs numpy < 2.4.
 PINS := torch==2.13.0 "triton==3.6.0" "numpy<2.4"
 
-.PHONY: test demo clean
+.PHONY: test lint demo clean
 
 $(BIN)/kernelwright: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(PINS) -e ".[cuda,test]"
+	$(BIN)/pip install -q $(PINS) -e ".[cuda,test,lint]"
 	touch $@
 
 test: $(BIN)/kernelwright
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Checks configured in pyproject.toml: ruff ([tool.ruff]) and mypy on the modules [tool.mypy] lists.
+lint: $(BIN)/kernelwright
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/mypy
 
 demo: $(BIN)/kernelwright
 	$(BIN)/kernelwright doctor
@@ -23,4 +28,4 @@ demo: $(BIN)/kernelwright
 	$(BIN)/kernelwright report demo_out
 
 clean:
-	rm -rf $(VENV) demo_out
+	rm -rf $(VENV) demo_out .ruff_cache .mypy_cache

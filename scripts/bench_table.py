@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Turn `kernelwright bench --json` output into the markdown tables of docs/benchmarks.md.
 
+One section per file: the per-level summary (geometric means against eager and torch.compile,
+fast_p), the per-anchor means, and one row per problem. A `bench --baseline-only` file gives the
+eager and torch.compile columns only. Needs no GPU and no torch.
+
 usage: python3 scripts/bench_table.py BENCH.json [BENCH.json ...]
 """
+import argparse
 import json
-import sys
 
 
 def fmt(v, nd=3):
@@ -64,5 +68,12 @@ def table(path: str) -> str:
     return "\n".join(out)
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("bench", nargs="+", help="JSON files written by `kernelwright bench --json`")
+    args = ap.parse_args()
+    print("\n\n".join(table(p) for p in args.bench))
+
+
 if __name__ == "__main__":
-    print("\n\n".join(table(p) for p in sys.argv[1:]))
+    main()

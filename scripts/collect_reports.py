@@ -1,15 +1,17 @@
-"""Dev tool: concatenate the report.md of every benched problem slower than a ratio of
-torch.compile into one file (the device tool returns few files; one file carries them all).
+"""Concatenate into one markdown file the report.md of every benched problem that is incorrect,
+failed, or slower than a ratio of torch.compile (the device machine returns few files, so one file
+carries them all). Needs no GPU and no torch.
 
 usage: python3 scripts/collect_reports.py BENCH.json RUNS_DIR OUT.md [--below 0.95]
-RUNS_DIR is the bench's --out folder (scripts/gpu_bench.sh uses /tmp/kw_runs).
+BENCH.json is `kernelwright bench --json` output; RUNS_DIR is that bench's --out folder
+(scripts/gpu_bench.sh uses /tmp/kw_runs), holding levelN/PROBLEM/report.md.
 """
 import argparse
 import json
 import sys
 from pathlib import Path
 
-ap = argparse.ArgumentParser()
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("bench_json")
 ap.add_argument("runs_dir")
 ap.add_argument("out")

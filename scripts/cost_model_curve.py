@@ -16,7 +16,7 @@ from kernelwright.search.evaluate import learning_curve
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("db", nargs="*")
     ap.add_argument("--sizes", default="0,100,300,1000,100000")
     ap.add_argument("--precision")

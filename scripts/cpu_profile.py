@@ -17,7 +17,7 @@ from kernelwright.emit.module import import_model_new, model_new_like
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
 
-ap = argparse.ArgumentParser()
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("problem")
 ap.add_argument("out_dir")
 ap.add_argument("--precision", default="fp32")

@@ -1,25 +1,24 @@
 #!/usr/bin/env bash
-# Dev tool (CPU, Triton interpreter): run `optimize` over tests/fixtures/sweep/*.py, small
-# KernelBench-style programs (instance norm after a conv, tensors made in forward, training-mode
-# dropout, channel shuffle, dense/fire/SE blocks, dilated / grouped / transposed convs, einsum,
-# losses, scans, pools), under each precision policy, and print one line per run: the policy, the
-# program, PASS / FAIL / FALLBACK (the generated program failed verification and the original
-# forward shipped) / KEPT (it verified but was slower than eager as a whole, so the original
-# forward shipped by design: a pass) / SKIP (eager itself cannot run the model under that policy
-# here) / ERROR, and the verify line. Exits 1 if any run is not PASS, KEPT or SKIP. Session 12's sweep
-# (162 runs, ~15 s each on 2 cores) found the bugs its notes name; lstm_small under bf16 on the CPU
-# is a SKIP (oneDNN has no bf16 LSTM: eager itself fails, a one-line problem error). Session 13 added
-# 17 programs (71) and found its bf16 FALLBACKs were the Triton interpreter's truncating bf16 casts
-# (generated casts now round to nearest even there too); on the H200 (TRITON_INTERPRET=0, BUDGET=4)
-# the first 18 programs passed under tf32 at about 30 s each. Session 14: 72 programs (depthwise_variants).
-# Session 15 finished the compiled tf32 run of all 72: 71 PASS, and triu_matmul shipped the original
-# forward for a reason its lost log would have told (the script then called both kinds FALLBACK).
-# Session 15 also added depthwise_tall (2-, 5- and 7-row depthwise kernels): 73 programs.
-# usage: scripts/cpu_sweep.sh [POLICY...]   (default: tf32 bf16 fp32; env OUT: the output folder;
-#        BUDGET: optimize's --budget; FILES: the programs, default every sweep fixture; on a GPU
-#        machine run it with TRITON_INTERPRET=0 to compile and time the kernels instead of
-#        interpreting them)
+# Run `optimize` over the small KernelBench-style programs in tests/fixtures/sweep/*.py (instance
+# norm after a conv, tensors made in forward, training-mode dropout, channel shuffle, dense/fire/SE
+# blocks, dilated / grouped / transposed / depthwise convs, einsum, losses, scans, pools, RNNs) under
+# each precision policy, on the CPU in the Triton interpreter by default, and print one line per
+# run: the policy, the program, a verdict, and the run's verify line. Verdicts:
+#   PASS      the generated program verified and ships
+#   KEPT      it verified but was slower than eager as a whole, so the original forward ships (a pass)
+#   SKIP      eager itself cannot run the model under that policy here (e.g. lstm_small under bf16
+#             on the CPU: oneDNN has no bf16 LSTM)
+#   FALLBACK  the generated program failed verification and the original forward shipped
+#   FAIL      optimize exited non-zero with a failed verification
+#   ERROR     optimize exited non-zero otherwise
+# Exits 1 if any run is not PASS, KEPT or SKIP. A run takes about 15 s on 2 CPU cores.
+# usage: scripts/cpu_sweep.sh [POLICY...]   (default: tf32 bf16 fp32)
+#   env: OUT     output folder (one optimize folder and log per run; default a fresh temporary one)
+#        BUDGET  optimize's --budget
+#        FILES   the programs (default every sweep fixture)
+#        TRITON_INTERPRET=0 on a GPU machine compiles and times the kernels instead of interpreting them
 set -u
+case ${1:-} in -h|--help) sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 policies=${*:-tf32 bf16 fp32}
 out=${OUT:-$(mktemp -d)}; mkdir -p "$out"

@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Run on the GPU machine: GPU test files (GPU_TESTS="tests/test_cuda_graphs.py ..."; each file runs
-# alone, without TRITON_INTERPRET, which other test modules switch on), then `bench` of PROBLEM... under
-# each precision, with everything packed into two files under $OUT (the device tool returns at
-# most 8): summary.txt (the tests' last lines and each bench's table) and session.tgz (bench JSON,
-# logs, the trial database, and each problem's report.md, result.json and model_new.py).
+# Run on the GPU machine: the GPU test files named in $GPU_TESTS, each alone and without
+# TRITON_INTERPRET (which other test modules switch on), then `kernelwright bench` of PROBLEM...
+# under each precision, packing the results into two files under $OUT (the device machine returns
+# few files):
+#   summary.txt  the last lines of each test file's run and each bench's table
+#   session.tgz  bench JSON and logs, the trial database, and each problem's report.md,
+#                result.json and model_new.py
 # usage: scripts/device_session.sh "bf16 tf32" BUDGET PROBLEM...
-#        (env: OUT; SECONDS_EACH, the time limit of one precision's bench, default 260; WORK, the
-#        working folder, default a fresh temporary one)
+#   env: OUT           output folder (default /tmp/kw_out)
+#        GPU_TESTS     test files to run first, e.g. "tests/test_cuda_graphs.py" (default none)
+#        SECONDS_EACH  time limit of one precision's bench (default 260)
+#        WORK          working folder (default a fresh temporary one)
 set -u
+help() { sed -n '2,/^set -u/{/^set -u/d;s/^# \{0,1\}//;p}' "$0"; }
+case ${1:-} in -h|--help) help; exit 0 ;; esac
+if [ $# -lt 3 ]; then help >&2; exit 2; fi
 precisions=$1; budget=$2; shift 2
-OUT=${OUT:-/tmp/kw_out}
+OUT=${OUT:-/tmp/kw_out}; mkdir -p "$OUT"
 work=${WORK:-$(mktemp -d)}; mkdir -p "$work"
 export PYTHONPATH=src PYTHONUNBUFFERED=1 KERNELWRIGHT_DB=$work/trials.jsonl
 : > "$OUT/summary.txt"

@@ -18,7 +18,7 @@ from kernelwright.pipeline import Options, optimize_problem
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
 
-ap = argparse.ArgumentParser()
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("problems", nargs="+")
 ap.add_argument("--precision", default="fp32")
 ap.add_argument("--budget", type=int, default=8)

@@ -29,7 +29,7 @@ from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
 
-ap = argparse.ArgumentParser()
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("problem")
 ap.add_argument("--precision", default="fp32")
 ap.add_argument("--calls", type=int, default=2000)

@@ -1,0 +1,181 @@
+"""Smoke tests of the maintained tools in scripts/, each runnable on a CPU-only machine in seconds.
+
+The tools that need a GPU are checked through their argument parsing (`--help` imports torch and
+kernelwright and exits before any device work); the others run on tiny inputs. The shell scripts
+are syntax-checked, and the ones that call `python3 -m kernelwright` run against a stand-in
+`python3` on PATH that prints its arguments, so their command lines and output handling are
+checked without running a benchmark.
+"""
+import ast
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py"]
+GPU_TOOLS = ["cpu_profile.py", "kernel_profile.py", "launch_overhead.py", "replay_host_probe.py"]
+SHELL_TOOLS = ["cpu_sweep.sh", "device_session.sh", "gpu_bench.sh"]
+
+
+def run(cmd, env=None, **kw):
+    """Runs cmd in the repository root with src/ importable; returns the CompletedProcess."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), **(env or {})}
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=120, **kw)
+
+
+def py(script, *args, **kw):
+    return run([sys.executable, str(SCRIPTS / script), *map(str, args)], **kw)
+
+
+def test_every_script_has_a_smoke_test():
+    """A tool added to scripts/ gets a test here; a one-off probe belongs in git history instead."""
+    found = sorted(p.name for p in SCRIPTS.iterdir() if p.name != "__pycache__")
+    assert found == sorted(CPU_TOOLS + GPU_TOOLS + SHELL_TOOLS)
+
+
+@pytest.mark.parametrize("name", CPU_TOOLS + GPU_TOOLS + SHELL_TOOLS)
+def test_header_says_how_to_run(name):
+    text = (SCRIPTS / name).read_text()
+    head = ast.get_docstring(ast.parse(text)) if name.endswith(".py") else text.split("\nset -u", 1)[0]
+    assert head and "usage:" in head and f"scripts/{name}" in head
+
+
+@pytest.mark.parametrize("name", CPU_TOOLS + GPU_TOOLS)
+def test_help(name):
+    r = py(name, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: {name}") and f"scripts/{name}" in r.stdout
+
+
+# bench_table.py / collect_reports.py: a bench JSON as `kernelwright bench --json` writes it
+ROWS = [
+    {"problem": "fast_one", "level": 1, "correct": True, "times": {"eager": 2.0, "compile": 1.0, "kernelwright": 0.5},
+     "groups": [["g0", "pointwise", "triton"]]},
+    {"problem": "slow_one", "level": 2, "correct": True, "times": {"eager": 2.0, "compile": 1.0, "kernelwright": 2.0},
+     "groups": []},
+    {"problem": "broken", "level": 2, "correct": False, "error": "capture failed"},
+]
+SUMMARY = {"level1": {"n": 1, "correct": 1.0, "kw_over_compile": 2.0, "kw_over_eager": 4.0,
+                      "compile_over_eager": 2.0, "fast_1_compile": 1.0, "fast_2_compile": 1.0,
+                      "kw_over_compile_by_anchor": {"none": [1, 2.0]}},
+           "level2": {"n": 2, "correct": 0.5, "kw_over_compile": 0.5}}
+
+
+def bench_json(tmp_path, **options):
+    data = {"rows": ROWS, "summary": SUMMARY, "gpu": "Test GPU", "torch": "2.x",
+            "options": {"precision": "tf32", "trials": 4, "compile_mode": None, "baseline_only": False, **options}}
+    path = tmp_path / f"bench_{len(options)}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_bench_table(tmp_path):
+    r = py("bench_table.py", bench_json(tmp_path), bench_json(tmp_path, baseline_only=True))
+    assert r.returncode == 0, r.stderr
+    optimized, baselines = r.stdout.split("\n\n### ")
+    assert optimized.startswith("### tf32 — Test GPU, torch 2.x, budget 4 trials/problem")
+    assert "| L1 fast_one | 2.000 | 1.000 | 0.500 | yes | 2.00 | g0 |" in optimized
+    assert "| L2 broken | - | - | - | NO | - | - |" in optimized
+    assert "level1 none (1): 2.000" in optimized
+    assert baselines.startswith("baselines only, tf32") and "| L1 fast_one | 2.000 | 1.000 | 2.00 |" in baselines
+
+
+def test_collect_reports(tmp_path):
+    runs = tmp_path / "runs"
+    for level, name in ((1, "fast_one"), (2, "slow_one")):
+        (runs / f"level{level}" / name).mkdir(parents=True)
+        (runs / f"level{level}" / name / "report.md").write_text(f"# report of {name}\n")
+    out = tmp_path / "slow.md"
+    r = py("collect_reports.py", bench_json(tmp_path), runs, out, "--below", "0.95")
+    assert r.returncode == 0, r.stderr
+    assert "2 report(s)" in r.stdout
+    text = out.read_text()
+    assert "<!-- slow_one: vs compile 0.500 -->\n# report of slow_one" in text
+    assert "<!-- broken: capture failed -->\n(no report.md)" in text
+    assert "fast_one" not in text
+
+
+def test_collect_reports_unreadable_bench(tmp_path):
+    r = py("collect_reports.py", tmp_path / "missing.json", tmp_path, tmp_path / "out.md")
+    assert r.returncode == 1 and "cannot read" in r.stderr
+
+
+def test_cost_model_curve_errors(tmp_path):
+    r = py("cost_model_curve.py", "--sizes", "0,a")
+    assert r.returncode == 2 and "--sizes must be integers" in r.stderr
+    empty = tmp_path / "trials.jsonl"
+    empty.write_text("")
+    r = py("cost_model_curve.py", empty)
+    assert r.returncode == 1 and r.stderr.startswith("error: no task to hold out")
+
+
+@pytest.mark.parametrize("name", SHELL_TOOLS)
+def test_shell_syntax_and_help(name):
+    assert run(["bash", "-n", str(SCRIPTS / name)]).returncode == 0
+    r = run(["bash", str(SCRIPTS / name), "--help"])
+    assert r.returncode == 0 and f"usage: scripts/{name}" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["device_session.sh", "gpu_bench.sh"])
+def test_shell_missing_arguments(name):
+    r = run(["bash", str(SCRIPTS / name), "only_one"])
+    assert r.returncode == 2 and f"usage: scripts/{name}" in r.stderr
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    """A `python3` first on PATH that prints its arguments and $FAKE_TEXT, and exits $FAKE_RC."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "python3"
+    stub.write_text('#!/usr/bin/env bash\necho "args: $*"\nprintf "%b" "${FAKE_TEXT:-}"\nexit "${FAKE_RC:-0}"\n')
+    stub.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_gpu_bench_command_line(tmp_path, fake_python):
+    out = tmp_path / "out"
+    r = run(["bash", str(SCRIPTS / "gpu_bench.sh"), "run1", "3", "a.py", "b.py"],
+            env={**fake_python, "OUT": str(out), "PRECISION": "bf16", "KW_RUNS": str(tmp_path / "runs")})
+    assert r.returncode == 0, r.stderr
+    expected = (f"args: -m kernelwright bench a.py b.py --precision bf16 --budget 3 --json {out}/run1.json "
+                f"--out {tmp_path}/runs")
+    assert expected in r.stdout and expected in (out / "run1.log").read_text()
+
+
+def test_device_session_packs_results(tmp_path, fake_python):
+    out, work = tmp_path / "out", tmp_path / "work"
+    r = run(["bash", str(SCRIPTS / "device_session.sh"), "bf16 tf32", "2", "p.py"],
+            env={**fake_python, "OUT": str(out), "WORK": str(work), "GPU_TESTS": "tests/test_x.py",
+                 "FAKE_TEXT": "1 passed\\n"})
+    assert r.returncode == 0, r.stderr
+    summary = (out / "summary.txt").read_text()
+    assert "== tests/test_x.py\n" in summary and "-m pytest -q -p no:cacheprovider tests/test_x.py" in summary
+    assert "== bench bf16 (rc 0)" in summary and "== bench tf32 (rc 0)" in summary
+    assert f"--precision tf32 --budget 2 --json {work}/bench_tf32.json" in summary
+    with tarfile.open(out / "session.tgz") as tar:
+        assert sorted(tar.getnames()) == ["bench_bf16.log", "bench_tf32.log", "test_x.log"]
+
+
+@pytest.mark.parametrize("text, rc, verdict", [
+    ("verify: PASS excess -1\\n", 0, "PASS"),
+    ("kernelwright: the generated program FAILED verification; the original forward was kept\\n", 0, "FALLBACK"),
+    ("eval mode: the generated forward (2.0 ms) is slower than eager (1.0 ms): ModelNew keeps the original forward"
+     " there\\n", 0, "KEPT"),
+    ("error: the model itself fails under bf16\\n", 2, "SKIP"),
+    ("verify: FAIL excess 3\\n", 1, "FAIL"),
+    ("Traceback\\n", 1, "ERROR"),
+])
+def test_cpu_sweep_verdicts(tmp_path, fake_python, text, rc, verdict):
+    r = run(["bash", str(SCRIPTS / "cpu_sweep.sh"), "fp32"],
+            env={**fake_python, "OUT": str(tmp_path / "sweep"), "FILES": "tests/fixtures/sweep/lstm_small.py",
+                 "FAKE_TEXT": text, "FAKE_RC": str(rc)})
+    assert r.stdout.startswith(f"fp32 lstm_small {verdict}")
+    assert r.returncode == (0 if verdict in ("PASS", "KEPT", "SKIP") else 1)
+    assert "optimize tests/fixtures/sweep/lstm_small.py" in (tmp_path / "sweep" / "fp32_lstm_small.log").read_text()
