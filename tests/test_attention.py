@@ -205,7 +205,7 @@ def test_causal_attention_end_to_end(policy, tmp_path):
 
 def test_causal_check_once_per_version(tmp_path):
     """The emitted helper compares the mask with the causal one once per tensor and version."""
-    from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module
+    from kernelwright.emit.module import import_model_new, render_model_new, write_module
 
     prob = from_module(Plain(), [torch.randn(1, 4, 8)] * 3, name="plain")
     mod = import_model_new(write_module(tmp_path, render_model_new(prob, [], "fp32", None), {}))

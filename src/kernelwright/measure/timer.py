@@ -20,7 +20,7 @@ import torch
 
 from kernelwright.measure.l2 import NO_GPU, L2Flusher, _cuda_device
 
-__all__ = ["Timing", "time_interleaved", "round_order", "runs_for_budget", "require_gpu"]
+__all__ = ["Timing", "time_interleaved", "round_order", "runs_for_budget", "require_gpu", "NO_GPU"]
 
 
 @dataclass
@@ -182,4 +182,3 @@ def time_interleaved(
     return {name: Timing.from_samples([s.elapsed_time(e) for s, e in events[name]], issue[name]) for name in names}
 
 
-__all__.append("NO_GPU")

@@ -92,9 +92,7 @@ class Config:
     @classmethod
     def from_json(cls, data: "str | Mapping[str, Any]") -> "Config":
         """Inverse of ``to_json`` (also accepts the dict of ``to_dict``)."""
-        if isinstance(data, str):
-            data = json.loads(data)
-        return cls.from_dict(data)
+        return cls.from_dict(json.loads(data) if isinstance(data, str) else data)
 
     @classmethod
     def from_key(cls, key: str) -> "Config":
