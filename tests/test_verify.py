@@ -329,3 +329,29 @@ def test_on_gpu(name):
     factory, check = cheats.CHEATS[name]
     r = verify(problem, factory, FP32, "cuda")
     assert not r.passed and r.failed_check == check, (name, r.reason)
+
+
+def test_large_input_sets_keep_the_float64_reference(monkeypatch):
+    """Large input sets are drawn again for each use and checked against the first draw's
+    fingerprints: the float64 reference draws them as get_inputs does (float32) and upcasts, so
+    the check holds and the reference stays float64."""
+    from kernelwright.problem import load_problem
+    from kernelwright.verify import verifier
+
+    monkeypatch.setattr(verifier, "LARGE_INPUTS", 0)
+    problem = load_problem(Path(__file__).parents[1] / "problems/level1/l1_norm.py", small=True)
+    def factory(reference):  # the problem's forward, written out
+        return lambda x: x / x.abs().sum(dim=1, keepdim=True)
+    r = verify(problem, factory, FP32, DEVICE)
+    assert r.passed, r.reason
+    assert r.reference_dtype == "float64" and r.reference_fallback is None
+
+
+def test_a_parked_reference_compares_like_one_in_place(monkeypatch):
+    from kernelwright.verify import compare
+
+    monkeypatch.setattr(compare, "PARK_BYTES", 0)
+    ref = torch.randn(1000, dtype=torch.float64)
+    out = (ref + 1e-3).float()
+    assert compare.park(ref) is ref or torch.equal(compare.park(ref), ref)
+    assert excess(out, compare.park(ref), 1e-4) == excess(out, ref, 1e-4)

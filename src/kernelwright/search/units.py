@@ -25,7 +25,7 @@ from kernelwright.search.result import RunResult
 from kernelwright.space.config import Config
 from kernelwright.space.group_space import (default_config, group_space, seed_configs, strided_long_rows, tiled_default,
                                             tiled_space)
-from kernelwright.verify.compare import excess_reason, poisoned_like
+from kernelwright.verify.compare import excess_reason, park, poisoned_like
 
 
 def _floating(v):
@@ -73,7 +73,8 @@ class KernelTuner:
         self.graph, self.nodes, self.unit_inputs, self.outputs = graph, nodes, inputs, outputs
         self.env, self.policy, self.device, self.cache_dir, self.timed = env, policy, device, cache_dir, timed
         ref = self._run_library(torch.float64)
-        self.ref64 = [_pick(ref, o) for o in outputs]
+        self.ref64 = [park(_pick(ref, o)) for o in outputs]  # (large references wait in host memory)
+        del ref
         self.eager = [_pick(env, o) for o in outputs]
         self.eager_excess = max((excess_reason(e, r, policy.tol, e.dtype)[0] for e, r in zip(self.eager, self.ref64)),
                                 default=-math.inf)

@@ -13,9 +13,19 @@ import math
 
 import torch
 
-__all__ = ["excess", "excess_reason", "poisoned_like"]
+__all__ = ["excess", "excess_reason", "park", "poisoned_like"]
 
 CHUNK = 1 << 24  # elements compared at a time (float64 temporaries of ~128 MiB each)
+PARK_BYTES = 1 << 30  # references at least this large wait in host memory between comparisons
+
+
+def park(t):
+    """`t` as a reference to compare against later: a GPU tensor of at least PARK_BYTES moves to
+    host memory (comparisons bring it back one chunk at a time), so a large float64 reference does
+    not sit on the GPU beside the candidate's inputs and outputs. Anything else is returned as is."""
+    if isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.numel() * t.element_size() >= PARK_BYTES:
+        return t.detach().to("cpu")
+    return t
 
 
 def _kind(dtype: torch.dtype) -> str:
@@ -50,9 +60,11 @@ def excess_reason(
     o_all = out.detach().as_subclass(torch.Tensor).reshape(-1)
     r_all = ref.detach().as_subclass(torch.Tensor).reshape(-1)
     value, ref_mismatch, out_mismatch, any_finite = -math.inf, 0, 0, False
+    # on the output's GPU when there is one (a parked reference comes back chunk by chunk)
+    where = out.device if out.device.type != "cpu" else ref.device
     for start in range(0, o_all.numel(), CHUNK):  # in pieces: float64 temporaries of a bounded size
-        o = o_all[start:start + CHUNK].to(device=ref.device, dtype=wide)
-        r = r_all[start:start + CHUNK].to(dtype=wide)
+        o = o_all[start:start + CHUNK].to(device=where, dtype=wide)
+        r = r_all[start:start + CHUNK].to(device=where, dtype=wide)
         if wide == torch.complex128:
             o, r = torch.view_as_real(o), torch.view_as_real(r)
         r_fin = torch.isfinite(r)

@@ -26,7 +26,7 @@ import torch
 
 from kernelwright.problem.load import _first_line, eager_under, flatten_outputs
 from kernelwright.verify import anticheat
-from kernelwright.verify.compare import excess_reason, poisoned_like
+from kernelwright.verify.compare import excess_reason, park, poisoned_like
 
 __all__ = ["verify", "VerifyResult", "SetResult"]
 
@@ -64,6 +64,7 @@ class VerifyResult:
     policy: str = ""
     tol: float = 0.0
     reference_dtype: str = "float64"  # "float64", or "float32" (TF32 off) where float64 failed
+    reference_fallback: str | None = None  # why the float64 reference failed (one line)
     thresholds: list[float] = field(default_factory=list)  # per output
     sets: list[SetResult] = field(default_factory=list)
     checks: dict[str, str] = field(default_factory=dict)  # check name -> "ok" | "skipped: ..." | reason
@@ -79,6 +80,7 @@ class VerifyResult:
             "policy": self.policy,
             "tol": self.tol,
             "reference_dtype": self.reference_dtype,
+            "reference_fallback": self.reference_fallback,
             "thresholds": [_jsonable(t) for t in self.thresholds],
             "sets": [s.to_json() for s in self.sets],
             "checks": dict(self.checks),
@@ -180,8 +182,9 @@ class _HighPrecisionReference:
         """The reference's outputs on `draw()`, a fresh copy of the input set (upcast, then let go)."""
         if self.dtype == "float64":
             try:
+                inputs = _upcast(draw(), torch.float64)  # (drawn as get_inputs draws them, then upcast)
                 with torch.no_grad(), _tf32_off(), _default_dtype(torch.float64):
-                    return flatten_outputs(self.model(*_upcast(draw(), torch.float64)), self.problem.where)
+                    return flatten_outputs(self.model(*inputs), self.problem.where)
             except Exception as e:  # noqa: BLE001 - float64 unsupported by some op/device
                 self.fallback_reason = _exc_line(e)
                 self.dtype = "float32"
@@ -251,7 +254,7 @@ def verify(
     eager_exc: list[float] = []
 
     def finish(fail: _Fail | None) -> VerifyResult:
-        result.reference_dtype = high.dtype
+        result.reference_dtype, result.reference_fallback = high.dtype, high.fallback_reason
         result.excess = max(cand_exc, default=result.excess)
         result.eager_excess = max(eager_exc, default=result.eager_excess)
         result.thresholds = [_threshold(tol, e) for e in eager_exc]
@@ -297,7 +300,7 @@ def verify(
             # training mode, rand_like) draw the same numbers in the reference, eager and the
             # candidate when the candidate draws as the model does
             torch.manual_seed(seed)
-            hi = high(inputs_k.fresh)
+            hi = [park(h) for h in high(inputs_k.fresh)]  # (large references wait in host memory)
             inputs = inputs_k.fresh()
             before = _snapshots(inputs)
             torch.manual_seed(seed)
@@ -329,8 +332,8 @@ def verify(
             set_res = SetResult(seed=seed, excess=-math.inf, eager_excess=-math.inf,
                                 output_excess=[-math.inf] * len(eager))
             result.sets.append(set_res)
-            for i, (e, h) in enumerate(zip(eager, hi)):
-                x, _ = excess_reason(e, h, tol, dtype=e.dtype)
+            # (a generator, so no loop variable keeps an output alive after the loop)
+            for i, x in enumerate(excess_reason(e, h, tol, dtype=e.dtype)[0] for e, h in zip(eager, hi)):
                 eager_exc[i] = max(eager_exc[i], x)
                 set_res.eager_excess = max(set_res.eager_excess, x)
 
@@ -378,7 +381,7 @@ def verify(
                         set_res.reasons.append(f"output {i}: {why}")
                 return outs, settled
 
-            _, settled_a = run(inputs_k.fresh, full_checks=True, delay=(k == 0))
+            settled_a = run(inputs_k.fresh, full_checks=True, delay=(k == 0))[1]
             if k < 2:
                 first[f"cand{k}"] = settled_a
                 first[f"ref{k}"] = [anticheat.snapshot(o) for o in eager[:n_out]]
