@@ -1,4 +1,4 @@
-"""Command line: doctor, inspect, optimize, bench, report (see design.md's contract).
+"""Command line: doctor, inspect, optimize, bench, report (see docs/design.md's contract).
 
 Exit codes: 0 success; 2 bad input (one line on stderr, `kernelwright: error: ...`); 1 an
 internal error or an emitted module that failed verification (one line saying so); 130 Ctrl-C

@@ -1,4 +1,4 @@
-"""Precision policies (design.md): what the GPU may round to, and the tolerance that goes with it.
+"""Precision policies (docs/design.md): what the GPU may round to, and the tolerance that goes with it.
 
 A policy is applied to *both* sides of every comparison: baselines are always timed under the
 same policy as the candidate (matched precision).

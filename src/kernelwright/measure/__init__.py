@@ -1,4 +1,4 @@
-"""Timing (design.md, "Timing protocol"): CUDA events, L2 flush, interleaved rounds, baselines
+"""Timing (docs/design.md, "Timing protocol"): CUDA events, L2 flush, interleaved rounds, baselines
 (eager and torch.compile) under the same precision policy."""
 from kernelwright.measure.baselines import Baselines, make_baselines, time_problem
 from kernelwright.measure.l2 import L2Flusher, l2_size_bytes

@@ -1,4 +1,4 @@
-"""L2 flushing between timed runs (design.md, "Timing protocol")."""
+"""L2 flushing between timed runs (docs/design.md, "Timing protocol")."""
 from __future__ import annotations
 
 import torch

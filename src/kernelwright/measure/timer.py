@@ -1,4 +1,4 @@
-"""Interleaved timing with CUDA events (design.md, "Timing protocol").
+"""Interleaved timing with CUDA events (docs/design.md, "Timing protocol").
 
 Each implementation is warmed up by time (its first call, which compiles and autotunes, is not
 counted), then all are timed in interleaved rounds whose order changes each round (a Williams design:

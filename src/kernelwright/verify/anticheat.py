@@ -1,7 +1,7 @@
-"""Anti-cheat checks of design.md's verification protocol, one small named function per rule.
+"""Anti-cheat checks of docs/design.md's verification protocol, one small named function per rule.
 
 Each check returns None when the candidate passes it, or a one-line reason. `verify` runs them
-all; `CHECKS` names them in the order of design.md's list.
+all; `CHECKS` names them in the order of docs/design.md's list.
 
 The originals of the timers a cheat could patch are captured when this module is imported (it is
 imported with `kernelwright.verify`), before any candidate is built.

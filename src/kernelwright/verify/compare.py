@@ -1,4 +1,4 @@
-"""Error measure of design.md's verification protocol: the excess over allclose.
+"""Error measure of docs/design.md's verification protocol: the excess over allclose.
 
     excess = max over elements of (|out - ref| - tol * |ref|)      (computed in float64)
 

@@ -1,4 +1,4 @@
-"""`verify`: design.md's verification protocol for one candidate.
+"""`verify`: docs/design.md's verification protocol for one candidate.
 
 Per input set k (seed `seed0 + k`, at least max(n_sets, 2) sets):
   1. high-precision reference: a float64 deepcopy of the model on float64 inputs (float32 with
