@@ -165,3 +165,12 @@ def test_missing_file_and_folder():
     with pytest.raises(ProblemError) as info:
         load_problem(BAD)
     _assert_one_line(info.value, BAD, "is a folder")
+
+
+@pytest.mark.parametrize("name,op", [("gru", "aten.gru.input"), ("lstm", "aten.lstm.input")])
+def test_recurrent_layers_are_captured_as_one_op(name, op):
+    """A recurrent layer stays one ATen op (run by the library), not T copies of its cell."""
+
+    graph = capture(load_problem(ROOT / f"problems/level3/{name}.py", small=True), "meta")
+    targets = [n.target for n in graph.nodes]
+    assert targets.count(op) == 1 and len(targets) < 10, targets

@@ -87,7 +87,7 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
             with torch.device(_device_of(inputs, model)):  # tensors made in forward land beside the inputs
                 ep = torch.export.export(model, tuple(inputs))
             if decompose:
-                ep = ep.run_decompositions()
+                ep = ep.run_decompositions(_decompositions())
         except Exception as e:  # noqa: BLE001 - export raises many types
             first = (str(e).strip().splitlines() or [""])[0]
             if "data-dependent" in str(e) or "DataDependent" in type(e).__name__:
@@ -95,6 +95,21 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
                                    f"condition), which torch.export cannot trace: {first[:200]}") from e
             raise CaptureError(f"torch.export failed: {type(e).__name__}: {first[:300]}") from e
     return _to_graph(ep, name)
+
+
+# Recurrent layers stay one ATen op each: decomposed, a sequence of T steps becomes T copies of
+# the cell's ops (thousands of nodes for KernelBench's GRU/LSTM sizes), each a unit to tune, where
+# the library runs the whole sequence in one cuDNN call.
+RECURRENT = ("gru.input", "gru.data", "lstm.input", "lstm.data", "rnn_tanh.input", "rnn_tanh.data",
+             "rnn_relu.input", "rnn_relu.data")
+
+
+def _decompositions():
+    table = torch.export.default_decompositions()
+    for name in RECURRENT:
+        op, overload = name.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, op), overload), None)
+    return table
 
 
 def _device_of(inputs: list, model: torch.nn.Module) -> torch.device:
