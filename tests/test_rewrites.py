@@ -1,4 +1,5 @@
 """Exact rewrites: no-op removal keeps values, never touches outputs."""
+import pytest
 import torch
 import torch.nn as nn
 
@@ -128,7 +129,8 @@ class ConvAct(nn.Module):
 def test_tf32_runs_dense_convs_channels_last_and_keeps_the_layout_downstream():
     model, x = ConvAct().eval(), torch.randn(2, 3, 8, 8)
     g = capture(from_module(model, [x]))
-    assert rewrite(g, "fp32")[0].node("convolution").meta.stride == g.node("convolution").meta.stride
+    conv32 = next(n for n in rewrite(g, "fp32")[0].nodes if n.target == "aten.convolution.default")
+    assert conv32.meta.stride == g.node("convolution").meta.stride
     s, notes = rewrite(g, "tf32")
     conv = next(n for n in s.nodes if n.target == "aten.convolution.default")
     assert all(s.node(a.name).target == "aten.clone.default" for a in conv.args[:2])
@@ -445,3 +447,90 @@ def test_bf16_outputs_follow_eager_under_autocast():
     for a, b in zip(got, want):
         assert a.dtype == b.dtype
         torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2)
+
+
+# --- inference batch norm folded into the convolution or Linear before it ----------------------
+
+from kernelwright.plan.rewrites import fold_eval_batch_norm  # noqa: E402
+
+
+class ConvBN(nn.Module):
+    def __init__(self, bias=True, affine=True, transposed=False):
+        super().__init__()
+        conv = nn.ConvTranspose2d if transposed else nn.Conv2d
+        self.conv = conv(3, 6, 3, padding=1, bias=bias)
+        self.bn = nn.BatchNorm2d(6, affine=affine)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class LinearBN(nn.Module):
+    def __init__(self, k=5, bias=True):
+        super().__init__()
+        self.lin, self.bn = nn.Linear(k, 7, bias=bias), nn.BatchNorm1d(7)
+
+    def forward(self, x):
+        return self.bn(self.lin(x))
+
+
+def _eval_with_statistics(model):
+    torch.manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+            if m.affine:
+                m.weight.data.uniform_(0.5, 1.5)
+                m.bias.data.uniform_(-1, 1)
+    return model.eval()
+
+
+@pytest.mark.parametrize("model,x", [
+    (ConvBN(), torch.randn(2, 3, 8, 8)),
+    (ConvBN(bias=False), torch.randn(2, 3, 8, 8)),
+    (ConvBN(affine=False), torch.randn(2, 3, 8, 8)),
+    (LinearBN(), torch.randn(9, 5)),
+    (LinearBN(bias=False), torch.randn(9, 5)),
+])
+def test_inference_batch_norm_is_folded_into_the_weights(model, x):
+    model = _eval_with_statistics(model)
+    g = capture(from_module(model, [x]))
+    f, notes = fold_eval_batch_norm(g)
+    assert notes and "folded" in notes[0]
+    assert not any("batch_norm" in n.target for n in f.nodes)
+    producers = [n for n in f.nodes if n.target in ("aten.convolution.default", "aten.addmm.default")]
+    assert len(producers) == 1 and producers[0].args[0 if producers[0].target == "aten.addmm.default" else 1].name \
+        not in {i.name for i in f.inputs}  # reads the folded weight (or bias), not the parameter
+    torch.testing.assert_close(run_graph(f, model, [x])[0], model(x), rtol=1e-5, atol=1e-5)
+    # the folded weights are recomputed from the live parameters: an in-place edit is seen
+    model.bn.running_var.data.mul_(3)
+    torch.testing.assert_close(run_graph(f, model, [x])[0], model(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model,x,why", [
+    (ConvBN().train(), torch.randn(2, 3, 8, 8), "training mode: batch statistics"),
+    (ConvBN(transposed=True), torch.randn(2, 3, 8, 8), "transposed convolution"),
+    (LinearBN(k=64), torch.randn(9, 64), "the weight is larger than the output"),
+])
+def test_batch_norm_is_not_folded(model, x, why):
+    model = model if model.training else _eval_with_statistics(model)
+    g = capture(from_module(model, [x]))
+    f, notes = fold_eval_batch_norm(g)
+    assert f is g and notes == [], why
+
+
+class ConvBNTap(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y.mean()
+
+
+def test_batch_norm_is_not_folded_when_the_convolution_is_read_elsewhere():
+    model = _eval_with_statistics(ConvBNTap())
+    g = capture(from_module(model, [torch.randn(2, 3, 8, 8)]))
+    assert fold_eval_batch_norm(g) == (g, [])

@@ -5,7 +5,8 @@ Only rewrites that are exact in real arithmetic. `simplify` removes ops that ret
 dtype, multiplying or dividing by 1, adding or subtracting 0). `row_rewrites` lets a row group
 absorb its consumers: a full sum after a row op becomes a per-row sum plus a sum of rows, and a
 gather from a log-softmax reads the input and subtracts the row's logsumexp (both re-associate
-sums: exact in real arithmetic, rounding bounded by verification). A rewrite never touches a
+sums: exact in real arithmetic, rounding bounded by verification). `fold_eval_batch_norm` folds an
+inference-mode batch norm into the convolution or Linear before it. A rewrite never touches a
 value the model returns or a buffer it updates, so outputs never alias inputs.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from kernelwright.capture.shapes import channels_last_strides, contiguous_stride
 from kernelwright.ops import COMPOSITES, EVAL_BN, NORMS, POINTWISE, POOLS, REDUCTIONS, reduction_spec
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
 from kernelwright.plan.dead_code import drop_unread
-from kernelwright.plan.weights import pure
+from kernelwright.plan.weights import pure, weight_roots
 
 
 def _is_one(v) -> bool:
@@ -330,6 +331,111 @@ def split_addmm_bias(graph: Graph) -> tuple[Graph, list[str]]:
     if not notes:
         return graph, []
     return _with_nodes(graph, nodes), notes
+
+
+def _eval_bn_pairs(graph: Graph, roots: dict) -> list[tuple[OpNode, OpNode, OpNode]]:
+    """(producer, eval batch norm, its getitem 0) for each inference-mode batch norm whose input is
+    a dense convolution or a Linear (addmm / mm of a transposed weight) read by nothing else, its
+    statistics and affine parameters and the producer's weight and bias values of the parameters
+    alone, and whose folded weights cost no more to recompute per call than the pass they remove
+    (weight elements at most the producer's output elements)."""
+    pairs = []
+    for bn in graph.nodes:
+        if bn.target != EVAL_BN or not isinstance(bn.args[0], Ref) or bn.meta is None:
+            continue
+        prod = graph.node(bn.args[0].name) if bn.args[0].name in {n.name for n in graph.nodes} else None
+        users = graph.users(bn.name)
+        if prod is None or prod.meta is None or prod.name in graph.outputs or prod.name in graph.mutations \
+                or [u.name for u in graph.users(prod.name)] != [bn.name] or bn.name in graph.outputs \
+                or len(users) != 1 or users[0].target != "getitem" or users[0].args[1] != 0:
+            continue
+        stats = [a for a in bn.args[1:5] if a is not None]
+        if not all(isinstance(a, Ref) and a.name in roots for a in stats) or bn.args[3] is None or bn.args[4] is None:
+            continue
+        weight = _folding_weight(graph, prod)
+        if weight is None or not all(isinstance(a, Ref) and a.name in roots for a in weight[1:] if a is not None):
+            continue
+        wm = graph.meta(weight[1].name)
+        if wm is None or wm.numel > prod.meta.numel or wm.dtype != prod.meta.dtype:
+            continue
+        pairs.append((prod, bn, users[0]))
+    return pairs
+
+
+def _folding_weight(graph: Graph, prod: OpNode):
+    """("conv" | "linear", weight, bias or None) when `prod` is a dense, not transposed convolution
+    or a Linear whose weight is a (N, K) parameter transposed by a permute; else None."""
+    if prod.target == "aten.convolution.default" and len(prod.args) > 8 and prod.args[6] is False \
+            and isinstance(prod.args[1], Ref):
+        return "conv", prod.args[1], prod.args[2]
+    if prod.target in ("aten.addmm.default", "aten.mm.default"):
+        b, wt = (prod.args[0], prod.args[2]) if prod.target == "aten.addmm.default" else (None, prod.args[1])
+        if prod.target == "aten.addmm.default" and (prod.kwargs.get("beta", 1) != 1 or prod.kwargs.get("alpha", 1) != 1):
+            return None
+        if b is not None and (not isinstance(b, Ref) or graph.meta(b.name) is None or len(graph.meta(b.name).shape) != 1):
+            return None
+        t = graph.node(wt.name) if isinstance(wt, Ref) and wt.name in {n.name for n in graph.nodes} else None
+        if t is None or t.target != "aten.permute.default" or list(t.args[1]) != [1, 0] or not isinstance(t.args[0], Ref):
+            return None
+        return "linear", t.args[0], b
+    return None
+
+
+def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
+    """Inference-mode batch norm folded into the convolution or Linear before it:
+        s = gamma / sqrt(running_var + eps),  W' = W * s (per output channel),
+        b' = (b - running_mean) * s + beta,   bn(conv(x, W, b)) = conv(x, W', b')
+    (exact in real arithmetic). W' and b' are values of the parameters alone, computed from the
+    live parameters and statistics on every call, so `.data` edits and `load_state_dict` are seen.
+    Training-mode graphs hold no such op (their batch norm uses the batch's statistics)."""
+    roots = weight_roots(graph)
+    pairs = _eval_bn_pairs(graph, roots)
+    if not pairs:
+        return graph, []
+    names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+    by_prod = {prod.name: (prod, bn, item) for prod, bn, item in pairs}
+    gone = {bn.name for _, bn, _ in pairs} | {item.name for _, _, item in pairs}
+    nodes, notes = [], []
+
+    def add(base, target, args, shape, dtype):
+        node = OpNode(_unique(names, base), target, tuple(args), {}, [TensorMeta(tuple(shape), contiguous_strides(shape), dtype)])
+        names.add(node.name)
+        nodes.append(node)
+        return Ref(node.name)
+
+    for n in graph.nodes:
+        if n.name in gone:
+            continue
+        if n.name not in by_prod:
+            nodes.append(n)
+            continue
+        prod, bn, item = by_prod[n.name]
+        kind, w, b = _folding_weight(graph, prod)
+        gamma, beta, mean, var, eps = bn.args[1], bn.args[2], bn.args[3], bn.args[4], bn.args[6]
+        wm, dt = graph.meta(w.name), prod.meta.dtype
+        c = (wm.shape[0],)
+        s = add("bn_rstd", "aten.rsqrt.default",
+                [add("bn_var_eps", "aten.add.Tensor", [var, eps], c, dt)], c, dt)
+        if gamma is not None:
+            s = add("bn_scale", "aten.mul.Tensor", [s, gamma], c, dt)
+        per = (c[0],) + (1,) * (len(wm.shape) - 1)
+        w2 = add(f"{w.name}_folded", "aten.mul.Tensor", [w, add("bn_scale_view", "aten.view.default",
+                                                                   [s, list(per)], per, dt)], wm.shape, dt)
+        centred = add("bn_centred", "aten.sub.Tensor", [b, mean], c, dt) if b is not None else \
+            add("bn_centred", "aten.neg.default", [mean], c, dt)
+        b2 = add("bn_shift", "aten.mul.Tensor", [centred, s], c, dt)
+        if beta is not None:
+            b2 = add("bn_bias", "aten.add.Tensor", [b2, beta], c, dt)
+        if kind == "conv":
+            folded = OpNode(item.name, prod.target, (prod.args[0], w2, b2, *prod.args[3:]), dict(prod.kwargs),
+                            [item.meta], prod.fx)
+        else:
+            wt = add(f"{w.name}_folded_t", "aten.permute.default", [w2, [1, 0]], (wm.shape[1], wm.shape[0]), dt)
+            x = prod.args[1] if prod.target == "aten.addmm.default" else prod.args[0]
+            folded = OpNode(item.name, "aten.addmm.default", (b2, x, wt), {}, [item.meta], prod.fx)
+        nodes.append(folded)
+        notes.append(f"{bn.name}: inference batch norm folded into {prod.name}'s weight and bias")
+    return _with_nodes(graph, drop_unread(graph, nodes)), notes
 
 
 # elementwise ops that are non-decreasing in their first argument, also after rounding:
@@ -708,14 +814,15 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None
             ) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
-    folded, repeated subexpressions merged, convolution and GEMM biases split off, max pools moved
+    folded, repeated subexpressions merged, inference batch norms folded into the weights before them,
+    convolution and GEMM biases split off, max pools moved
     before non-decreasing elementwise ops, row rewrites, by-hand attention as one fused call (fp32 and
     bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
     bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
     tensor-core policies (tf32, bf16) channels-last convolutions. `out_dtypes` (bf16 only): the
     dtypes eager returns under the policy's autocast (bf16_outputs)."""
     notes: list[str] = []
-    steps = [simplify, fold_scalar_tensors, dedupe, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites]
+    steps = [simplify, fold_scalar_tensors, dedupe, fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites]
     if policy in ATTENTION_POLICIES:  # under tf32 causal-masked attention only (plan.attention)
         steps += [lambda g: attention(g, policy), simplify]
     if policy == "bf16":  # then pools move before the widening casts too (they pool bf16 values)

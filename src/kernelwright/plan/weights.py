@@ -1,8 +1,8 @@
 """Values that depend on the model's parameters alone (a weight transposed, cast to bf16, copied
-channels-last; a causal mask taken from a buffer the forward never writes): the emitted forward
-computes them once per parameter version and reuses them
-(emit/program.py), as autocast's cast cache does within one region, and a fused kernel reads such
-a value rather than redoing its cast on every tile (codegen/gemm_epilogue.py)."""
+channels-last, a batch norm folded into a convolution's weight; a causal mask taken from a buffer
+the forward never writes): the emitted forward computes them first on every call, from the live
+parameters (emit/program.py), and a fused kernel reads such a value rather than redoing its cast
+on every tile (codegen/gemm_epilogue.py)."""
 from __future__ import annotations
 
 from kernelwright.capture.graph import Graph
@@ -38,7 +38,7 @@ def weight_roots(graph: Graph) -> dict[str, tuple[str, ...]]:
 
 def weight_only(graph: Graph, outputs: list[str], roots: dict[str, tuple[str, ...]] | None = None) -> bool:
     """Whether a unit with these outputs computes values of the parameters alone (`weight_roots`),
-    none of them returned: the emitted forward computes it once per parameter version, not per
-    call (emit/program.py), so its speed hardly matters and the search spends on it one trial."""
+    none of them returned: such a unit works on weights, not activations (emit/program.py computes
+    it first on every call), so the search spends on it one trial."""
     roots = weight_roots(graph) if roots is None else roots
     return bool(outputs) and all(o in roots and o not in graph.outputs for o in outputs)
