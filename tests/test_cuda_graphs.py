@@ -1,5 +1,5 @@
 """The emitted forward replayed as CUDA graphs (model_new.py.j2 `_kw_graphed`) and optimize's
-choice between it and the plain forward (pipeline.pick_forward).
+choice between it and the plain forward (measure.final.pick_forward).
 
 CPU tests check the rendering, the plain path a graphs-on module takes off the GPU, the replay's
 bookkeeping with torch.cuda's graph API emulated, and the choice; the GPU tests check the replay
@@ -20,7 +20,9 @@ import torch
 
 from kernelwright.capture import capture
 from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module
-from kernelwright.pipeline import GRAPHS, PLAIN, Options, _tune_groups, pick_forward, replay_paths
+from kernelwright.measure.final import GRAPHS, PLAIN, pick_forward, replay_paths
+from kernelwright.pipeline import Options
+from kernelwright.search.plan_search import tune_plan
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
@@ -38,7 +40,7 @@ def _emit(fake_clock, tmp_path, name, device, cuda_graphs=True, precision="fp32"
     problem = load_problem(os.path.join(ROOT, "problems", name), small=True)
     plan = plan_graph(rewrite(capture(problem), precision)[0])
     opts = Options(device=str(device), budget_trials=2, db_path=str(tmp_path / "db.jsonl"), log=lambda s: None)
-    summary, kernels, sources, support = _tune_groups(problem, plan, get_policy(precision), torch.device(device), True,
+    summary, kernels, sources, support = tune_plan(problem, plan, get_policy(precision), torch.device(device), True,
                                                       tmp_path / ".build", opts, {"groups": []})
     text = render_model_new(problem, [ModeForward("any", plan, kernels, sources, summary, support)], precision, None, cuda_graphs=cuda_graphs)
     return problem, import_model_new(write_module(tmp_path / "out", text, sources, support)), plan

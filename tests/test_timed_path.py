@@ -10,7 +10,8 @@ import torch  # noqa: E402
 
 from kernelwright.capture import capture  # noqa: E402
 from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module  # noqa: E402
-from kernelwright.pipeline import Options, _tune_groups  # noqa: E402
+from kernelwright.pipeline import Options  # noqa: E402
+from kernelwright.search.plan_search import tune_plan  # noqa: E402
 from kernelwright.plan import plan_graph  # noqa: E402
 from kernelwright.plan.rewrites import rewrite  # noqa: E402
 from kernelwright.policy import get_policy  # noqa: E402
@@ -29,7 +30,7 @@ def _run(fake_clock, tmp_path, name, library_ms, kernel_ms, precision="fp32", lt
     plan = plan_graph(rewrite(capture(problem), precision)[0])
     result = {"groups": []}
     opts = Options(device="cpu", budget_trials=6, db_path=str(tmp_path / "db.jsonl"), log=lambda s: None)
-    summary, kernels, sources, _ = _tune_groups(problem, plan, get_policy(precision), torch.device("cpu"), True,
+    summary, kernels, sources, _ = tune_plan(problem, plan, get_policy(precision), torch.device("cpu"), True,
                                              tmp_path / ".build", opts, result)
     return problem, plan, result, kernels, sources
 
@@ -50,7 +51,7 @@ def test_faster_kernels_are_emitted_and_still_correct(fake_clock, tmp_path):
     gemm = next(u.node for u in plan.units if u.node and "addmm" in u.node)
     assert kernels[gemm] is None  # the fused GEMM computes it
     path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "fp32", None), sources)
-    assert "addmm" not in path.read_text().split("# The generated forward", 1)[1]
+    assert "addmm" not in path.read_text().split("def _kw_tensors", 1)[1]
     mod = import_model_new(path)
     ref = problem.make_model()
     new = mod.ModelNew(*problem.get_init_inputs())
@@ -105,7 +106,7 @@ def test_bf16_gemm_absorbs_its_operand_casts(fake_clock, tmp_path, name):
     assert len(absorbed) >= 1
     text = render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "bf16", None)
     path = write_module(tmp_path / "out", text, sources)
-    body = path.read_text().split("# The generated forward", 1)[1]
+    body = path.read_text().split("def _kw_tensors", 1)[1]
     assert "aten.mm" not in body and "torch.mm(" not in body and "x_bf16" not in body
     assert "permute_bf16" in body and "_kw_cache" not in body  # the weight cast, made every call
     mod = import_model_new(path)
@@ -144,7 +145,7 @@ def test_cublaslt_bias_relu_epilogue_wins_when_faster(fake_clock, tmp_path, name
     text = render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], precision, None)
     path = write_module(tmp_path / "out", text, sources)
     assert sum(s.count("torch._addmm_activation(") for s in sources.values()) == len(lt)
-    body = path.read_text().split("# The generated forward", 1)[1]
+    body = path.read_text().split("def _kw_tensors", 1)[1]
     assert "x_bf16" not in body
     _assert_matches_float64_model(problem, path, precision)
 
@@ -165,7 +166,7 @@ def test_gemm_and_row_reduction_ship_as_one_kernel_when_faster(fake_clock, tmp_p
     mode = "sum" if name == "gemm_sigmoid_sum" else "tile"
     assert sum(f"reduce={mode!r}" in text for text in sources.values()) == 1
     path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], precision, None), sources)
-    body = path.read_text().split("# The generated forward", 1)[1]
+    body = path.read_text().split("def _kw_tensors", 1)[1]
     assert "torch.mm(" not in body and "torch.addmm(" not in body
     _assert_matches_float64_model(problem, path, precision)
 
@@ -287,7 +288,7 @@ def test_batch_norm_counters_are_added_in_place(fake_clock, tmp_path):
     of the forward, not a sum per counter copied back; the module's buffers follow eager's."""
     problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level3/resnet_basic_block.py", 0.5, 1.0)
     path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])], "fp32", None), sources)
-    body = path.read_text().split("# The generated forward", 1)[1]
+    body = path.read_text().split("def _kw_tensors", 1)[1]
     assert body.count("torch._foreach_add_([") == 1 and "num_batches_tracked, 1)" not in body
     new = import_model_new(path).ModelNew(*problem.get_init_inputs())
     ref = problem.make_model()

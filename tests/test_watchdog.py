@@ -8,7 +8,7 @@ import threading
 import time
 
 from kernelwright.measure import watchdog
-from kernelwright.pipeline import _search
+from kernelwright.search.plan_search import search_unit
 from kernelwright.search import RunResult, TrialDB
 from kernelwright.space.config import Config
 
@@ -76,7 +76,7 @@ def test_search_skips_configs_that_hung_before_and_records_new_hangs(tmp_path):
     db.add_result(RunResult.failure(space[1], watchdog.HANG, "did not finish"), "p/g0/gemm", device="GPU Y",
                   precision="bf16")  # another GPU: still tried here
     tuner = _Tuner(space)
-    results = _search(tuner, None, None, common)
+    results = search_unit(tuner, None, None, common)
     assert space[0] not in tuner.ran and set(tuner.ran) == set(space[1:])
     assert {r.config for r in results} == set(space[1:])
     # the tuner now records a hang of its own under the search's task
@@ -84,7 +84,7 @@ def test_search_skips_configs_that_hung_before_and_records_new_hangs(tmp_path):
     recs = [r for r in db.records(task_key="p/g0/gemm") if str(r["error"]).startswith("hang")]
     assert len(recs) == 3 and recs[-1]["device"] == "GPU X" and recs[-1]["precision"] == "bf16"
     again = _Tuner(space)
-    _search(again, None, None, common)
+    search_unit(again, None, None, common)
     assert set(again.ran) == {space[1], space[3]}
 
 

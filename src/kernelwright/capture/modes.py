@@ -17,7 +17,9 @@ import tokenize
 
 import torch
 
-__all__ = ["mode_modules", "reads_training"]
+from kernelwright.errors import UserError
+
+__all__ = ["mode_modules", "reads_training", "training_modes"]
 
 
 def mode_modules(model: torch.nn.Module) -> list[str]:
@@ -46,3 +48,45 @@ def _names_training(source: str) -> bool:
         return any(t.type == tokenize.NAME and t.string == "training" for t in tokens)
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return True
+
+
+def training_modes(problem, wanted: str) -> tuple[list[str], list[str], dict[str, list[tuple]], dict]:
+    """(mode-dependent submodules, the modes to generate a forward for, each mode's keys: the
+    training flags of those submodules it answers for, the captures made to compare the modes,
+    by mode). A model built with some submodules in eval mode (a frozen BatchNorm) keeps them so
+    in its "train" mode. Without mode-dependent submodules, or when both modes capture the same
+    graph, one forward serves both: ["any"]."""
+    if wanted not in ("train", "eval", "both"):
+        raise UserError(f"mode {wanted!r}: choose train, eval or both")
+    from kernelwright.capture.export import CaptureError, capture
+
+    sensitive = mode_modules(problem.make_model("meta"))
+    if not sensitive:
+        return [], ["any"], {"any": [()]}, {}
+    train, evals = problem.in_mode(True), problem.in_mode(False)
+    keys = {"train": [_flags(train, sensitive)], "eval": [_flags(evals, sensitive)]}
+    graphs = {}
+    for mode, p in (("train", train), ("eval", evals)):
+        try:
+            graphs[mode] = capture(p)
+        except CaptureError:
+            pass  # reported when that mode is captured again on its own
+    if len(graphs) == 2 and _same_graph(graphs["train"], graphs["eval"]):
+        return sensitive, ["any"], {"any": list(dict.fromkeys(keys["train"] + keys["eval"]))}, \
+            {"any": graphs["train"]}
+    return sensitive, ["train", "eval"] if wanted == "both" else [wanted], keys, graphs
+
+
+
+def _flags(problem, names: list[str]) -> tuple[bool, ...]:
+    """The training flags of submodules `names` of `problem`'s model."""
+    model = problem.make_model("meta")
+    return tuple(model.get_submodule(n).training for n in names)
+
+
+
+def _same_graph(a, b) -> bool:
+    """Whether two captures compute the same ops on the same values."""
+    ops = lambda g: [(n.target, repr(n.args), repr(n.kwargs)) for n in g.nodes]  # noqa: E731
+    return ops(a) == ops(b) and a.outputs == b.outputs and a.mutations == b.mutations
+

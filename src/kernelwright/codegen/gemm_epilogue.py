@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
+from kernelwright.ops import GEMMS
 from kernelwright.codegen.templating import template_text
 from kernelwright.codegen.triton_gemm import (ROW_NORMALIZATIONS, precision_kwargs, render_gemm, render_gemm_rowreduce,
                                               whole_row_block_n)
@@ -32,7 +33,6 @@ from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
 from kernelwright.plan.weights import weight_roots
 
-GEMMS = {"aten.mm.default", "aten.addmm.default"}
 
 
 @dataclass

@@ -58,3 +58,5 @@ POOLS = {
     "aten.avg_pool2d.default": ("avg", 2),
     "aten.avg_pool3d.default": ("avg", 3),
 }
+#: Matrix products a GEMM template computes (with a fused epilogue).
+GEMMS = {"aten.mm.default", "aten.addmm.default"}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import contiguous_strides, refine_strides
-from kernelwright.ops import (COMPOSITES, EVAL_BN, FLOAT_DTYPES, FREE_VIEWS, NORMS, POINTWISE, REDUCTIONS,
+from kernelwright.ops import (COMPOSITES, EVAL_BN, FLOAT_DTYPES, FREE_VIEWS, GEMMS, NORMS, POINTWISE, REDUCTIONS,
                               RESHAPES, reduction_spec, row_shapes)
 
 
@@ -70,13 +70,43 @@ class Unit:
 
 
 @dataclass
+class Pair:
+    """A library GEMM node and the fusion group that alone reads its result: a unit of its own
+    whose choices are the two run one after the other (the GEMM's library call and the group's
+    chosen kernel) or one GEMM template with the group as its epilogue (codegen/gemm_epilogue.py
+    says which groups it takes)."""
+
+    gemm: str
+    group: Group
+
+    @property
+    def name(self) -> str:
+        return f"{self.group.id}+{self.gemm}"
+
+
+@dataclass
 class Plan:
     graph: Graph
     units: list[Unit]
+    pairs: list[Pair] = field(default_factory=list)  # searched after the units they join
 
     @property
     def groups(self) -> list[Group]:
         return [u.group for u in self.units if u.group]
+
+
+def gemm_pairs(graph: Graph, units: list[Unit]) -> list[Pair]:
+    """Each library GEMM unit whose every reader is in one fusion group, with that group."""
+    groups = [u.group for u in units if u.group]
+    pairs = []
+    for unit in units:
+        if unit.node is None or graph.node(unit.node).target not in GEMMS:
+            continue
+        users = {u.name for u in graph.users(unit.node)}
+        group = next((g for g in groups if users and users <= set(g.nodes)), None)
+        if group is not None:
+            pairs.append(Pair(unit.node, group))
+    return pairs
 
 
 def _views_domain(shape, domain) -> bool:
@@ -285,7 +315,7 @@ def plan_graph(graph: Graph) -> Plan:
             if g.levels[name] != "tuple" and (name in escaping or outside_reads.get(name, set()) - {g.id}):
                 g.outputs.append(name)
     units = _order_units(graph, b)
-    return Plan(graph, units)
+    return Plan(graph, units, gemm_pairs(graph, units))
 
 
 def _order_units(graph: Graph, b: _Builder) -> list[Unit]:

@@ -1,0 +1,27 @@
+"""How much of a graph's work its generated kernels do (result.json's "analysis")."""
+from __future__ import annotations
+
+
+def coverage(graph, generated: set[str]) -> dict:
+    """The anchor op and the shares of FLOPs and bytes that `generated` (the graph's nodes run by
+    generated kernels) and the library compute, with the graph's roofline time."""
+    if graph is None:
+        return {"coverage": None}
+    from kernelwright.analyze.classify import anchor
+
+    out = {"anchor": anchor(graph.nodes)}
+    try:
+        from kernelwright.analyze import analyze, device_spec
+
+        a = analyze(graph, device_spec())
+        rows = {r["name"]: r for r in a.to_json()["nodes"]}
+    except Exception as e:  # noqa: BLE001
+        return {**out, "error": str(e)}
+    tot_f = sum(r["flops"] for r in rows.values()) or 1
+    tot_b = sum(r["bytes"] for r in rows.values()) or 1
+    gen_f = sum(r["flops"] for n, r in rows.items() if n in generated)
+    gen_b = sum(r["bytes"] for n, r in rows.items() if n in generated)
+    return {**out, "coverage": {"generated_flops": gen_f / tot_f, "generated_bytes": gen_b / tot_b,
+                         "library_flops": 1 - gen_f / tot_f, "library_bytes": 1 - gen_b / tot_b},
+            "roofline_us": a.to_json().get("totals", {}).get("roofline_us")}
+

@@ -1,0 +1,433 @@
+"""Search a plan: choose an implementation for every unit, then for every GEMM + epilogue pair.
+
+Each unit's choices are the library call (its ATen ops run by PyTorch) and the candidates of
+each template that takes it (Triton, CUDA C++, a layout variant), timed alike in interleaved
+rounds (search/units.py); a unit runs a generated kernel only when one is verified and measured
+faster than the library. A pair (plan.Pair) is searched after its two units: the GEMM's library
+call followed by the group's chosen kernel, against GEMM templates with the group as their
+epilogue. The budget follows the bytes each unit moves per call (search/budget.py). Without a GPU
+nothing is timed: a unit's config is the cost model's pick (when it has data) or the template's
+documented default, verified in the Triton interpreter.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import torch
+
+from kernelwright.capture.execute import run_graph
+from kernelwright.codegen import cuda_unit, gemm_epilogue
+from kernelwright.codegen.cuda_kernels import runtime_source
+from kernelwright.codegen.node_kernels import absorbed, template_for
+from kernelwright.codegen.triton_group import Unsupported
+from kernelwright.measure import watchdog
+from kernelwright.plan.weights import weight_only, weight_roots
+from kernelwright.search.budget import shares
+from kernelwright.search.cost_model import CostModel
+from kernelwright.search.database import TrialDB, default_db_path, packaged_priors, record_result
+from kernelwright.search.result import RunResult
+from kernelwright.search.strategies import Exhaustive
+from kernelwright.search.tune import tune
+from kernelwright.search.units import CudaTuner, GemmTuner, GroupTuner, KernelTuner, NodeTuner, group_impl, kernel_resources
+from kernelwright.space.config import Config
+
+
+@dataclass
+class UnitResult:
+    """One row of result.json's "groups": what a unit runs and what its search found."""
+
+    id: str
+    kind: str
+    ops: list[str]
+    strategy: str = "library"  # "triton" | "cuda" (generated kernel) | "torch" (library layout variant) | "library"
+    config: dict | None = None
+    time_ms: float | None = None  # chosen implementation
+    library_ms: float | None = None
+    excess: float | None = None
+    eager_excess: float | None = None
+    bytes: int = 0
+    gbps: float | None = None
+    trials: int = 0
+    failed: int = 0
+    note: str = ""
+    resources: dict = field(default_factory=dict)
+
+
+class Chosen(NamedTuple):
+    """What the emitted forward runs for a unit: kernels/<kernel>.py's launch() on graph values
+    `inputs`, giving `outputs`; `unpack`: launch returns a node's several outputs as a tuple."""
+
+    kernel: str
+    inputs: list[str]
+    outputs: list[str]
+    unpack: bool = False
+
+
+@dataclass
+class Tuned:
+    """A searched plan: `kernels` maps a unit (group id or node name) to its Chosen kernel, or to
+    None where another unit's kernel computes it; `sources` the kernel modules' text by name;
+    `support` extra files the kernels import; `summary` one line per unit."""
+
+    summary: list[str] = field(default_factory=list)
+    kernels: dict[str, Chosen | None] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    support: dict[str, str] = field(default_factory=dict)
+
+    def __iter__(self):  # summary, kernels, sources, support = tune_plan(...)
+        return iter((self.summary, self.kernels, self.sources, self.support))
+
+
+@dataclass
+class _Job:
+    """What every unit's search shares."""
+
+    problem: object
+    graph: object
+    env: dict
+    policy: object
+    device: torch.device
+    timed: bool
+    cache_dir: Path
+    backend: str
+    db: TrialDB
+    log: Callable[[str], None]
+    rows: list[UnitResult]
+    out: Tuned
+
+    def common(self, row: UnitResult, tuner: KernelTuner) -> dict:
+        task = dict(db=self.db, task_key=f"{self.problem.name}/{row.id}/{tuner.task}", task_features=tuner.features,
+                    precision=self.policy.name)
+        if self.timed:
+            task["device"] = torch.cuda.get_device_name(self.device)
+        return task
+
+
+def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts, record: dict) -> Tuned:
+    """Search every unit of `plan`, then every pair; `opts` gives budget_trials, budget_s, backend
+    ("all" | "triton" | "cuda"), db_path and log. record["groups"] gets one UnitResult row each."""
+    graph = plan.graph
+    model, inputs = problem.make_model(device), problem.make_inputs(0, device)
+    with torch.no_grad(), policy.active():
+        # the values the tuners read: what crosses a unit's boundary (inputs and outputs of units)
+        env = run_graph(graph, model, inputs, keep={v for u in plan.units for v in u.outputs} | set(graph.mutations))
+    job = _Job(problem, graph, env, policy, device, timed, cache_dir, opts.backend,
+               TrialDB(default_db_path(opts.db_path), priors=packaged_priors()), opts.log, [], Tuned())
+    templates = {u.node: template_for(graph, graph.node(u.node))[0] for u in plan.units if u.group is None}
+    units = [u for u in plan.units if u.group is not None or templates[u.node] is not None]
+    trials, seconds, once = _budgets(graph, units, templates, opts)
+    tuned = {id(u) for u in units}
+    for unit in plan.units:
+        if id(unit) in tuned:
+            _tune_unit(job, plan, unit, templates.get(unit.node), trials.get(id(unit)), seconds.get(id(unit)),
+                       id(unit) in once)
+        else:
+            job.out.summary.append(f"{unit.node}: library ({graph.node(unit.node).target})")
+    if opts.backend in ("triton", "all"):
+        n = max(1, len(units))
+        per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)
+        per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
+        for pair in plan.pairs:
+            _tune_pair(job, plan, pair, per_trials, per_s)
+    record["groups"] = [asdict(r) for r in job.rows]
+    return job.out
+
+
+def _budgets(graph, units, templates, opts) -> tuple[dict, dict, set]:
+    """(trials by unit id, seconds by unit id, ids of the once-units). The budget follows the bytes
+    each unit moves per call; a unit computed from the weights alone, and a group a node kernel can
+    absorb (the bf16 cast of a model input a depthwise conv reads, run only if that kernel loses),
+    get their first seed, verified and timed."""
+    roots = weight_roots(graph)
+    once = {id(u) for u in units if weight_only(graph, u.outputs, roots)} | _absorbable_groups(graph, units, templates)
+    hot = [u for u in units if id(u) not in once]
+    weights = [_unit_bytes(graph, u) for u in hot]
+
+    def split(total, least):
+        if not total:
+            return {}
+        return {**dict.fromkeys(once, type(least)(1)),
+                **dict(zip(map(id, hot), shares(total - len(once), weights, least)))}
+
+    return split(opts.budget_trials, 2), split(opts.budget_s, 1.0), once
+
+
+def _tuners(job: _Job, unit, template) -> tuple[UnitResult, list[Callable[[], KernelTuner]], str]:
+    """The unit's report row, the makers of its tuners (the first one's candidates are searched
+    first) and, when there are none, why."""
+    graph = job.graph
+    if unit.group is not None:
+        group = unit.group
+        row = UnitResult(group.id, group.kind, [graph.node(x).op for x in group.nodes])
+        makers = [lambda: GroupTuner(graph, group, job.env, job.policy, job.device, job.cache_dir, job.timed)]
+        rowop = cuda_unit.match(graph, group) if job.timed and job.backend in ("cuda", "all") else None
+        cuda = [] if rowop is None else [
+            lambda: CudaTuner(graph, group, rowop, job.env, job.policy, job.device, job.cache_dir, job.timed)]
+        if job.backend != "cuda":
+            return row, makers + cuda, ""
+        why = ("CUDA C++ candidates run only on a GPU" if not job.timed else
+               "no CUDA C++ template matches this group (softmax, layer norm, row reductions)")
+        return row, cuda, "" if cuda else why
+    node = graph.node(unit.node)
+    row = UnitResult(node.name, "node", [node.op])
+    if job.backend == "cuda" and template.name.startswith("triton."):
+        return row, [], f"{template.name} is a Triton template (--backend cuda)"
+    return row, [lambda: NodeTuner(graph, node, template, job.env, job.policy, job.device, job.cache_dir,
+                                   job.timed)], ""
+
+
+def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> None:
+    graph = job.graph
+    row, makers, why_none = _tuners(job, unit, template)
+    job.rows.append(row)
+    try:
+        if not makers:
+            raise Unsupported(why_none)
+        tuner = makers[0]()
+    except Unsupported as e:
+        row.note = f"no template: {e}"
+        job.out.summary.append(f"{row.id} [{row.kind}]: library ({row.note})")
+        return
+    row.eager_excess = tuner.eager_excess
+    row.ops = [graph.node(n).op for n in tuner.nodes]
+    # minimum bytes: the unit's inputs and the outputs it produces (max-pool indices often are not)
+    row.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs) + sum(
+        graph.node(name).outs[idx or 0].nbytes for name, idx in tuner.outputs)
+    if job.timed:
+        cfg, tuner = _timed_choice(job, row, [tuner], makers[1:], trials, seconds, 1 if once else 2)
+    elif tuner.backend == "torch":
+        cfg, row.note = None, "a library layout variant is only chosen by measurement (no GPU here)"
+    else:
+        cfg = _untimed_choice(job, row, tuner)
+    if row.strategy != "library":
+        _ship(job, plan, unit, row, tuner, cfg)
+    ms = f"{row.time_ms:.3f} ms" if row.time_ms else "untimed"
+    lib = f", library {row.library_ms:.3f} ms" if row.library_ms else ""
+    job.log(f"{row.id} [{row.kind}] {'+'.join(row.ops)}: {row.strategy} {ms}{lib} ({row.trials} trials, "
+            f"{row.failed} failed)")
+    job.out.summary.append(f"{row.id} [{row.kind}] {', '.join(row.ops)}: {row.strategy}"
+                           + (f" {cfg.key()}" if row.config else ""))
+
+
+def _timed_choice(job: _Job, row: UnitResult, tuners: list, more: list, trials, seconds, least: int):
+    """Search each backend's tuner with its share of the unit's budget; the fastest verified
+    candidate wins when it beats the library. Returns (config or None, the winning tuner)."""
+    for make in more:  # other backends for the same unit, searched alike
+        try:
+            tuners.append(make())
+        except Unsupported as e:
+            row.note = f"{row.note}; {e}".strip("; ")
+    found = []  # (result, tuner)
+    share = None if trials is None else max(least, round(trials) // len(tuners))
+    common = job.common(row, tuners[0])  # (the first tuner's task names the unit's records)
+    for t in tuners:
+        results = search_unit(t, share, None if seconds is None else seconds / len(tuners),
+                              {**common, "task_key": f"{common['task_key']}/{t.backend}", "task_features": t.features})
+        row.trials += len(results)
+        row.failed += sum(1 for r in results if not r.ok)
+        found += [(r, t) for r in results if r.ok]
+    libs = [t.library_ms for t in tuners if t.library_ms is not None]
+    row.library_ms = min(libs) if libs else None
+    best, winner = min(found, key=lambda rt: rt[0].time_ms) if found else (None, tuners[0])
+    if best is not None and (row.library_ms is None or best.time_ms < row.library_ms):
+        row.strategy, row.config, row.time_ms, row.excess = winner.backend, best.config.as_dict(), best.time_ms, best.excess
+        return best.config, winner
+    row.time_ms = row.library_ms
+    row.note = "library faster" if best is not None else "no candidate passed"
+    return None, tuners[0]
+
+
+def _untimed_choice(job: _Job, row: UnitResult, tuner: KernelTuner):
+    """Without a GPU: the cost model's (or the template's default) config, verified once."""
+    cfg = untimed_choice(tuner, job.db, job.policy)
+    res = tuner.run([cfg])
+    row.trials = 1
+    if res and res[0].excess is not None:
+        row.strategy, row.config, row.excess = "triton", cfg.as_dict(), res[0].excess
+        row.note = "untimed: heuristic/cost-model choice"
+    else:
+        row.failed = 1
+        row.note = f"candidate failed: {res[0].error if res else '?'}"
+    return cfg
+
+
+def _ship(job: _Job, plan, unit, row: UnitResult, tuner: KernelTuner, cfg: Config) -> None:
+    """Record the unit's chosen kernel (its source, what it reads and writes) for the emitter."""
+    graph, out = job.graph, job.out
+    if row.strategy == "cuda":
+        out.support["kw_cuda_runtime"] = runtime_source()
+    text, ins = tuner.render(cfg)
+    out.sources[row.id] = text
+    if unit.group is not None:
+        out.kernels[row.id] = Chosen(row.id, ins, list(unit.group.outputs))
+    else:
+        out.kernels[row.id] = Chosen(row.id, ins, [tuner.result],
+                                     not tuner.absorbs and len(graph.node(unit.node).outs) > 1)
+        for name in tuner.absorbs:
+            out.kernels[name] = None  # computed inside this unit's kernel
+        _drop_absorbed_groups(plan, tuner.absorbs, row.id, out, job.rows)
+    mod = tuner.modules.get(cfg.key())
+    row.resources = kernel_resources(mod) if (mod is not None and job.timed) else {}
+    if row.time_ms:
+        row.gbps = row.bytes / (row.time_ms * 1e-3) / 1e9
+
+
+def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
+    """A GEMM and its epilogue group as one Triton GEMM (a group reducing rows of <= 256, or
+    segments of them, folds the reduction in; a bias + ReLU group may also be one cuBLASLt call
+    with that epilogue); it replaces the two only when verified and faster than the library GEMM
+    followed by the group's chosen kernel."""
+    graph, out = job.graph, job.out
+    gemm, group = graph.node(pair.gemm), pair.group
+    if gemm_epilogue.fusable(graph, gemm, group):
+        return
+    kind = "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
+    row = UnitResult(pair.name, kind, [gemm.op] + [graph.node(n).op for n in group.nodes])
+    job.rows.append(row)
+    try:
+        fused = gemm_epilogue.build(graph, gemm, group, plan.groups)
+        impls = {g.id: group_impl(graph, g, out.kernels.get(g.id), job.cache_dir, out.sources.get(g.id), job.device)
+                 for g in (group, *fused.prologue)}
+        tuner = GemmTuner(graph, fused, impls, job.env, job.policy, job.device, job.cache_dir, job.timed)
+    except Unsupported as e:
+        row.note = f"no template: {e}"
+        return
+    if fused.prologue:
+        row.id = "+".join([g.id for g in fused.prologue] + [row.id])
+        row.ops = [graph.node(n).op for g in fused.prologue for n in g.nodes] + row.ops
+    row.eager_excess = tuner.eager_excess
+    row.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + group.outputs)
+    if not job.timed:
+        row.note = "untimed: the library GEMM + epilogue kernel is kept"
+        return
+    results = search_unit(tuner, per_trials, per_s, job.common(row, tuner))
+    ok = [r for r in results if r.ok]
+    row.trials, row.failed, row.library_ms = len(results), len(results) - len(ok), tuner.library_ms
+    best = min(ok, key=lambda r: r.time_ms) if ok else None
+    if best is not None and tuner.library_ms is not None and best.time_ms < tuner.library_ms:
+        text, ins = tuner.render(best.config)
+        name = f"{group.id}_gemm"
+        out.sources.pop(group.id, None)
+        out.sources[name] = text
+        out.kernels[group.id] = Chosen(name, ins, list(group.outputs))
+        out.kernels[gemm.name] = None  # the fused kernel computes it
+        for g in tuner.fused.prologue:  # and the bf16 operand casts, tile by tile
+            out.sources.pop(g.id, None)
+            out.kernels[g.id] = None
+        row.strategy = "triton" if best.config.template.startswith("triton.") else "torch"
+        row.config, row.time_ms, row.excess = best.config.as_dict(), best.time_ms, best.excess
+        flops = 2 * tuner.fused.M * tuner.fused.N * tuner.fused.K
+        row.note = f"{flops / (best.time_ms * 1e-3) / 1e12:.1f} TFLOP/s"
+    else:
+        row.time_ms = tuner.library_ms
+        row.note = "library GEMM + epilogue faster" if best else "no candidate passed"
+    job.log(f"{row.id} [{kind}]: {row.strategy} {row.time_ms or 0:.3f} ms, library+epilogue "
+            f"{(tuner.library_ms or 0):.3f} ms ({row.trials} trials, {row.failed} failed)")
+
+
+def _groups_within(units, names) -> list:
+    """The group units whose every node is in `names`."""
+    names = set(names)
+    return [u for u in units if u.group is not None and u.group.nodes and set(u.group.nodes) <= names]
+
+
+def _absorbable_groups(graph, units, templates) -> set[int]:
+    """ids of the group units whose every node some node unit's template (`templates`: node name
+    -> its template) may absorb."""
+    gone: set[str] = set()
+    for u in units:
+        if u.node is not None:
+            pattern = absorbed(templates[u.node], graph, graph.node(u.node))
+            if pattern:
+                gone |= set(pattern[0]) - {u.node}
+    return {id(u) for u in _groups_within(units, gone)}
+
+
+def _drop_absorbed_groups(plan, absorbs, by: str, out: Tuned, rows: list[UnitResult]) -> None:
+    """Groups whose every node a node kernel computes (the bf16 cast of a model input a depthwise
+    conv reads) are not run: no kernel, no source, a note in their report row."""
+    for u in _groups_within(plan.units, absorbs):
+        out.kernels[u.name] = None
+        out.sources.pop(u.name, None)
+        for row in rows:
+            if row.id == u.name:
+                row.strategy, row.note = "absorbed", f"computed inside {by}'s kernel"
+
+
+def _unit_bytes(graph, unit) -> int:
+    """Bytes a unit reads and writes at least: its inputs and outputs (a node's every output)."""
+    if unit.group is not None:
+        return sum(_nbytes(graph, v) for v in unit.group.inputs + unit.group.outputs)
+    node = graph.node(unit.node)
+    return sum(_nbytes(graph, v) for v in node.inputs) + sum(m.nbytes for m in node.outs if m is not None)
+
+
+def _nbytes(graph, name) -> int:
+    outs = [graph.meta(name)] if graph.is_input(name) else graph.node(name).outs
+    return sum(m.nbytes for m in outs if m is not None)
+
+
+def _hung_configs(db, common) -> set[str]:
+    """Keys of the configs that hung on this device before (never tried again)."""
+    keys = set()
+    for r in db.records(task_key=common["task_key"], device=common.get("device"), precision=common.get("precision")):
+        try:
+            res = record_result(r)
+        except (KeyError, TypeError, ValueError):
+            continue
+        if res.error_kind == watchdog.HANG:
+            keys.add(res.config.key())
+    return keys
+
+
+def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult]:
+    """Expert seeds first (in order), then model-based search over the rest of the space; configs
+    that hung here before are left out, and one that hangs now is recorded before the process ends."""
+    db = common["db"]
+    hung = _hung_configs(db, common)
+    tuner.on_hang = lambda cfg, msg: db.add_result(RunResult.failure(cfg, watchdog.HANG, msg), common["task_key"],
+                                                   common.get("task_features"), common.get("device"),
+                                                   common.get("precision"))
+    fresh = [c for c in tuner.space if c.key() not in hung]
+    if not fresh:
+        return []
+    space = set(fresh)
+    seeds = [c for c in tuner.seeds if c in space] or fresh[:1]
+    n_seed = len(seeds) if per_trials is None else min(len(seeds), per_trials)
+    first = tune(seeds[:n_seed], tuner.run, budget_trials=n_seed, budget_s=per_s, strategy=Exhaustive(), **common)
+    results = list(first.results)
+    rest_trials = None if per_trials is None else per_trials - len(results)
+    rest_s = None if per_s is None else max(0.0, per_s - first.elapsed_s)
+    rest = [c for c in fresh if c not in seeds]
+    if rest and (rest_trials is None or rest_trials > 0) and (rest_s is None or rest_s > 0):
+        results += tune(rest, tuner.run, budget_trials=rest_trials, budget_s=rest_s, **common).results
+    return results
+
+
+_FITTED: dict[tuple, CostModel | None] = {}  # (db file and its state, precision, template) -> fitted model
+
+
+def _db_state(db) -> tuple:
+    path = Path(db.path)
+    stat = path.stat() if path.exists() else None
+    return str(path), stat and (stat.st_size, stat.st_mtime_ns), tuple(map(str, db.priors))
+
+
+def untimed_choice(tuner: KernelTuner, db, policy) -> Config:
+    """Without a GPU: the cost model's best predicted config if it has data, else the default.
+    The model is fitted once per state of the database, precision and template (a plan has many
+    units of one template)."""
+    try:
+        key = (_db_state(db), policy.name, tuner.default.template)
+        if key not in _FITTED:
+            model = CostModel()
+            model.fit([r for r in db.records(precision=policy.name, include_priors=True)
+                       if r.get("template") == tuner.default.template])
+            _FITTED[key] = model if model.fitted else None
+        if _FITTED[key] is not None:
+            return _FITTED[key].rank(tuner.space, tuner.features)[0]
+    except Exception:  # noqa: BLE001 - a broken db must not stop the job
+        pass
+    return tuner.default
