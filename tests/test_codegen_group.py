@@ -274,7 +274,7 @@ def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():
 def test_a_training_batch_norm_over_a_gemm_result_runs_split_and_row_schedules(tmp_path):
     """BatchNorm1d (training) over a Linear's [batch, features] result reduces each feature over
     the batch: strided rows. Rows side by side (row schedule) and rows split over programs (the
-    schedule session 12 added for long ones) both give eager's result and running statistics."""
+    split schedule for long ones) both give eager's result and running statistics."""
     from kernelwright.codegen.triton_group import extent
 
     model = Fn(lambda s, x: torch.relu(s.bn(s.fc(x))))

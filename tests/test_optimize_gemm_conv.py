@@ -1,4 +1,4 @@
-"""End to end on the CPU for every shipped GEMM / convolution problem (issue 4): optimize at the
+"""End to end on the CPU for every shipped GEMM / convolution problem: optimize at the
 problem's SMALL size in the Triton interpreter, under fp32, bf16 (explicit bf16 operands, checked
 against eager under bf16 autocast) and, for convolutions, tf32 (where dense convolutions run
 channels-last), and check the emitted ModelNew against Model."""

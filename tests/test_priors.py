@@ -18,8 +18,8 @@ def test_packaged_priors_are_read_only_experience(tmp_path):
 def test_cost_model_from_priors_prefers_single_pass_rows_that_fit():
     """On the H200, rows of 8192 floats that fit one tile were fastest read once (rms_norm ran at
     99% of copy bandwidth that way); the model fitted on those trials must rank such configs near
-    the top. (Since session 5's records, streaming configs with eviction hints measured fast on other
-    row tasks rank first for this one: the search still tries the one-pass default first, as a seed.)"""
+    the top. (Streaming configs with eviction hints, measured fast on other row tasks, may rank first
+    for this one: the search still tries the one-pass default first, as a seed.)"""
     recs = [r for r in TrialDB("/nonexistent/none.jsonl", priors=packaged_priors()).records(include_priors=True)
             if r.get("template") == "triton.row" and r.get("precision") == "fp32"]
     model = CostModel().fit(recs)
@@ -51,10 +51,10 @@ def test_prior_files_are_parsed_once_until_they_change(tmp_path):
 
 def test_cost_model_from_priors_ranks_narrow_channel_tiles_last():
     """Layout-changing epilogues (channels-last bf16 in, NCHW float32 out) measured on the H200
-    (session 8): tiles 8 channels tall read 16-byte runs and were the slowest; the model fitted on
+    tiles 8 channels tall read 16-byte runs and were the slowest; the model fitted on
     those trials ranks wide tiles first and the narrow ones low (on average below the middle, the
     last two places theirs), so the search stops proposing them. (Its order among unmeasured tiles
-    is extrapolation: with session 10's trials a 16 x 32 tile, never measured, ranks third-last.)"""
+    is extrapolation: a 16 x 32 tile, never measured, may rank among the last.)"""
     from kernelwright.space.group_space import tiled_space
 
     recs = [r for r in TrialDB("/nonexistent/none.jsonl", priors=packaged_priors()).records(include_priors=True)

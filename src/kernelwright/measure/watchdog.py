@@ -2,7 +2,7 @@
 
 A kernel that deadlocks blocks the process in its next synchronisation, where no Python exception
 can reach it (on the H200 a bench never returned from a GEMM search whose first candidate was a
-warp-specialized persistent kernel; docs/benchmarks.md, session 9). `guard` arms a timer
+warp-specialized persistent kernel; docs/benchmarks.md, "Design choices": the hang guard). `guard` arms a timer
 around a candidate's first run (its JIT compile and verification); when the timer fires, the
 candidate is recorded as failed (error kind "hang", which the search never retries) and the
 process exits with one line on stderr: the CUDA context cannot be recovered in-process, and a

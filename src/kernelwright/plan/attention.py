@@ -14,7 +14,7 @@ mask, so only attention masked by a value computed from the model's weights alon
 causal mask) is rewritten there: the emitted forward checks that mask once per buffer version and,
 when it is the lower-triangular one, calls SDPA with is_causal=True (emit.program), which skips the
 masked half of the work: as fast as torch.compile's TF32 by-hand path at fp32 accuracy
-(docs/benchmarks.md, session 6).
+(docs/benchmarks.md, "Levels 2 and 3, every policy": causal_attention).
 
 The result's layout is fixed to what the fused kernels return, [b, h, s, d] indexed with
 [b, s, h, d] in memory (capture.execute.fixed_layout), so the usual transpose(1, 2).reshape(b, s,
