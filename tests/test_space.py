@@ -144,3 +144,151 @@ def test_long_strided_rows_search_split_and_row_schedules():
     seeds = seed_configs(M, R, False, r_contiguous=False)
     assert [c.template for c in seeds[:2]] == ["triton.split", "triton.row"]
     assert M * seeds[0]["SPLIT"] // seeds[0]["BLOCK_M"] >= 264
+
+
+# ---- spaces sized by the device's DeviceSpec -------------------------------------------------
+
+def _config_key(c) -> str:
+    return c.key() if isinstance(c, Config) else ",".join(f"{k}={v}" for k, v in sorted(c.items()))
+
+
+def _fingerprint(configs) -> tuple[int, list[str], str]:
+    """(how many, the first two, a digest of the whole ordered list)."""
+    import hashlib
+
+    keys = [_config_key(c) for c in configs]
+    return len(keys), keys[:2], hashlib.sha1("\n".join(keys).encode()).hexdigest()[:12]
+
+
+def _cases(spec):
+    """Representative spaces, seeds and defaults computed for the device `spec`."""
+    from kernelwright.space.gemm_space import conv_space, gemm_space, rowreduce_space
+    from kernelwright.space.group_space import default_config, group_space, seed_configs
+    return {
+        "gemm bf16 8192^3": gemm_space("bf16", M=8192, N=8192, K=8192, spec=spec),
+        "gemm tf32 64x64x16384": gemm_space("tf32", M=64, N=64, K=16384, spec=spec),
+        "gemm tf32 4096^3 tma": gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=12, tma=True, spec=spec),
+        "gemm fp32": gemm_space("fp32", spec=spec),
+        "rowreduce bf16 8192x4096x4096": rowreduce_space("bf16", M=8192, N=4096, K=4096, elem_bytes=2, spec=spec),
+        "rowreduce tf32 tile tma": rowreduce_space("tf32", M=32768, N=256, K=1024, reduce="tile", max_configs=200,
+                                                   tma=True, spec=spec),
+        "conv tf32": conv_space("tf32", batch=32, Cin=256, Cout=256, OH=56, OW=56, spec=spec),
+        "group 65536x8192": group_space(65536, 8192, False, spec=spec),
+        "group 512x401408 strided": group_space(512, 401408, False, False, spec=spec),
+        "group 64x131072 split": group_space(64, 131072, False, spec=spec),
+        "seeds 4096x8192 strided": seed_configs(4096, 8192, False, False, spec=spec),
+        "seeds 128x200704 strided": seed_configs(128, 200704, False, False, spec=spec),
+        "default 64x131072": [default_config(64, 131072, False, spec=spec)],
+    }
+
+
+# Computed by the spaces as they were written with the H200's 132 SMs and 227 KiB of shared
+# memory per block as literals (codegen/triton_gemm.py, space/group_space.py at `a30ae40`).
+H200_FINGERPRINTS = {
+    'gemm bf16 8192^3': (60, ['BLOCK_K=64,BLOCK_M=128,BLOCK_N=256,GROUP_M=8,SPLIT_K=1,num_stages=3,num_warps=8', 'BLOCK_K=64,BLOCK_M=256,BLOCK_N=128,GROUP_M=8,SPLIT_K=1,num_stages=3,num_warps=8'], '3ac84daba757'),  # noqa: E501
+    'gemm tf32 64x64x16384': (48, ['BLOCK_K=32,BLOCK_M=64,BLOCK_N=64,GROUP_M=8,SPLIT_K=8,num_stages=4,num_warps=4', 'BLOCK_K=32,BLOCK_M=64,BLOCK_N=64,GROUP_M=8,SPLIT_K=4,num_stages=4,num_warps=4'], 'b56fb57f4559'),  # noqa: E501
+    'gemm tf32 4096^3 tma': (12, ['BLOCK_K=32,BLOCK_M=128,BLOCK_N=256,GROUP_M=8,SPLIT_K=1,TMA=True,num_stages=3,num_warps=8', 'BLOCK_K=32,BLOCK_M=128,BLOCK_N=256,GROUP_M=8,SPLIT_K=1,num_stages=3,num_warps=8'], '50ef36816829'),  # noqa: E501
+    'gemm fp32': (60, ['BLOCK_K=16,BLOCK_M=128,BLOCK_N=128,GROUP_M=8,SPLIT_K=1,num_stages=3,num_warps=8', 'BLOCK_K=32,BLOCK_M=128,BLOCK_N=128,GROUP_M=8,SPLIT_K=1,num_stages=3,num_warps=8'], 'c74ede78a13f'),  # noqa: E501
+    'rowreduce bf16 8192x4096x4096': (40, ['BLOCK_K=64,BLOCK_M=64,BLOCK_N=256,GROUP_M=1,SPLIT_K=1,num_stages=4,num_warps=4', 'BLOCK_K=64,BLOCK_M=64,BLOCK_N=256,GROUP_M=1,SPLIT_K=1,num_stages=4,num_warps=8'], 'f45053bbd934'),  # noqa: E501
+    'rowreduce tf32 tile tma': (106, ['BLOCK_K=32,BLOCK_M=128,BLOCK_N=256,GROUP_M=1,SPLIT_K=1,num_stages=3,num_warps=8', 'BLOCK_K=32,BLOCK_M=64,BLOCK_N=256,GROUP_M=1,SPLIT_K=1,num_stages=4,num_warps=4'], '3a7abc3d2242'),  # noqa: E501
+    'conv tf32': (40, ['BLOCK_K=32,BLOCK_M=128,BLOCK_N=256,GROUP_M=8,SPLIT_K=1,num_stages=3,num_warps=8', 'BLOCK_K=32,BLOCK_M=256,BLOCK_N=128,GROUP_M=8,SPLIT_K=1,num_stages=3,num_warps=8'], '8e306632abd8'),  # noqa: E501
+    'group 65536x8192': (321, ['triton.row[BLOCK_M=1,BLOCK_R=8192,EVICT=False,num_stages=1,num_warps=4,one_pass=True]', 'triton.row[BLOCK_M=1,BLOCK_R=8192,EVICT=False,num_stages=1,num_warps=8,one_pass=True]'], 'dfca0169df7f'),  # noqa: E501
+    'group 512x401408 strided': (623, ['triton.split[BLOCK_M=1,BLOCK_R=128,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]', 'triton.split[BLOCK_M=1,BLOCK_R=256,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]'], '50a3d4efa9d2'),  # noqa: E501
+    'group 64x131072 split': (383, ['triton.split[BLOCK_M=1,BLOCK_R=128,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]', 'triton.split[BLOCK_M=1,BLOCK_R=128,SPLIT=64,num_stages=1,num_warps=4,one_pass=False]'], 'da833251c109'),  # noqa: E501
+    'seeds 4096x8192 strided': (6, ['triton.split[BLOCK_M=64,BLOCK_R=64,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]', 'triton.row[BLOCK_M=32,BLOCK_R=32,EVICT=False,num_stages=1,num_warps=4,one_pass=False]'], '7b1756a81b50'),  # noqa: E501
+    'seeds 128x200704 strided': (4, ['triton.split[BLOCK_M=64,BLOCK_R=64,SPLIT=128,num_stages=1,num_warps=4,one_pass=False]', 'triton.split[BLOCK_M=32,BLOCK_R=64,SPLIT=128,num_stages=1,num_warps=4,one_pass=False]'], 'e288c18386ba'),  # noqa: E501
+    'default 64x131072': (1, ['triton.split[BLOCK_M=1,BLOCK_R=2048,SPLIT=32,num_stages=1,num_warps=8,one_pass=False]'], '5ce491117a44'),  # noqa: E501
+}
+
+
+def test_spaces_on_the_h200_spec_match_the_h200_fingerprints():
+    from kernelwright.analyze.device import H200
+
+    got = {name: _fingerprint(cfgs) for name, cfgs in _cases(H200).items()}
+    assert got == H200_FINGERPRINTS
+
+
+def test_spaces_default_to_device_spec(monkeypatch):
+    """Without a `spec` the spaces are the current device's: the H200 default without a GPU."""
+    import dataclasses
+
+    import kernelwright.analyze.device as device
+    import kernelwright.space.group_space as gs
+    from kernelwright.space.gemm_space import gemm_space
+    from kernelwright.space.group_space import group_space
+
+    monkeypatch.delenv("KERNELWRIGHT_CEILINGS", raising=False)
+    monkeypatch.setattr(device, "current_cuda_device_name", lambda: None)
+    assert gemm_space("tf32", M=4096, N=4096, K=4096, tma=True) == \
+        gemm_space("tf32", M=4096, N=4096, K=4096, tma=True, spec=device.H200)
+    assert group_space(64, 131072, False) == group_space(64, 131072, False, spec=device.H200)
+    fewer = dataclasses.replace(device.H200, sms=66)  # what device_spec() says on a GPU with 66 SMs
+    monkeypatch.setattr(gs, "device_spec", lambda *a, **k: fewer)
+    assert group_space(200, 65536, False) == group_space(200, 65536, False, spec=fewer)
+
+
+def test_spaces_follow_the_sm_count_and_shared_memory():
+    import dataclasses
+
+    from kernelwright.analyze.device import H200, KiB
+    from kernelwright.codegen.cuda_kernels import render_pointwise
+    from kernelwright.space.gemm_space import gemm_space, rowreduce_space
+    from kernelwright.space.group_space import default_config, group_space, needs_split, strided_long_rows
+
+    def sms(n):
+        return dataclasses.replace(H200, sms=n)
+
+    # rows: fewer than two per SM count as too few (a split reduction), on 66 SMs 200 rows do not
+    assert needs_split(200, 65536, spec=H200) and not needs_split(200, 65536, spec=sms(66))
+    assert {c.template for c in group_space(200, 65536, False, spec=H200)} == {"triton.split"}
+    assert "triton.row" in {c.template for c in group_space(200, 65536, False, spec=sms(66))}
+    assert strided_long_rows(8000, 8192, False, spec=H200) and not strided_long_rows(8000, 8192, False, spec=sms(66))
+    # a split reduction of 8 long rows makes about eight programs per SM
+    assert default_config(8, 131072, False, spec=H200)["SPLIT"] == 256
+    assert default_config(8, 131072, False, spec=sms(66))["SPLIT"] == 128
+    # pointwise spaces do not depend on the device
+    assert group_space(1 << 20, 1, True, spec=H200) == group_space(1 << 20, 1, True, spec=sms(66))
+
+    # GEMM: persistent variants where the tiles are at least twice the SMs; split-K below one tile per SM
+    def persistent(spec):
+        return sum(1 for c in gemm_space("tf32", M=4096, N=4096, K=4096, max_configs=12, tma=True, spec=spec)
+                   if c.get("PERSISTENT"))
+    assert (persistent(H200), persistent(sms(264))) == (4, 2)
+
+    def split_k(spec):
+        return max(c["SPLIT_K"] for c in gemm_space("tf32", M=2048, N=2048, K=16384, spec=spec))
+    assert (split_k(H200), split_k(sms(264))) == (2, 4)
+    # row-reduction GEMM: whole waves first (8192 rows: 64-row programs fill 132 SMs, 128-row ones 64)
+    assert rowreduce_space("bf16", M=8192, N=4096, K=4096, elem_bytes=2, spec=H200)[0]["BLOCK_M"] == 64
+    assert rowreduce_space("bf16", M=8192, N=4096, K=4096, elem_bytes=2, spec=sms(64))[0]["BLOCK_M"] == 128
+    # shared memory per block bounds every tile's pipeline
+    small = dataclasses.replace(H200, smem_per_block=99 * KiB)
+    tiles = gemm_space("bf16", M=8192, N=8192, K=8192, spec=small)
+    assert tiles != gemm_space("bf16", M=8192, N=8192, K=8192, spec=H200)
+    assert all(c["num_stages"] * (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2 <= 99 * KiB for c in tiles)
+    # the CUDA pointwise grid: at most four full waves of the SMs
+    pw = render_pointwise("a + 1.0f", ["a"])
+    assert pw.geometry(1 << 26, sms=H200.sms) == (4224, 256) and pw.geometry(1 << 26, sms=66) == (2112, 256)
+
+
+def test_device_spec_reads_sms_and_shared_memory_from_the_gpu(monkeypatch):
+    """With a GPU, the SM count and the opt-in shared memory per block are the device's (a MIG
+    slice has fewer SMs than the table's entry); the rest comes from the table."""
+    import types
+
+    import torch
+
+    import kernelwright.analyze.device as device
+
+    monkeypatch.delenv("KERNELWRIGHT_CEILINGS", raising=False)
+    monkeypatch.setattr(device, "current_cuda_device_name", lambda: "NVIDIA H200")
+    props = types.SimpleNamespace(multi_processor_count=60, shared_memory_per_block_optin=200 * 1024,
+                                  L2_cache_size=30 * 2**20)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    spec = device.device_spec()
+    assert (spec.name, spec.sms, spec.smem_per_block) == ("NVIDIA H200", 60, 200 * 1024)
+    assert spec.l2_bytes == device.H200.l2_bytes and spec.mem_bw_gbs == device.H200.mem_bw_gbs
+    # a named device is the table's entry; a ceilings file may still set the fields
+    assert device.device_spec("h200").sms == 132
+    assert device.device_spec("h200", ceilings={"sm_count": 66, "smem": 100 * 1024}).smem_per_block == 100 * 1024

@@ -16,16 +16,19 @@ from kernelwright.codegen.epilogue import (  # noqa: E402
     bias_relu,
     render_operand_loads,
 )
+from kernelwright.analyze.device import H200  # noqa: E402
 from kernelwright.codegen.triton_gemm import (  # noqa: E402
-    CONFIG_KEYS,
-    conv_space,
-    depthwise_space,
-    gemm_space,
     precision_kwargs,
     render_conv2d,
     render_depthwise,
     render_gemm,
     render_gemm_rowreduce,
+)
+from kernelwright.space.gemm_space import (  # noqa: E402
+    CONFIG_KEYS,
+    conv_space,
+    depthwise_space,
+    gemm_space,
     rowreduce_space,
 )
 
@@ -481,7 +484,7 @@ def test_config_spaces():
     assert rr and all(c["BLOCK_N"] == 128 for c in rr)
     # one program per BLOCK_M rows: M = 8192 fills 132 SMs with 64-row programs (128 programs),
     # not with 128-row ones (64 programs), so those come first
-    full = rowreduce_space("bf16", M=8192, N=4096, K=4096, elem_bytes=2)
+    full = rowreduce_space("bf16", M=8192, N=4096, K=4096, elem_bytes=2, spec=H200)
     assert full[0]["BLOCK_M"] == 64 and {c["BLOCK_M"] for c in full} > {64}
     # whole rows: <= 128 accumulator values a thread; seeds of distinct BLOCK_M x num_warps, the
     # fourth the first tile with TMA loads when the operands are K-major; every tile both ways

@@ -13,7 +13,10 @@ or keyed by device name: {"NVIDIA H200": {...}, "NVIDIA A100-SXM4-80GB": {...}}.
 Keys are `DeviceSpec` field names; "copy_gbs" is accepted for "mem_bw_gbs".
 
 Without a CUDA GPU and without a given name, `device_spec()` returns the H200 entry and says so
-in its `note` (so `kernelwright inspect` works on a laptop).
+in its `note` (so `kernelwright inspect` works on a laptop, and the schedule spaces of `space/`
+are the H200's there). With a GPU, the multiprocessor count and the opt-in shared memory per
+block are read from `torch.cuda.get_device_properties` (a MIG slice has fewer SMs than the table's
+device); the table holds them for named devices and for the CPU default.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from kernelwright.errors import UserError
 
+KiB = 1 << 10
 MiB = 1 << 20
 
 
@@ -35,8 +39,9 @@ class DeviceSpec:
     fp32_tflops: float  # FP32 (CUDA cores, or IEEE fp32 matmul) TFLOP/s
     tf32_tflops: float  # TF32 tensor cores, TFLOP/s
     bf16_tflops: float  # BF16/FP16 tensor cores with fp32 accumulation, TFLOP/s
-    sms: int
+    sms: int  # streaming multiprocessors
     l2_bytes: int
+    smem_per_block: int  # bytes of shared memory one block may use (the opt-in maximum)
     source: str = "datasheet"  # "measured", "datasheet", "ceilings file PATH", "estimate"
     note: str = ""  # why this entry was chosen (e.g. "no CUDA GPU: showing NVIDIA H200")
 
@@ -62,12 +67,13 @@ class DeviceSpec:
         return dataclasses.asdict(self)
 
 
-H200 = DeviceSpec("NVIDIA H200", 4210.0, 51.0, 392.0, 767.0, 132, 60 * MiB, source="measured")
-H100_SXM = DeviceSpec("NVIDIA H100 SXM", 3350.0, 67.0, 494.7, 989.4, 132, 50 * MiB)
-H100_PCIE = DeviceSpec("NVIDIA H100 PCIe", 2000.0, 51.2, 378.0, 756.0, 114, 50 * MiB)
-A100_80 = DeviceSpec("NVIDIA A100 80GB", 2039.0, 19.5, 156.0, 312.0, 108, 40 * MiB)
-A100_40 = DeviceSpec("NVIDIA A100 40GB", 1555.0, 19.5, 156.0, 312.0, 108, 40 * MiB)
-CPU = DeviceSpec("generic CPU", 50.0, 1.0, 1.0, 1.0, 0, 32 * MiB, source="estimate",
+# shared memory per block: 227 KiB on sm_90, 163 KiB on sm_80 (CUDA's opt-in maximum)
+H200 = DeviceSpec("NVIDIA H200", 4210.0, 51.0, 392.0, 767.0, 132, 60 * MiB, 227 * KiB, source="measured")
+H100_SXM = DeviceSpec("NVIDIA H100 SXM", 3350.0, 67.0, 494.7, 989.4, 132, 50 * MiB, 227 * KiB)
+H100_PCIE = DeviceSpec("NVIDIA H100 PCIe", 2000.0, 51.2, 378.0, 756.0, 114, 50 * MiB, 227 * KiB)
+A100_80 = DeviceSpec("NVIDIA A100 80GB", 2039.0, 19.5, 156.0, 312.0, 108, 40 * MiB, 163 * KiB)
+A100_40 = DeviceSpec("NVIDIA A100 40GB", 1555.0, 19.5, 156.0, 312.0, 108, 40 * MiB, 163 * KiB)
+CPU = DeviceSpec("generic CPU", 50.0, 1.0, 1.0, 1.0, 0, 32 * MiB, 0, source="estimate",
                  note="rough desktop-class numbers; nothing is timed on a CPU")
 
 DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (H200, H100_SXM, H100_PCIE, A100_80, A100_40, CPU)}
@@ -95,7 +101,7 @@ def lookup(name: str) -> DeviceSpec | None:
 
 def _normalise_keys(d: dict) -> dict:
     aliases = {"copy_gbs": "mem_bw_gbs", "bw_gbs": "mem_bw_gbs", "fp16_tflops": "bf16_tflops",
-               "l2": "l2_bytes", "sm_count": "sms"}
+               "l2": "l2_bytes", "sm_count": "sms", "smem": "smem_per_block"}
     return {aliases.get(k, k): v for k, v in d.items()}
 
 
@@ -162,6 +168,7 @@ def device_spec(name: str | None = None, ceilings: str | Path | dict | None = No
                                            f"{DEFAULT.name} rates with this GPU's SMs and L2; measure its ceilings")
             elif spec.name != gpu:
                 spec = dataclasses.replace(spec, note=f"CUDA device {gpu!r}")
+            spec = dataclasses.replace(spec, **_gpu_properties(spec))
     if ceilings is None and os.environ.get("KERNELWRIGHT_CEILINGS"):
         ceilings = os.environ["KERNELWRIGHT_CEILINGS"]
     if ceilings is not None:
@@ -173,15 +180,26 @@ def device_spec(name: str | None = None, ceilings: str | Path | dict | None = No
     return spec
 
 
+def _gpu_properties(spec: DeviceSpec) -> dict:
+    """The current CUDA device's SM count and opt-in shared memory per block, as `DeviceSpec`
+    fields; `spec`'s values where a property cannot be read."""
+    try:
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return {"sms": int(props.multi_processor_count),
+                "smem_per_block": int(getattr(props, "shared_memory_per_block_optin", spec.smem_per_block))}
+    except Exception:  # noqa: BLE001 - a broken CUDA setup keeps the table's numbers
+        return {}
+
+
 def _unknown_gpu(name: str) -> DeviceSpec:
     spec = dataclasses.replace(DEFAULT, name=name, source="estimate")
     try:
         import torch
 
-        props = torch.cuda.get_device_properties(0)
-        sms = int(props.multi_processor_count)
-        l2 = int(getattr(props, "L2_cache_size", spec.l2_bytes))
-        spec = dataclasses.replace(spec, sms=sms, l2_bytes=l2)
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        spec = dataclasses.replace(spec, l2_bytes=int(getattr(props, "L2_cache_size", spec.l2_bytes)))
     except Exception:  # noqa: BLE001
         pass
     return spec

@@ -117,13 +117,18 @@ class CudaKernelSource:
             d[k] = int(v)
         return replace(self, defines=d)
 
-    def geometry(self, *shape: int, sms: int = 132, waves: int = 4) -> tuple[int, int]:
+    def geometry(self, *shape: int, sms: int | None = None, waves: int = 4) -> tuple[int, int]:
         """(grid, block) for a launch: pointwise takes (numel,), row kernels take (M, N).
-        `sms`: the GPU's multiprocessor count (132 on H100/H200)."""
+        `sms`: the GPU's multiprocessor count (default: `device_spec().sms`, the GPU this process
+        sees, or the H200's without one)."""
         rt = runtime_module()
         t = self.threads
         if self.kind == "pointwise":
             (n,) = shape
+            if sms is None:
+                from kernelwright.analyze.device import device_spec
+
+                sms = device_spec().sms
             return rt.pointwise_grid(n, t, self.defines["VEC"], self.defines["UNROLL"], sms, waves), t
         m = shape[0]
         return rt.row_grid(m, t, self.defines["WARP_ROW"]), t

@@ -13,16 +13,17 @@ from typing import Callable
 
 import torch
 
+from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
 from kernelwright.codegen import gemm_epilogue, library_epilogue, node_kernels
 from kernelwright.codegen.node_kernels import used_outputs
-from kernelwright.codegen.triton_gemm import gemm_space, rowreduce_space
 from kernelwright.codegen.triton_group import extent, lower, render_group, tiled_apply_dims, transposed_walk
 from kernelwright.measure import watchdog
 from kernelwright.policy import Policy
 from kernelwright.search.result import RunResult
 from kernelwright.space.config import Config
+from kernelwright.space.gemm_space import gemm_space, rowreduce_space
 from kernelwright.space.group_space import (default_config, group_space, seed_configs, strided_long_rows, tiled_default,
                                             tiled_space)
 from kernelwright.verify.compare import excess_reason, park, poisoned_like
@@ -201,9 +202,10 @@ class GroupTuner(KernelTuner):
                          device, cache_dir, timed)
         self.M, self.R, self.r_contig = extent(self.low)
         pw = group.rdims is None
-        self.space = group_space(self.M, self.R, pw, self.r_contig)
-        self.seeds = seed_configs(self.M, self.R, pw, self.r_contig)
-        self.default = default_config(self.M, self.R, pw, self.r_contig)
+        spec = device_spec()
+        self.space = group_space(self.M, self.R, pw, self.r_contig, spec=spec)
+        self.seeds = seed_configs(self.M, self.R, pw, self.r_contig, spec=spec)
+        self.default = default_config(self.M, self.R, pw, self.r_contig, spec=spec)
         if pw and transposed_walk(self.low) is not None:  # e.g. channels-last in, NCHW out: tiles only
             # (flat pointwise schedules read or write across the layout change: 4-6x slower on every
             # such group of the H200 runs, session 8, yet the model kept proposing them)
@@ -213,7 +215,7 @@ class GroupTuner(KernelTuner):
             self.seeds = [self.default, self.default.replace(BLOCK_Q=16, BLOCK_P=128),
                           self.default.replace(BLOCK_Q=32, BLOCK_P=128),
                           self.default.replace(BLOCK_Q=64, BLOCK_P=64, num_warps=8)]
-        elif not pw and strided_long_rows(self.M, self.R, self.r_contig) and tiled_apply_dims(self.low):
+        elif not pw and strided_long_rows(self.M, self.R, self.r_contig, spec=spec) and tiled_apply_dims(self.low):
             # e.g. a group norm over channels-last data returned NCHW: split statistics, then an
             # apply pass over [BLOCK_Q pixels, channels of BLOCK_M groups] tiles (coalesced both ways)
             tiled = [c.replace(TILED_APPLY=True) for c in self.space
@@ -283,26 +285,27 @@ class NodeTuner(KernelTuner):
         return [outs[i if i is not None else 0] for _, i in self.outputs]
 
 
-def fused_gemm_space(graph, f: gemm_epilogue.GemmEpilogue, policy: str) -> list[Config]:
-    """The Triton configs searched for a fused GEMM (`f`), expert order first: the row-reduction
-    template's when the epilogue ends in one (with TMA variants when both operands are K-major),
-    else the GEMM template's (TMA first when both operands are K-major, a persistent variant last
-    where there are tiles enough and no operand is cast in the kernel; under tf32 a K-major copy
-    of a row-major B)."""
+def fused_gemm_space(graph, f: gemm_epilogue.GemmEpilogue, policy: str,
+                     spec: DeviceSpec | None = None) -> list[Config]:
+    """The Triton configs searched for a fused GEMM (`f`) on the device `spec` (default
+    `device_spec()`), expert order first: the row-reduction template's when the epilogue ends in
+    one (with TMA variants when both operands are K-major), else the GEMM template's (TMA first
+    when both operands are K-major, a persistent variant last where there are tiles enough and no
+    operand is cast in the kernel; under tf32 a K-major copy of a row-major B)."""
     bf16_tensors = graph.meta(f.a).dtype == "bfloat16" and graph.meta(f.b).dtype == "bfloat16"
     precision, elem_bytes = ("bf16" if f.cast_bf16 else policy), 2 if bf16_tensors else 4
     k_major = f.k_major(graph)
     if f.reduce:  # the row reduction folded into the GEMM: the product is never written
         return [Config.make("triton.gemm_rowreduce", **c) for c in
                 rowreduce_space(precision, M=f.M, N=f.N, K=f.K, elem_bytes=elem_bytes, reduce=f.reduce,
-                                max_configs=40, tma=k_major)]
+                                max_configs=40, tma=k_major, spec=spec)]
     # no persistent kernels where a float32 operand is rounded to bf16 in the kernel: on the H200
     # (Triton 3.6) 2 of 7 such configs returned NaN, both tried with a bias + ReLU epilogue inf, and the
     # best ran 0.476 ms against 0.43 for a cast kernel + cuBLAS (8192 x 4096 x 4096; session 9)
     return [Config.make("triton.gemm", **c) for c in
             gemm_space(precision, M=f.M, N=f.N, K=f.K, elem_bytes=elem_bytes, max_configs=40, tma=k_major,
                        kmajor_copy=not k_major and policy == "tf32" and not f.cast_bf16,
-                       persistent=not (f.cast_bf16 and not bf16_tensors))]
+                       persistent=not (f.cast_bf16 and not bf16_tensors), spec=spec)]
 
 
 class GemmTuner(KernelTuner):
@@ -326,7 +329,7 @@ class GemmTuner(KernelTuner):
                if v != gemm.name and v not in absorbed]
         super().__init__(graph, casts + [gemm.name] + group.nodes, ins, [(group.outputs[0], None)],
                          env, policy, device, cache_dir, timed)
-        self.space = fused_gemm_space(graph, f, policy.name)
+        self.space = fused_gemm_space(graph, f, policy.name, device_spec())
         self.seeds = self.space[:4]
         self.default = self.space[0]
         # cuBLASLt's own bias + ReLU epilogue, when the group is just that: one more candidate

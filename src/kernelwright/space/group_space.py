@@ -1,6 +1,12 @@
-"""Schedule spaces of the fused group template (codegen/triton_group.py), from axes + constraints."""
+"""Schedule spaces of the fused group template (codegen/triton_group.py), from axes + constraints.
+
+How many rows are too few, and how many programs a split reduction makes, follow the device's SM
+count (`spec`: a `DeviceSpec`; default `device_spec()`, the GPU this process sees, or the H200's
+numbers without one).
+"""
 from __future__ import annotations
 
+from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.space.axes import Axis, Space, pow2_range
 from kernelwright.space.config import Config
 
@@ -16,38 +22,42 @@ def _warps_fit(c: dict) -> bool:
     return 1 <= per_thread <= 64
 
 
-def _split_space(M: int, R: int) -> list[Config]:
+def _split_space(M: int, R: int, sms: int) -> list[Config]:
+    """At least one program per SM and at most 16384 programs."""
     mp = next_pow2(M)
     # wide BLOCK_M with short BLOCK_R: rows side by side, for channels-last (strided) reductions
     # (64 / 128 rows: whole 128-byte lines of bf16 channels)
     return Space("triton.split", [Axis("BLOCK_M", [1, 2, 4, 8, 16, 32, 64, 128]),
                                   Axis("BLOCK_R", [32, 64, 128, 256, 512, 1024, 2048, 4096]),
                                   Axis("SPLIT", [32, 64, 128, 256, 512, 1024]), Axis("num_warps", [4, 8])],
-                 [lambda c: 132 <= M * c["SPLIT"] // c["BLOCK_M"] <= 16384 and c["BLOCK_M"] <= mp, _warps_fit],
+                 [lambda c: sms <= M * c["SPLIT"] // c["BLOCK_M"] <= 16384 and c["BLOCK_M"] <= mp, _warps_fit],
                  fixed={"one_pass": False, "num_stages": 1}).configs()
 
 
-def strided_long_rows(M: int, R: int, r_contiguous: bool) -> bool:
+def strided_long_rows(M: int, R: int, r_contiguous: bool, *, spec: DeviceSpec | None = None) -> bool:
     """Long rows whose elements are not contiguous in memory (a norm over channels-last data, a
     training batch norm over a [batch, features] matrix): a program must take ~32 rows side by side
-    to read whole cache lines, which leaves fewer than two programs per SM (264 on the H200) unless
-    each row is also split over several; rows of 4096+ elements are long enough to split, and both
-    schedules are searched. (Session 12: BatchNorm1d over a 8192 x 4096 GEMM output, rows 32 side
-    by side, 128 programs: 910 GB/s, 22% of the H200's bandwidth.)"""
-    return not r_contiguous and R >= 4096 and not needs_split(M, R) and M < 264 * 32
+    to read whole cache lines, which leaves fewer than two programs per SM unless each row is also
+    split over several; rows of 4096+ elements are long enough to split, and both schedules are
+    searched. (BatchNorm1d over a 8192 x 4096 GEMM output on the H200, rows 32 side by side, 128
+    programs: 910 GB/s, 22% of its bandwidth; `7a60a35`.)"""
+    spec = spec or device_spec()
+    return not r_contiguous and R >= 4096 and not needs_split(M, R, spec=spec) and M < 2 * spec.sms * 32
 
 
-def group_space(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> list[Config]:
+def group_space(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *,
+                spec: DeviceSpec | None = None) -> list[Config]:
     """Candidate configs for a group with M kept indices and R reduced elements per row."""
     if pointwise:
         top = max(256, min(16384, next_pow2(M)))
         return Space("triton.pointwise", [Axis("BLOCK_M", pow2_range(256, top)), Axis("num_warps", [2, 4, 8, 16])],
                      [_warps_fit], fixed={"BLOCK_R": 1, "one_pass": False, "num_stages": 1}).configs()
+    spec = spec or device_spec()
     rp = next_pow2(R)
     mp = next_pow2(M)
-    if needs_split(M, R):
-        return _split_space(M, R)
-    configs: list[Config] = _split_space(M, R) if strided_long_rows(M, R, r_contiguous) else []
+    if needs_split(M, R, spec=spec):
+        return _split_space(M, R, spec.sms)
+    configs: list[Config] = _split_space(M, R, spec.sms) if strided_long_rows(M, R, r_contiguous, spec=spec) else []
     # L2 eviction hints for multi-pass rows (first reads evict_last, last reads evict_first): on
     # the H200 they sped up two-pass rms/layer norm and 65536-wide log-softmax; a one-pass row's
     # evict_first loads measured slower, so one-pass configs carry none
@@ -64,26 +74,32 @@ def group_space(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> l
     return configs
 
 
-def needs_split(M: int, R: int) -> bool:
-    """Too few rows to fill the GPU and long rows: split each row over many programs."""
-    return M < 264 and R >= 65536
+def needs_split(M: int, R: int, *, spec: DeviceSpec | None = None) -> bool:
+    """Too few rows to fill the GPU (fewer than two per SM) and long rows: split each row over many
+    programs."""
+    spec = spec or device_spec()
+    return M < 2 * spec.sms and R >= 65536
 
 
-def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> Config:
+def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *,
+                   spec: DeviceSpec | None = None) -> Config:
     """The documented heuristic used when nothing can be timed (CPU) and the cost model has no data:
     pointwise: 1024 elements and 4 warps per program; rows that fit 16384 elements: one pass (the row
     read once; on the H200 rms_norm's 8192-wide rows ran at 99% of copy bandwidth that way) with a
     tile of at least 2048 elements and at most 32 elements a thread; longer rows: 1024-element
     chunks; reductions over a strided (non-innermost) dim: 32x32 tiles so neighbouring rows share
-    coalesced loads; few long rows, or long strided rows: a split reduction."""
+    coalesced loads; few long rows, or long strided rows: a split reduction (about eight programs
+    per SM over contiguous rows)."""
     if pointwise:
         return Config.make("triton.pointwise", BLOCK_M=1024, BLOCK_R=1, num_warps=4, one_pass=False, num_stages=1)
+    spec = spec or device_spec()
     rp = next_pow2(R)
-    if needs_split(M, R) or strided_long_rows(M, R, r_contiguous):
-        split = min(1024, max(32, next_pow2(1056 // max(M, 1))))
+    if needs_split(M, R, spec=spec) or strided_long_rows(M, R, r_contiguous, spec=spec):
+        split = min(1024, max(32, next_pow2(8 * spec.sms // max(M, 1))))
         if not r_contiguous:  # neighbouring rows are contiguous: read 64 of them side by side
             # 64 x 64 tiles, 4 warps, ~256 programs: the fastest of 192 configs for training BN
-            # over NHWC (M=128, R=200704) on the H200, 1.75x the former 32 x 128, 8 warps, 1056 programs
+            # over NHWC (M=128, R=200704) on the H200, 1.75x as fast as 32 x 128 tiles with 8 warps
+            # and eight programs per SM
             bm = min(64, next_pow2(M))
             split = min(1024, max(32, next_pow2(256 * bm // max(M, 1))))
             split = min(split, max(32, next_pow2(-(-R // 64))))  # no chunk shorter than its 64-row tile
@@ -102,15 +118,17 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -
     return Config.make("triton.row", BLOCK_M=1, BLOCK_R=1024, one_pass=False, num_warps=4, num_stages=1, EVICT=False)
 
 
-def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True) -> list[Config]:
+def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *,
+                 spec: DeviceSpec | None = None) -> list[Config]:
     """Expert starting points tried before the model-based search, most different first: the
     heuristic default, a long-chunk streaming variant, the same two with L2 eviction hints, then
     neighbours in warps and rows per program (all inside the group's space)."""
-    base = default_config(M, R, pointwise, r_contiguous)
-    space = set(group_space(M, R, pointwise, r_contiguous))
+    spec = spec or device_spec()
+    base = default_config(M, R, pointwise, r_contiguous, spec=spec)
+    space = set(group_space(M, R, pointwise, r_contiguous, spec=spec))
     out = [base]
     nw = base["num_warps"]
-    if strided_long_rows(M, R, r_contiguous):  # the row schedule is measured right after the split one
+    if strided_long_rows(M, R, r_contiguous, spec=spec):  # the row schedule is measured right after the split one
         row = Config.make("triton.row", BLOCK_M=min(32, next_pow2(M)), BLOCK_R=32, one_pass=False, num_warps=4,
                           num_stages=1, EVICT=False)
         out += [c for c in (row, base.replace(SPLIT=base["SPLIT"] * 2)) if c in space]
