@@ -186,12 +186,12 @@ def test_causal_attention_end_to_end(policy, tmp_path):
     assert result["verify"]["passed"], result["verify"]
     path = tmp_path / "out" / "model_new.py"
     text = path.read_text()
-    assert "scaled_dot_product_attention" in text and "logical_not" in text and "*_kw_causal_or_mask(" in text
+    assert "scaled_dot_product_attention" in text and "logical_not" in text and "*_rt.causal_or_mask(" in text
     mod = import_model_new(path)
     new = model_new_like(mod, prob, model, "cpu")
     seen = []
-    check = mod._kw_causal_or_mask
-    mod._kw_causal_or_mask = lambda *a: seen.append(check(*a)) or seen[-1]
+    check = mod._rt.causal_or_mask
+    mod._rt.causal_or_mask = lambda *a: seen.append(check(*a)) or seen[-1]
     tol = dict(rtol=3e-2, atol=3e-2) if policy == "bf16" else dict(rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         for _ in range(2):
@@ -204,26 +204,26 @@ def test_causal_attention_end_to_end(policy, tmp_path):
 
 
 def test_causal_check_once_per_version(tmp_path):
-    """The emitted helper compares the mask with the causal one once per tensor and version."""
+    """The runtime's helper compares the mask with the causal one once per tensor and version."""
     from kernelwright.emit.module import import_model_new, render_model_new, write_module
 
     prob = from_module(Plain(), [torch.randn(1, 4, 8)] * 3, name="plain")
-    mod = import_model_new(write_module(tmp_path, render_model_new(prob, [], "fp32", None), {}))
+    mod = import_model_new(write_module(tmp_path, render_model_new(prob, [], "fp32", None), {}))._rt
     q, k = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 6, 4)
     keep = torch.ones(5, 6, dtype=torch.bool).tril()
-    assert mod._kw_causal_or_mask(keep, q, k, 0.0) == (None, 0.0, True)
+    assert mod.causal_or_mask(keep, q, k, 0.0) == (None, 0.0, True)
     calls = []
     real = torch.equal
     torch.equal = lambda *a: calls.append(1) or real(*a)
     try:
-        assert mod._kw_causal_or_mask(keep, q, k, 0.0)[2] and calls == []  # cached
+        assert mod.causal_or_mask(keep, q, k, 0.0)[2] and calls == []  # cached
         keep[0, 1] = True  # in place: the version moves
-        m, p, causal = mod._kw_causal_or_mask(keep, q, k, 0.0)
+        m, p, causal = mod.causal_or_mask(keep, q, k, 0.0)
         assert m is keep and not causal and calls == [1]
     finally:
         torch.equal = real
     wrong_len = torch.ones(5, 5, dtype=torch.bool).tril()  # not [L, S]: never is_causal
-    assert mod._kw_causal_or_mask(wrong_len, q, k, 0.0)[0] is wrong_len
+    assert mod.causal_or_mask(wrong_len, q, k, 0.0)[0] is wrong_len
 
 
 def test_tf32_rewrites_weight_masked_attention_only():

@@ -1,5 +1,5 @@
-"""The emitted forward replayed as CUDA graphs (model_new.py.j2 `_kw_graphed`) and optimize's
-choice between it and the plain forward (measure.final.pick_forward).
+"""The emitted forward replayed as CUDA graphs (emit/graphs.py `graphed`, shipped as
+kernels/_graphs.py) and optimize's choice between it and the plain forward (measure.final.pick_forward).
 
 CPU tests check the rendering, the plain path a graphs-on module takes off the GPU, the replay's
 bookkeeping with torch.cuda's graph API emulated, and the choice; the GPU tests check the replay
@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from kernelwright.capture import capture
+from kernelwright.emit import graphs as kwgraphs
 from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module
 from kernelwright.measure.final import GRAPHS, PLAIN, pick_forward, replay_paths
 from kernelwright.pipeline import Options
@@ -66,29 +67,26 @@ def _pair(problem, mod, device):
 def test_rendering_names_every_parameter_and_buffer_and_the_switch(fake_clock, tmp_path):
     problem, mod, plan = _emit(fake_clock, tmp_path, "level2/conv2d_batch_norm_train_relu.py", "cpu")
     text = (tmp_path / "out" / "model_new.py").read_text()
-    assert "_kw_cuda_graphs = True" in text
-    assert "return _kw_stamp(*_kw_tensors_any(self))" in text.split("def _kw_state_any", 1)[1]
-    tensors = text.split("def _kw_tensors_any", 1)[1].split("def _kw_state_any", 1)[0]
+    assert "_kw_cuda_graphs = True" in text and 'graphs=_kw_import("_graphs")' in text
+    assert (tmp_path / "out" / "kernels" / "_graphs.py").read_text() == open(kwgraphs.__file__).read()
+    tensors = text.split("def _kw_tensors", 1)[1].split("\ndef ", 1)[0]
     model = problem.make_model()
     for fqn, _ in [*model.named_parameters(), *model.named_buffers()]:
         assert f"self.{fqn}" in tensors, fqn  # running stats and num_batches_tracked included
     new = mod.ModelNew(*problem.get_init_inputs())
-    assert [id(t) for t in mod._kw_tensors_any(new)] == [id(t) for t in [*new.parameters(), *new.buffers()]]
+    assert [id(t) for t in mod._kw_tensors(new)] == [id(t) for t in [*new.parameters(), *new.buffers()]]
     plain = render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None)
-    assert "_kw_cuda_graphs = False" in plain
+    assert "_kw_cuda_graphs = False" in plain and '_kw_import("_graphs")' not in plain
     # the running statistics' updates are kept out of the captured part and committed after a replay
     flat = " ".join(text.split())
-    assert ("_kw_graphed(self, \"any\", _functools.partial(_kw_compute_any, self), args, _functools.partial(_kw_state_any, self), "
-            "_functools.partial(_kw_reads_any, self), _functools.partial(_kw_commit_any, self))") in flat
+    assert '_rt.Forward("any", [()], _kw_tensors, ' in flat and "compute=_kw_compute_any, commit=_kw_commit_any)" in flat
     compute = text.split("def _kw_compute_any", 1)[1].split("def _kw_commit_any", 1)[0]
     commit = text.split("def _kw_commit_any", 1)[1].split("\n\n", 1)[0]
     assert "running_mean" in compute and "copy_(" not in compute and "_foreach_" not in compute
     assert "_foreach_add_([b_bn_num_batches_tracked], 1)" in commit and "b_bn_running_mean" in commit
-    assert mod._kw_reads_any(new) == mod._kw_tensors_any(new)
     gemm = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
     gemm_text = render_model_new(gemm, [ModeForward("any", plan_graph(rewrite(capture(gemm), "fp32")[0]), {}, {}, [])], "fp32", None, cuda_graphs=True)
-    assert ("_functools.partial(_kw_forward_any, self), args, _functools.partial(_kw_state_any, self), "
-            "_functools.partial(_kw_reads_any, self))") in " ".join(gemm_text.split())
+    assert '_rt.Forward("any", [()], _kw_tensors, (torch.float32,) * 2, _kw_forward_any)' in " ".join(gemm_text.split())
     assert "def _kw_commit_any" not in gemm_text
 
 
@@ -101,31 +99,29 @@ def test_off_the_gpu_a_graphs_on_module_runs_its_forward_as_it_is(fake_clock, tm
         with torch.no_grad():
             torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
     assert not mod._kw_graphs_of(graphed)  # CPU inputs: nothing captured, nothing kept
-    assert not mod._kw_capturable([torch.zeros(3)]) and not mod._kw_capturable([1.0])
-    assert mod._kw_signature([torch.zeros(3), object()]) is None  # not a key
+    assert not kwgraphs.capturable([torch.zeros(3)]) and not kwgraphs.capturable([1.0])
+    assert kwgraphs.signature([torch.zeros(3), object()]) is None  # not a key
 
 
 @pytest.mark.interpreter
-def test_a_capture_is_keyed_by_the_switches_that_choose_library_kernels(monkeypatch, tmp_path):
-    problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
-    plan = plan_graph(rewrite(capture(problem), "fp32")[0])
-    mod = import_model_new(write_module(tmp_path, render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None), {}))
-    base = mod._kw_switches()
+def test_a_capture_is_keyed_by_the_switches_that_choose_library_kernels():
+    mod = kwgraphs
+    base = mod.switches()
     with torch.inference_mode():
-        assert mod._kw_switches() != base
+        assert mod.switches() != base
     if torch.cuda.is_available():  # (autocast on "cuda" is switched off without a GPU)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            assert mod._kw_switches() != base
+            assert mod.switches() != base
     for flag, value in ((torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32"),
                         (torch.backends.cudnn, "deterministic"),
                         (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction")):
         was = getattr(flag, value)
         try:
             setattr(flag, value, not was)
-            assert mod._kw_switches() != base, value
+            assert mod.switches() != base, value
         finally:
             setattr(flag, value, was)
-    assert mod._kw_switches() == base
+    assert mod.switches() == base
 
 
 def _t(ms):
@@ -184,7 +180,7 @@ def test_report_says_which_forward_ships_and_how_the_replay_ran():
 
 
 class _FakeGraphs:
-    """torch.cuda's graph API emulated on the CPU, enough to run `_kw_graphed`'s bookkeeping in CI:
+    """torch.cuda's graph API emulated on the CPU, enough to run `graphed`'s bookkeeping in CI:
     a forward built by `forward()` below records its work while a capture is open (a real capture
     runs no kernel either) and a replay runs the recorded work on the captured tensors."""
 
@@ -221,7 +217,7 @@ class _FakeGraphs:
         monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
         monkeypatch.setattr(torch.cuda, "graph", graph)
         monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-        monkeypatch.setattr(mod, "_kw_capturable", lambda args: True)  # the real one refuses CPU tensors
+        monkeypatch.setattr(mod, "capturable", lambda args: True)  # the real one refuses CPU tensors
 
     def forward(self, w, calls):
         """x -> x * w + 1, run now or recorded into the open capture; `calls` counts its runs."""
@@ -241,44 +237,42 @@ class _FakeGraphs:
 
 
 @pytest.mark.interpreter
-def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
-    """_kw_graphed's decisions, with the graph API emulated: no copies while the caller passes the
+def test_replay_bookkeeping_on_the_cpu(monkeypatch):
+    """graphed's decisions, with the graph API emulated: no copies while the caller passes the
     same memory and drops its results; buffers of ours once it passes other tensors; copies out
     once it keeps a result; a new capture when a weight changes in place; exactly one run of the
     forward per call."""
-    problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
-    plan = plan_graph(rewrite(capture(problem), "fp32")[0])
-    mod = import_model_new(write_module(tmp_path, render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None, cuda_graphs=True), {}))
+    mod = kwgraphs
     fake = _FakeGraphs(monkeypatch, mod)
     w, calls, holder = torch.tensor([2.0, 3.0]), [], torch.nn.Module()
-    fwd, state = fake.forward(w, calls), lambda: mod._kw_stamp(w)
+    fwd, state = fake.forward(w, calls), lambda: mod.stamp(w)
     x = torch.tensor([1.0, 1.0])
 
     made = []
 
     def call(*args):
         made.append(1)
-        return mod._kw_graphed(holder, "t", fwd, args, state)
+        return mod.graphed(holder, "t", fwd, args, state)
 
     assert call(x).tolist() == [3.0, 4.0] and fake.captures == 1 and fake.replays == 0
-    entry = next(iter(mod._kw_graphs_of(holder).values()))
+    entry = next(iter(mod.graphs_of(holder).values()))
     assert entry.inputs is None and entry.lend  # reads x where it is, lends its outputs
-    assert replay_paths(mod._kw_graphs_of(holder)) == [{"captured": True, "copies_in": False, "copies_out": False}]
+    assert replay_paths(mod.graphs_of(holder)) == [{"captured": True, "copies_in": False, "copies_out": False}]
     ptr = call(x).data_ptr()
     x.mul_(2)  # in place, same memory: the replay reads it there
     y = call(x)
     assert y.tolist() == [5.0, 7.0] and y.data_ptr() == ptr and fake.replays == 2 and fake.captures == 1
     kept = call(x)  # y is still held: this call must not overwrite it
     assert kept.tolist() == [5.0, 7.0] and y.tolist() == [5.0, 7.0] and fake.captures == 2
-    entry = next(iter(mod._kw_graphs_of(holder).values()))
+    entry = next(iter(mod.graphs_of(holder).values()))
     assert not entry.lend and entry.inputs is None
-    assert replay_paths(mod._kw_graphs_of(holder)) == [{"captured": True, "copies_in": False, "copies_out": True}]
+    assert replay_paths(mod.graphs_of(holder)) == [{"captured": True, "copies_in": False, "copies_out": True}]
     again = call(x)
     assert again.data_ptr() not in (kept.data_ptr(), entry.outputs[0].data_ptr())  # a copy
     z = torch.tensor([1.0, 2.0])  # other memory: buffers of ours from now on
     assert call(z).tolist() == [3.0, 7.0] and fake.captures == 3
-    assert next(iter(mod._kw_graphs_of(holder).values())).inputs is not None
-    assert replay_paths(mod._kw_graphs_of(holder)) == [{"captured": True, "copies_in": True, "copies_out": True}]
+    assert next(iter(mod.graphs_of(holder).values())).inputs is not None
+    assert replay_paths(mod.graphs_of(holder)) == [{"captured": True, "copies_in": True, "copies_out": True}]
     assert call(torch.tensor([0.0, 1.0])).tolist() == [1.0, 4.0] and fake.captures == 3
     w.mul_(-1)  # a weight changed in place: its version moved
     assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 4
@@ -287,7 +281,7 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
     assert fake.replays == 5 and len(calls) == len(made) - fake.replays + fake.captures
     # the captures live outside the module: it still pickles and copies, and a copy starts afresh
     pickle.dumps(holder)
-    assert mod._kw_graphs_of(copy.deepcopy(holder)) == {} and mod._kw_graphs_of(holder)
+    assert mod.graphs_of(copy.deepcopy(holder)) == {} and mod.graphs_of(holder)
 
     def waits(x):  # a forward that cannot be captured
         if fake.open is not None:
@@ -295,30 +289,28 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch, tmp_path):
         return x + 1
     other = torch.nn.Module()
     for _ in range(3):
-        assert mod._kw_graphed(other, "t", waits, (x,), state).tolist() == [3.0, 3.0]
+        assert mod.graphed(other, "t", waits, (x,), state).tolist() == [3.0, 3.0]
         assert fake.stream == "caller's"  # the failed capture did not leave its stream current
-    assert next(iter(mod._kw_graphs_of(other).values())).graph is None
-    assert replay_paths(mod._kw_graphs_of(other)) == [{"captured": False, "copies_in": False, "copies_out": False}]
+    assert next(iter(mod.graphs_of(other).values())).graph is None
+    assert replay_paths(mod.graphs_of(other)) == [{"captured": False, "copies_in": False, "copies_out": False}]
 
 
 @pytest.mark.interpreter
-def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(monkeypatch, tmp_path):
+def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(monkeypatch):
     """Given what the graph reads and no buffer update, the replay is issued first and the state
     checked while the GPU runs it: a moved state costs one dropped replay and a run of the forward;
     the capture holds what it reads (a replaced weight lives as long as the capture). Without
     `reads` (a forward that may write buffers itself) nothing is replayed on a moved state."""
-    problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
-    plan = plan_graph(rewrite(capture(problem), "fp32")[0])
-    mod = import_model_new(write_module(tmp_path, render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None, cuda_graphs=True), {}))
+    mod = kwgraphs
     fake = _FakeGraphs(monkeypatch, mod)
     box, calls = {"w": torch.tensor([2.0, 3.0])}, []
 
     def forward(x):  # reads the current weight when it runs (or is captured)
         return fake.forward(box["w"], calls)(x)
 
-    state, reads = (lambda: mod._kw_stamp(box["w"])), (lambda: (box["w"],))
+    state, reads = (lambda: mod.stamp(box["w"])), (lambda: (box["w"],))
     x, holder = torch.tensor([1.0, 1.0]), torch.nn.Module()
-    call = lambda: mod._kw_graphed(holder, "t", forward, (x,), state, reads)  # noqa: E731
+    call = lambda: mod.graphed(holder, "t", forward, (x,), state, reads)  # noqa: E731
     assert call().tolist() == [3.0, 4.0] and (fake.captures, fake.replays) == (1, 0)
     assert call().tolist() == [3.0, 4.0] and (fake.captures, fake.replays) == (1, 1)
     old = weakref.ref(box["w"])
@@ -333,7 +325,7 @@ def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(mo
     assert call().tolist() == [-1.0, 3.0] and (fake.captures, fake.replays) == (3, 4)
 
     checked = torch.nn.Module()  # without `reads` (the forward may write buffers): checked first
-    check = lambda: mod._kw_graphed(checked, "t", forward, (x,), state)  # noqa: E731
+    check = lambda: mod.graphed(checked, "t", forward, (x,), state)  # noqa: E731
     check(), check()
     assert (fake.captures, fake.replays) == (4, 5)
     box["w"].mul_(-1)
@@ -341,14 +333,12 @@ def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(mo
 
 
 @pytest.mark.interpreter
-def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch, tmp_path):
+def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch):
     """A forward split into compute (the result and the buffers' new values) and commit (the
     in-place updates): compute and commit are captured as two graphs, the commit's replayed only
     once the state is found unmoved; a replay dropped on a moved state commits nothing (the
     forward's own run does, once)."""
-    problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_gelu_scale.py"), small=True)
-    plan = plan_graph(rewrite(capture(problem), "fp32")[0])
-    mod = import_model_new(write_module(tmp_path, render_model_new(problem, [ModeForward("any", plan, {}, {}, [])], "fp32", None, cuda_graphs=True), {}))
+    mod = kwgraphs
     fake = _FakeGraphs(monkeypatch, mod)
     w, buf, commits = torch.tensor([2.0, 3.0]), torch.zeros(2), []
 
@@ -371,9 +361,9 @@ def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch
             buf.data.copy_(new)  # as a graph's write: the version does not move
         later(work)
 
-    state, reads = (lambda: mod._kw_stamp(w, buf)), (lambda: (w, buf))
+    state, reads = (lambda: mod.stamp(w, buf)), (lambda: (w, buf))
     x, holder = torch.tensor([1.0, 1.0]), torch.nn.Module()
-    call = lambda: mod._kw_graphed(holder, "t", compute, (x,), state, reads, commit)  # noqa: E731
+    call = lambda: mod.graphed(holder, "t", compute, (x,), state, reads, commit)  # noqa: E731
     expect = 0.0
     for n in range(4):  # a run and its capture (two graphs), then three replays of both
         assert call().tolist() == [3.0, 4.0]
@@ -398,9 +388,9 @@ def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch
     other = torch.nn.Module()
     buf.zero_()
     for n in range(3):
-        assert mod._kw_graphed(other, "t", compute, (x,), state, reads, waits).tolist() == [5.0, 7.0]
+        assert mod.graphed(other, "t", compute, (x,), state, reads, waits).tolist() == [5.0, 7.0]
         assert buf.tolist() == [[1.0, 1.5, 1.75][n]] * 2 and fake.stream == "caller's"
-    assert next(iter(mod._kw_graphs_of(other).values())).graph is None and len(commits) == 10
+    assert next(iter(mod.graphs_of(other).values())).graph is None and len(commits) == 10
 
 # --- GPU ---------------------------------------------------------------------------------------
 
@@ -493,8 +483,7 @@ def test_a_weight_changed_in_place_is_captured_again_and_a_new_shape_runs_the_or
 
 @pytest.mark.gpu
 @gpu
-def test_a_forward_that_waits_for_the_gpu_is_not_captured(fake_clock, tmp_path):
-    _, mod, _ = _emit(fake_clock, tmp_path, "level2/gemm_gelu_scale.py", "cuda")
+def test_a_forward_that_waits_for_the_gpu_is_not_captured():
     holder = torch.nn.Module()
     state = lambda: ()  # noqa: E731
     calls = []
@@ -507,9 +496,9 @@ def test_a_forward_that_waits_for_the_gpu_is_not_captured(fake_clock, tmp_path):
     before = torch.cuda.current_stream()
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(mod._kw_graphed(holder, "t", forward, (x,), state), x * float(x.sum()))
+            torch.testing.assert_close(kwgraphs.graphed(holder, "t", forward, (x,), state), x * float(x.sum()))
             assert torch.cuda.current_stream() == before
-    assert next(iter(mod._kw_graphs_of(holder).values())).graph is None
+    assert next(iter(kwgraphs.graphs_of(holder).values())).graph is None
     # the first two calls stop at the .item() (synchronizing operations raise then) and run again;
     # the third runs once: no capture is ever begun
     assert len(calls) == 5
@@ -519,9 +508,8 @@ def test_a_forward_that_waits_for_the_gpu_is_not_captured(fake_clock, tmp_path):
 
 @pytest.mark.gpu
 @gpu
-def test_a_forward_that_waits_only_on_its_first_call_is_captured_on_its_second(fake_clock, tmp_path):
+def test_a_forward_that_waits_only_on_its_first_call_is_captured_on_its_second():
     """A per-version check (the causal mask's) waits for the GPU once, then hits its cache."""
-    _, mod, _ = _emit(fake_clock, tmp_path, "level2/gemm_gelu_scale.py", "cuda")
     holder, seen = torch.nn.Module(), []
 
     def forward(x):
@@ -532,24 +520,22 @@ def test_a_forward_that_waits_only_on_its_first_call_is_captured_on_its_second(f
     x = torch.randn(8, device="cuda")
     with torch.no_grad():
         for _ in range(3):
-            torch.testing.assert_close(mod._kw_graphed(holder, "t", forward, (x,), lambda: ()), x * 2)
-    assert next(iter(mod._kw_graphs_of(holder).values())).graph is not None
+            torch.testing.assert_close(kwgraphs.graphed(holder, "t", forward, (x,), lambda: ()), x * 2)
+    assert next(iter(kwgraphs.graphs_of(holder).values())).graph is not None
 
 
 @pytest.mark.gpu
 @gpu
 def test_work_buffers_are_new_inside_a_capture():
-    """Split reductions keep their partial results in a per-stream buffer (launch_helpers
+    """Split reductions keep their partial results in a per-stream buffer (codegen/host.py
     `_scratch`); a capture gets its own, so graphs replayed on two streams never share one."""
-    from kernelwright.codegen.templating import launch_helpers
+    from kernelwright.codegen.host import _scratch
 
-    ns = {"torch": torch}
-    exec(compile(launch_helpers(), "launch_helpers", "exec"), ns)
     dev = torch.device("cuda", torch.cuda.current_device())
-    a = ns["_scratch"]("part", (4, 8), dev)
-    assert ns["_scratch"]("part", (4, 8), dev) is a
+    a = _scratch("part", (4, 8), dev)
+    assert _scratch("part", (4, 8), dev) is a
     graph, inside = torch.cuda.CUDAGraph(), []
     with torch.cuda.graph(graph):
-        inside += [ns["_scratch"]("part", (4, 8), dev), ns["_scratch"]("part", (4, 8), dev)]
+        inside += [_scratch("part", (4, 8), dev), _scratch("part", (4, 8), dev)]
     assert all(b is not a for b in inside) and inside[0] is not inside[1]
-    assert ns["_scratch"]("part", (4, 8), dev) is a
+    assert _scratch("part", (4, 8), dev) is a

@@ -89,7 +89,8 @@ def test_both_modes_are_generated_and_verified(emitted):
         r = result["modes"][mode]
         assert r["verify"]["passed"] and "verify_fallback" not in r, (mode, r["verify"])
     text = (out / "model_new.py").read_text()
-    assert "def _kw_forward_train(" in text and "def _kw_forward_eval(" in text
+    # train mode updates the running statistics: its forward is emitted as compute and commit
+    assert "def _kw_compute_train(" in text and "def _kw_commit_train(" in text and "def _kw_forward_eval(" in text
     names = {p.name for p in (out / "kernels").glob("*.py")}
     assert any(n.startswith("train_") for n in names) and any(n.startswith("eval_") for n in names)
 

@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import json
+import re
+import shutil
 import sys
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import torch
 
 from kernelwright import __version__
-from kernelwright.codegen.templating import template_env
+from kernelwright.codegen.templating import render
 from kernelwright.emit.program import forward_text, state_reads
 from kernelwright.plan.fusion import Plan
 from kernelwright.problem import Problem
@@ -67,51 +71,126 @@ def call_signature(plan: Plan) -> list[tuple[tuple, tuple, str]]:
     return [(tuple(i.meta.shape), tuple(i.meta.stride), i.meta.dtype) for i in plan.graph.user_inputs]
 
 
+def _wrap(items: list[str], indent: int, width: int = 116) -> str:
+    """`items` joined by ", ", broken into lines of at most `width` characters, continuation
+    lines indented by `indent` spaces."""
+    lines, line = [], ""
+    for item in items:
+        if line and indent + len(line) + len(item) + 2 > width:
+            lines.append(line + ",")
+            line = item
+        else:
+            line = f"{line}, {item}" if line else item
+    lines.append(line)
+    return ("\n" + " " * indent).join(lines)
+
+
+def _tuple(items: list[str], indent: int) -> str:
+    """A tuple display of `items` (wrapped, inside its parentheses)."""
+    return _wrap(items, indent) + ("," if len(items) == 1 else "")
+
+
+def _dtypes(dtypes: list[str]) -> str:
+    if dtypes and len(set(dtypes)) == 1:
+        return f"(torch.{dtypes[0]},) * {len(dtypes)}"
+    return "(" + _tuple([f"torch.{d}" for d in dtypes], 0) + ")"
+
+
+def _imports(source: str | None) -> list[str]:
+    """The imports model_new.py's own code needs that the problem's code does not make."""
+    have = set(re.findall(r"^import [\w.]+(?: as \w+)?$", source or "", re.M))
+    return [line for line in ("import torch",) if line not in have]
+
+
 def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str, overrides: dict | None,
                      mode_modules: list[str] | tuple = (), cuda_graphs: bool = False,
                      device_type: str | None = None, notes: list[str] | tuple = ()) -> str:
     """The text of model_new.py: ModelNew (or attach()) whose forward runs, for a call like the
     one it was specialised for, the generated forward of the module's training mode, and the
-    original forward for any other call. No forwards: the original forward always.
-    `mode_modules`: the submodules whose result depends on their training flag (capture.modes).
-    `cuda_graphs`: the forward replays CUDA graphs (under no_grad, on CUDA inputs). `device_type`:
-    the device the kernels run on (default: cuda when a GPU is visible, else cpu). `notes` head the
-    file's list of units (e.g. why a mode runs the original forward)."""
+    original forward for any other call (the runtime's Specialised, emit/runtime.py). No forwards:
+    the original forward always. `mode_modules`: the submodules whose result depends on their
+    training flag (capture.modes). `cuda_graphs`: the forward replays CUDA graphs (under no_grad, on
+    CUDA inputs; the module then imports kernels/_graphs.py). `device_type`: the device the kernels
+    run on (default: cuda when a GPU is visible, else cpu). `notes` head the file's list of units
+    (e.g. why a mode runs the original forward)."""
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-    rendered = []
+    readers: dict[tuple, str] = {}  # the parameters and buffers a forward reads -> its reader's name
+    for f in forwards:
+        readers.setdefault(tuple(state_reads(f.plan)), f"_kw_tensors_{f.mode}")
+    if len(readers) == 1:
+        readers = {key: "_kw_tensors" for key in readers}
+    tensors = [{"name": name, "fast": _tuple([fast for _, fast, _ in key], 16),
+                "attrs": _tuple([attr for _, _, attr in key], 16)} for key, name in readers.items()]
+    rendered, records = [], []
     for f in forwards:
         mods = {key: (None if k is None else (f"_k_{f.prefix}{k[0]}", k[1], k[2], k[3])) for key, k in f.kernels.items()}
-        g = f.plan.graph
-        rendered.append({"mode": f.mode, "flags": [tuple(k) for k in f.keys],
-                         "forward": forward_text(f.plan, mods, single_output(f.plan), f.mode),
-                         "state": state_reads(f.plan), "dtypes": [i.meta.dtype for i in g.inputs if i.kind in ("param", "buffer")]})
+        reader = readers[tuple(state_reads(f.plan))]
+        text = forward_text(f.plan, mods, single_output(f.plan), f.mode, tensors=reader)
+        rendered.append({"mode": f.mode, "forward": text})
+        dtypes = _dtypes([i.meta.dtype for i in f.plan.graph.inputs if i.kind in ("param", "buffer")])
+        run = (f"compute=_kw_compute_{f.mode}, commit=_kw_commit_{f.mode}" if text.commit
+               else f"_kw_forward_{f.mode}")
+        records.append(f"_rt.Forward({json.dumps(f.mode)}, {[tuple(k) for k in f.keys]}, {reader}, {dtypes}, {run})")
     summary = list(notes) + ([f"{f.mode}: {line}" if f.mode != "any" else line for f in forwards for line in f.summary]
                              or ["(the original forward)"])
     if forwards:
         args = ", ".join(i.name for i in forwards[0].plan.graph.user_inputs)
-        signature = call_signature(forwards[0].plan)
+        signature = [f"(torch.Size({shape}), {stride}, torch.{dtype})" for shape, stride, dtype in call_signature(forwards[0].plan)]
     else:
         args, signature = "", []
-    kernel_files, support = _kernels_and_support(forwards)
-    return template_env("kernelwright.emit", "templates").get_template("model_new.py.j2").render(
-        version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
-        summary=summary, source=(problem.source or "").rstrip(), overrides=sorted((overrides or {}).items()),
-        kernel_sources=sorted(kernel_files.items()), support=sorted(support.items()), args=args,
-        forwards=rendered, has_model=bool(problem.source), cuda_graphs=bool(cuda_graphs and forwards),
-        mode_modules=tuple(mode_modules), signature=signature, device_type=device_type)
+    kernel_files, _ = _kernels_and_support(forwards)
+    return render("emit/templates/model_new.py.j2",
+                  version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
+                  summary=summary, source=(problem.source or "").rstrip(), imports=_imports(problem.source),
+                  overrides=sorted((overrides or {}).items()), kernels=[(f"_k_{name}", name) for name in sorted(kernel_files)],
+                  args=args, tensors=tensors, forwards=rendered, forward_records=records, has_model=bool(problem.source),
+                  cuda_graphs=bool(cuda_graphs and forwards), mode_modules=tuple(mode_modules), signature=signature,
+                  device_type=device_type, files=None)
+
+
+# kernels/ files the runtime is made of: name -> (package, file); each ships where a module imports it
+RUNTIME = {"_runtime": ("kernelwright.emit", "runtime.py"), "_graphs": ("kernelwright.emit", "graphs.py"),
+           "_host": ("kernelwright.codegen", "host.py")}
+
+
+def runtime_files(text: str, sources: dict[str, str]) -> dict[str, str]:
+    """The runtime files kernels/ needs beside `sources` for model_new.py's `text`: each one that
+    model_new.py (`_kw_import("_runtime")`) or one of the files (`from ._host import ...`) imports."""
+    wanted = set(re.findall(r'_kw_import\("(\w+)"\)', text))
+    for src in sources.values():
+        wanted.update(re.findall(r"^\s*from \.(\w+) import", src, re.M))
+    return {name: resources.files(pkg).joinpath(file).read_text()
+            for name, (pkg, file) in RUNTIME.items() if name in wanted}
 
 
 def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str], support: dict[str, str] | None = None) -> Path:
-    """Write model_new.py, kernels/*.py and support files beside them; returns the model_new.py path."""
+    """Write model_new.py, kernels/*.py, their support files and the runtime files they import
+    (runtime_files) beside them; returns the model_new.py path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     kdir = out_dir / "kernels"
     kdir.mkdir(exist_ok=True)
     for old in kdir.glob("*.py"):
         old.unlink()
-    for name, src in {**(support or {}), **kernel_sources}.items():
+    files = {**(support or {}), **kernel_sources}
+    for name, src in {**runtime_files(text, files), **files}.items():
         (kdir / f"{name}.py").write_text(src)
     path = out_dir / "model_new.py"
     path.write_text(text)
+    return path
+
+
+def single_file(out_dir: Path) -> Path:
+    """Fold kernels/ into model_new.py (`optimize --single-file`): the file then embeds every
+    file of kernels/ and writes them to a folder of its own when imported; kernels/ is removed."""
+    out_dir = Path(out_dir)
+    path, kdir = out_dir / "model_new.py", out_dir / "kernels"
+    files = sorted((p.stem, p.read_text()) for p in kdir.glob("*.py"))
+    text = path.read_text()
+    folder, embedded = (render("emit/templates/loader.py.j2", files=f) for f in (None, files))
+    if folder not in text:
+        raise ValueError(f"{path} does not load kernels/ as kernelwright writes it")
+    path.write_text(text.replace(folder, embedded))
+    shutil.rmtree(kdir)
     return path
 
 

@@ -6,6 +6,7 @@ and timed is exactly what the user gets.
 from __future__ import annotations
 
 import math
+import re
 from typing import NamedTuple
 
 import torch
@@ -59,8 +60,9 @@ def attr_path(fqn: str) -> str:
 
 def weight_masked_sdpa(graph: Graph, n) -> bool:
     """Whether `n` is an SDPA call whose boolean attn_mask is computed from weights alone (a
-    registered causal mask): the emitted call then asks `_kw_causal_or_mask` (model_new.py.j2),
-    which checks the mask once per version and passes is_causal=True for the lower-triangular one."""
+    registered causal mask): the emitted call then asks the runtime's `causal_or_mask`
+    (emit/runtime.py), which checks the mask once per version and passes is_causal=True for the
+    lower-triangular one."""
     return (n.target == SDPA and len(n.args) == 6 and isinstance(n.args[3], Ref) and n.args[5] is False
             and not n.kwargs.get("is_causal") and graph.meta(n.args[3].name) is not None
             and graph.meta(n.args[3].name).dtype == "bool" and n.args[3].name in weight_roots(graph))
@@ -103,7 +105,7 @@ def node_line(graph: Graph, name: str) -> str:
         return f"{name} = {n.args[0].name}[{n.args[1]}]"
     args = [render_value(a) for a in n.args]
     if weight_masked_sdpa(graph, n):  # (mask, dropout_p, is_causal) from the once-per-version check
-        args = args[:3] + [f"*_kw_causal_or_mask({args[3]}, {args[0]}, {args[1]}, {args[4]})"]
+        args = args[:3] + [f"*_rt.causal_or_mask({args[3]}, {args[0]}, {args[1]}, {args[4]})"]
     if n.target in CONTIGUOUS_INPUT and isinstance(n.args[0], Ref):
         args[0] += ".contiguous()"  # the CUDA kernel refuses channels-last inputs
     args += [f"{k}={render_value(v)}" for k, v in n.kwargs.items()]
@@ -113,9 +115,9 @@ def node_line(graph: Graph, name: str) -> str:
 
 def constant_line(graph: Graph, inp, device: str) -> str:
     """A tensor the original forward made from Python data (a lifted constant), as a literal made
-    once per device by the module's `_kw_constant`."""
+    once per device by the runtime's `constant` (emit/runtime.py)."""
     value = graph.exported.constants[inp.fqn]
-    return (f"{inp.name} = _kw_constant({inp.name!r}, {render_value(value.tolist())}, {value.dtype}, "
+    return (f"{inp.name} = _rt.constant({inp.name!r}, {render_value(value.tolist())}, {value.dtype}, "
             f"{device})")
 
 
@@ -156,9 +158,9 @@ def table_path(fqn: str, kind: str) -> str:
 
 def state_reads(plan: Plan) -> list[tuple[str, str, str]]:
     """The parameters and buffers the forward reads: (local name, lookup in the module tables,
-    attribute access on `self`). The forward reads them through `_kw_tensors` (model_new.py.j2:
-    the tables, or attributes when a table lacks one, e.g. a parametrized weight); their addresses
-    and versions also identify a CUDA graph capture of the forward."""
+    attribute access on `self`). The forward reads them through its `_kw_tensors` function
+    (model_new.py.j2: the tables, or attributes when a table lacks one, e.g. a parametrized
+    weight); their addresses and versions also identify a CUDA graph capture of the forward."""
     return [(i.name, table_path(i.fqn, i.kind), attr_path(i.fqn)) for i in plan.graph.inputs
             if i.kind in ("param", "buffer")]
 
@@ -175,7 +177,8 @@ class ForwardText(NamedTuple):
     commit: list[str]
 
 
-def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mode: str = "any") -> ForwardText:
+def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mode: str = "any",
+                 tensors: str | None = None) -> ForwardText:
     """The forward's text (ForwardText). `kernels` maps a group id (or node name) to (module
     variable, input names, output names, whether launch() returns the node's whole tuple) for units
     that run a generated kernel; other units run their ATen ops.
@@ -184,12 +187,14 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
     plan.weights) run first, every call: a cache keyed by the parameters' identity and version
     would go stale when a parameter is changed through `.data` (which moves no version), and
     the work is what eager's autocast does each call too. A CUDA-graph replay recomputes them
-    from the parameters' memory as well. `mode` names the forward's methods (`_kw_tensors_<mode>`):
-    a module emits one forward per training mode whose graph differs."""
+    from the parameters' memory as well. `tensors` names the function that reads the parameters
+    and buffers (default `_kw_tensors_<mode>`: a module emits one forward per training mode whose
+    graph differs)."""
     g = plan.graph
     lines = []
-    tensors = [i.name for i in g.inputs if i.kind in ("param", "buffer")]
-    unpack = [f"{', '.join(tensors)}{',' if len(tensors) == 1 else ''} = _kw_tensors_{mode}(self)"] if tensors else []
+    reader = tensors or f"_kw_tensors_{mode}"
+    names = [i.name for i in g.inputs if i.kind in ("param", "buffer")]
+    unpack = [f"{', '.join(names)}{',' if len(names) == 1 else ''} = {reader}(self)"] if names else []
     lines += unpack
     local = {i.fqn: i.name for i in g.inputs if i.kind in ("param", "buffer")}
     user = g.user_inputs
@@ -226,6 +231,8 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
             main += body
     lines += prologue
     lines += main
+    if user and not any(re.search(r"\b_dev\b", line) for line in lines[len(unpack) + 1:]):
+        del lines[len(unpack)]  # the device is read by no line
     # buffer updates (e.g. BatchNorm running stats): one launch per dtype, not one each
     # (_foreach_copy_ falls back to a copy per tensor when its tensors' dtypes differ)
     commit: list[str] = []

@@ -1,0 +1,236 @@
+"""The runtime every emitted module imports (emit/runtime.py, shipped as kernels/_runtime.py): the
+call guard and its warn-once fallback to the original forward, the parameter guard, the dispatch
+by training mode, the bf16 policy of the fallback, compute + commit forwards, attach() for live
+modules; the folder an emitted module is (its runtime copied once, loaded afresh per import,
+--single-file)."""
+import copy
+import os
+import pickle
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kernelwright.emit import runtime as rt
+from kernelwright.emit.module import import_model_new, render_model_new, single_file, write_module
+from kernelwright.problem import from_module, load_problem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x, scale=1.0):
+        return self.drop(self.fc(x)) * scale
+
+
+def _tensors(module):
+    return (module.fc.weight, module.fc.bias)
+
+
+def _guard(policy="fp32", modes=("train", "eval")):
+    """A Specialised over Net for float32 [2, 4] inputs, with a generated forward for each of
+    `modes` (Net.drop's flag: True in train mode) that records its calls; (guard, calls)."""
+    calls = []
+
+    def generated(tag):
+        def forward(module, x):
+            calls.append(tag)
+            return torch.full((2, 3), 7.0)
+        return forward
+
+    forwards = [rt.Forward(mode, [(mode == "train",)], _tensors, (torch.float32,) * 2, generated(mode))
+                for mode in modes]
+    guard = rt.Specialised(Net.forward, policy, "cpu", [(torch.Size((2, 4)), (4, 1), torch.float32)], ("drop",),
+                           forwards)
+    return guard, calls
+
+
+def _net(guard):
+    class New(Net):
+        _kw_cuda_graphs = False
+        forward = guard.forward
+
+    torch.manual_seed(0)
+    return New()
+
+
+def _warnings(caught):
+    return [str(w.message) for w in caught if "kernelwright" in str(w.message)]
+
+
+def test_a_specialised_call_runs_the_generated_forward_of_the_modules_mode():
+    guard, calls = _guard()
+    net, x = _net(guard), torch.randn(2, 4)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert net(x).eq(7).all() and calls == ["train"]
+        net.eval()
+        assert net(x).eq(7).all() and calls == ["train", "eval"]
+    assert _warnings(caught) == [] and guard.warned == set()
+
+
+@pytest.mark.parametrize("call,why", [
+    (lambda net, x: net(x, scale=2.0), "keyword arguments scale"),
+    (lambda net, x: net(x, 2.0), "2 positional arguments (specialised for 1)"),
+    (lambda net, x: net.double()(x.double()), "argument 0 is torch.float64 (2, 4)"),
+    (lambda net, x: net(x[:1]), "argument 0 is torch.float32 (1, 4)"),
+    (lambda net, x: net(x.t().contiguous().t()), "strides (1, 2)"),
+])
+def test_other_calls_run_the_original_forward_warning_once_per_reason(call, why):
+    guard, calls = _guard()
+    net, x = _net(guard).eval(), torch.randn(2, 4)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, again = call(net, x), call(net, x)
+    torch.testing.assert_close(again, first)
+    assert not first.eq(7).all()  # the original forward's result, not the generated one's
+    assert calls == []
+    messages = _warnings(caught)
+    assert len(messages) == 1 and why in messages[0] and "running the original forward" in messages[0]
+    assert caught[0].filename == __file__  # the warning names the caller's line
+    assert len(guard.warned) == 1
+
+
+def test_gradients_autocast_parameters_and_modes_without_a_forward_take_the_original():
+    guard, calls = _guard()
+    net, x = _net(guard).eval(), torch.randn(2, 4)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert net(x.clone().requires_grad_()).requires_grad  # an input needs gradients
+        assert net(x).requires_grad  # the parameters need gradients
+        with torch.no_grad():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert net(x).dtype == torch.bfloat16  # the caller's autocast, honoured
+            net.double()
+            with pytest.raises(RuntimeError):
+                net(x)  # float32 input, float64 parameters: the original forward's own error
+    assert calls == []
+    assert sorted(guard.warned) == ["gradients (an input requires grad)", "gradients (parameters require grad)",
+                                    "parameters of another dtype", "the caller's autocast"]
+    only_train, calls = _guard(modes=("train",))
+    net = _net(only_train).eval()
+    with torch.no_grad(), warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        net(x)
+    assert calls == [] and only_train.warned == {"the module in eval mode (False,) (no generated forward for it)"}
+
+
+def test_parameters_needing_gradients_fall_back_only_when_gradients_are_on():
+    tensors = (torch.zeros(2, requires_grad=True),)
+    assert rt.Specialised.params_mismatch(tensors, (torch.float32,)) == "gradients (parameters require grad)"
+    with torch.no_grad():
+        assert rt.Specialised.params_mismatch(tensors, (torch.float32,)) is None
+        assert rt.Specialised.params_mismatch(tensors, (torch.float64,)) == "parameters of another dtype"
+
+
+def test_the_original_forward_keeps_the_bf16_policy_unless_the_caller_chose_an_autocast():
+    guard, _ = _guard("bf16")
+    net, x = _net(guard), torch.randn(2, 4)
+    with torch.no_grad(), warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert net(x, scale=1.0).dtype == torch.bfloat16  # the policy's autocast
+        fp32, _ = _guard("fp32")
+        assert _net(fp32)(x, scale=1.0).dtype == torch.float32
+
+
+def test_a_forward_given_as_compute_and_commit_updates_its_buffers_once_per_call():
+    m = nn.Module()
+    m.register_buffer("count", torch.zeros(()))
+    m.lin = nn.Linear(2, 2)
+
+    def compute(module, x):
+        return x * 2, (module.count + 1,)
+
+    def commit(module, new):
+        module.count.copy_(new)
+
+    guard = rt.Specialised(None, "fp32", "cpu", [(torch.Size((2,)), (1,), torch.float32)], (),
+                           [rt.Forward("any", [()], lambda mod: (mod.count,), (torch.float32,), compute=compute,
+                                       commit=commit)])
+    guard.attach(m)
+    with torch.no_grad():
+        for n in (1, 2, 3):
+            assert m(torch.ones(2)).tolist() == [2.0, 2.0] and float(m.count) == n
+
+
+def test_attach_pickles_without_the_forward_and_copies_with_it():
+    guard, calls = _guard()
+    net = guard.attach(Net().eval())
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert net(x).eq(7).all() and calls == ["eval"]
+        back = pickle.loads(pickle.dumps(net))
+        assert "forward" not in back.__dict__ and not back(x).eq(7).all()  # its own class's forward
+        twin = copy.deepcopy(net)
+        assert twin(x).eq(7).all() and calls == ["eval", "eval"] and twin.fc.weight is not net.fc.weight
+
+
+def test_the_replay_is_loaded_from_kernelwright_when_the_module_does_not_ship_it():
+    guard, calls = _guard()
+    net = _net(guard).eval()
+    net._kw_cuda_graphs = True
+    with torch.no_grad():
+        assert net(torch.randn(2, 4)).eq(7).all() and calls == ["eval"]  # CPU inputs: not captured
+    from kernelwright.emit import graphs
+
+    assert guard.graphs is graphs and guard.graphs_of(net) == {}
+
+
+def test_constants_are_made_once_per_device():
+    a = rt.constant("c_test_once", [1.0, 2.0], torch.float32, torch.device("cpu"))
+    assert rt.constant("c_test_once", [1.0, 2.0], torch.float32, torch.device("cpu")) is a
+
+
+# --- the emitted folder ------------------------------------------------------------------------
+
+def _emitted(tmp_path, name="level2/gemm_gelu_scale.py"):
+    from kernelwright.capture import capture
+    from kernelwright.emit.module import ModeForward
+    from kernelwright.plan import plan_graph
+
+    problem = load_problem(os.path.join(ROOT, "problems", name), small=True)
+    plan = plan_graph(capture(problem))
+    return problem, write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan)], "fp32", None), {})
+
+
+def test_the_runtime_ships_once_and_each_import_gets_its_own(tmp_path):
+    problem, path = _emitted(tmp_path)
+    shipped = sorted(p.name for p in (path.parent / "kernels").glob("*.py"))
+    assert shipped == ["_runtime.py"]  # no kernel, no replay: the guard's runtime only
+    assert (path.parent / "kernels" / "_runtime.py").read_text() == open(rt.__file__).read()
+    a, b = import_model_new(path), import_model_new(path)
+    assert a._rt is not b._rt and a._KW_WARNED is not b._KW_WARNED
+    new = a.ModelNew(*problem.get_init_inputs())
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        new(*problem.make_inputs(1))  # gradients on: the original forward
+    assert a._KW_WARNED and not b._KW_WARNED
+
+
+def test_a_single_file_module_carries_its_folder(tmp_path):
+    problem, path = _emitted(tmp_path)
+    single_file(path.parent)
+    assert not (path.parent / "kernels").exists()
+    text = path.read_text()
+    ns = {"__name__": "harness"}  # as a harness that execs the text, without a path
+    exec(compile(text, "<model_new>", "exec"), ns)
+    ref = problem.make_model()
+    new = ns["ModelNew"](*problem.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    x = problem.make_inputs(2)
+    with torch.no_grad():
+        torch.testing.assert_close(new(*x), ref(*x))
+    assert ns["_KW_WARNED"] == set()
+
+
+def test_from_a_live_module_attach_is_emitted(tmp_path):
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    text = render_model_new(from_module(model, [torch.randn(2, 4)]), [], "fp32", None)
+    assert "def attach(model):" in text and "class ModelNew" not in text
