@@ -527,6 +527,25 @@ def test_optimize_then_report(run, tmp_path):
     assert r.stdout.strip() == (out / "report.md").read_text().strip()
 
 
+@pytest.mark.interpreter
+def test_single_file_embeds_the_kernels_and_their_runtime(run, tmp_path):
+    out = tmp_path / "o"
+    p = run("optimize", RELU, "--small", "--device", "cpu", "--budget", "1", "--out", out, "--single-file",
+            "--db", tmp_path / "db.jsonl")
+    assert p.returncode == 0, p.stderr
+    assert not (out / "kernels").exists()
+    text = (out / "model_new.py").read_text()
+    assert '"_runtime": ' in text and '"g0": ' in text and "class ModelNew(Model)" in text
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["TRITON_INTERPRET"] = "1"
+    check = ("import sys, torch; ns = {'__name__': 'harness'}; exec(open('model_new.py').read(), ns); "
+             "x = torch.randn(*ns['get_inputs']()[0].shape); new = ns['ModelNew'](); "
+             "torch.testing.assert_close(new(x), torch.relu(x)); "
+             "assert 'kernelwright' not in {k.split('.')[0] for k in sys.modules}; print('OK')")
+    r = subprocess.run([sys.executable, "-c", check], cwd=out, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
 def test_backend_cuda_without_a_gpu_keeps_the_library_and_says_why(run, tmp_path):
     out = tmp_path / "o"
     p = run("optimize", ROOT / "problems" / "level1" / "softmax.py", "--small", "--backend", "cuda",

@@ -281,7 +281,10 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
              compile_mode: str = typer.Option("default", "--compile-mode",
                                               help="torch.compile mode of the baseline: " + " | ".join(COMPILE_MODES)),
              mode: str = typer.Option("both", "--mode", help=MODE_HELP),
-             verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP)):
+             verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP),
+             single_file: bool = typer.Option(False, "--single-file",
+                                              help="Write model_new.py with the kernels and their runtime embedded "
+                                                   "(no kernels/ folder).")):
     """Generate, verify, time and choose kernels; write a drop-in ModelNew and a report."""
     from kernelwright.policy import get_policy
 
@@ -304,7 +307,16 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
                    db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
                    mode=mode, timed=not verify_only, log=lambda s: typer.echo(s, err=True))
-    result = _staged(out_dir, lambda folder: optimize_problem(p, folder, opts))
+
+    def run(folder: Path) -> dict:
+        result = optimize_problem(p, folder, opts)
+        if single_file:
+            from kernelwright.emit.module import single_file as fold
+
+            fold(folder)
+        return result
+
+    result = _staged(out_dir, run)
     typer.echo(f"{out_dir}/model_new.py written; report: {out_dir}/report.md")
     _verdict(result, out_dir)
 
