@@ -32,6 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from kernelwright.codegen.templating import cuda_template
+
 RUNTIME_MODULE = "kw_cuda_runtime"
 _TEMPLATES = ("pointwise.cu", "row_softmax.cu", "row_reduce.cu")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,24 +53,10 @@ def template_text(filename: str) -> str:
     return (_template_dir() / filename).read_text()
 
 
-_ENV = None
-
-
-def _env():
-    global _ENV
-    if _ENV is None:
-        import jinja2
-
-        _ENV = jinja2.Environment(loader=jinja2.FunctionLoader(lambda n: template_text(n)),
-                                  undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                                  autoescape=False)
-    return _ENV
-
-
 def _render(template: str, **ctx) -> str:
     if not _IDENT.match(ctx["name"]):
         raise ValueError(f"kernel name {ctx['name']!r} is not a C identifier")
-    return _env().get_template(template).render(**ctx)
+    return cuda_template(template).render(**ctx)
 
 
 def _check_ident(name: str, what: str) -> None:
@@ -168,7 +156,7 @@ def render_pointwise(expr: str, inputs: Sequence[str], scalars: Sequence[str] = 
     if vec not in (1, 4) or unroll < 1:
         raise ValueError("vec must be 1 or 4 and unroll >= 1")
     name = name or _auto_name("pointwise", expr, inputs, scalars)
-    src = _render("pointwise.cu", name=name, expr=expr, inputs=inputs, scalars=scalars)
+    src = _render("pointwise.cu", rows=False, name=name, expr=expr, inputs=inputs, scalars=scalars)
     return CudaKernelSource("pointwise", name, src,
                             {"THREADS": threads, "VEC": vec, "UNROLL": unroll},
                             {"expr": expr, "inputs": inputs, "scalars": scalars})
@@ -198,7 +186,7 @@ def render_row_softmax(log: bool = False, *, name: str | None = None, threads: i
     d = _row_knobs(threads, vec, warp_row, reg_items)
     d.update(ONLINE=int(bool(online)), LOG=int(bool(log)), FAST_EXP=int(bool(fast_exp)))
     name = name or ("kw_log_softmax" if log else "kw_softmax")
-    src = _render("row_softmax.cu", name=name, log=bool(log))
+    src = _render("row_softmax.cu", rows=True, name=name, log=bool(log))
     return CudaKernelSource("row_softmax", name, src, d, {"log": bool(log)})
 
 
@@ -212,7 +200,7 @@ def render_row_reduce(op: str = "sum", *, name: str | None = None, threads: int 
     d = _row_knobs(threads, vec, warp_row, reg_items)
     d["OP"] = REDUCE_OPS[op]
     name = name or f"kw_row_{op}"
-    src = _render("row_reduce.cu", kind="reduce", name=name, op=op, op_code=REDUCE_OPS[op])
+    src = _render("row_reduce.cu", rows=True, kind="reduce", name=name, op=op, op_code=REDUCE_OPS[op])
     return CudaKernelSource("row_reduce", name, src, d, {"op": op})
 
 
@@ -228,7 +216,7 @@ def render_layernorm(has_weight: bool = True, has_bias: bool = True, *, name: st
     d.update(WELFORD=int(bool(welford)), HAS_WEIGHT=int(bool(has_weight)),
              HAS_BIAS=int(bool(has_bias)))
     name = name or "kw_layernorm"
-    src = _render("row_reduce.cu", kind="layernorm", name=name, op="layernorm", op_code=0)
+    src = _render("row_reduce.cu", rows=True, kind="layernorm", name=name, op="layernorm", op_code=0)
     return CudaKernelSource("layernorm", name, src, d,
                             {"has_weight": bool(has_weight), "has_bias": bool(has_bias)})
 

@@ -1,37 +1,26 @@
-{%- if kind == "layernorm" -%}
+{% if kind == "layernorm" %}
 // kernelwright: layer norm over the last, contiguous dim of an [M, N] fp32 tensor: "{{ name }}".
 //   y = (x - mean) / sqrt(var + eps) [* weight] [+ bias]     (biased variance, as torch)
-{%- else -%}
+{% else %}
 // kernelwright: {{ op }} over the last, contiguous dim of an [M, N] fp32 tensor -> [M]: "{{ name }}".
-{%- endif %}
+{% endif %}
 //
 // Compile-time knobs (pass with -D):
 //   THREADS    threads per block (also the __launch_bounds__); a multiple of 32
 //   VEC        elements per load: 4 = 16-byte float4 (needs N % 4 == 0, 16-byte aligned rows), 2, or 1
 //   WARP_ROW   1: one warp per row, THREADS/32 rows per block (small N); 0: one block per row
 //   REG_ITEMS  > 0: each thread keeps REG_ITEMS vectors of its row in registers (N <= GROUP*VEC*REG_ITEMS)
-{%- if kind == "layernorm" %}
+{% if kind == "layernorm" %}
 //   WELFORD    1: one pass with Welford's (count, mean, M2) merged across threads; 0: two passes
 //              (mean, then sum of squared deviations) over registers (REG_ITEMS > 0) or memory
 //   HAS_WEIGHT, HAS_BIAS   1 when the affine weight / bias ([N], fp32) are given
 // Kernel arguments: x, weight, bias, y, M, N, ldx, ldy, eps (weight/bias may be 0 when absent).
-{%- else %}
+{% else %}
 //   OP         0 sum, 1 mean, 2 max, 3 min (max/min propagate NaN, as torch)
 // Kernel arguments: x, y, M, N, ldx (y is [M], contiguous).
-{%- endif %}
+{% endif %}
 // Grid: ceil(M / ROWS_PER_BLOCK) blocks.
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef VEC
-#define VEC 4
-#endif
-#ifndef WARP_ROW
-#define WARP_ROW 0
-#endif
-#ifndef REG_ITEMS
-#define REG_ITEMS 0
-#endif
+{% include "codegen/templates/cuda/common.cuh" %}
 #ifndef OP
 #define OP {{ op_code }}
 #endif
@@ -44,30 +33,8 @@
 #ifndef HAS_BIAS
 #define HAS_BIAS 0
 #endif
-#if VEC != 1 && VEC != 2 && VEC != 4
-#error "VEC must be 1, 2 or 4"
-#endif
-#if THREADS % 32 != 0 || THREADS > 1024
-#error "THREADS must be a multiple of 32, at most 1024"
-#endif
 
-#define KW_WARPS (THREADS / 32)
-#if WARP_ROW
-#define KW_GROUP 32
-#define KW_ROWS_PER_BLOCK KW_WARPS
-#else
-#define KW_GROUP THREADS
-#define KW_ROWS_PER_BLOCK 1
-#endif
-#define KW_NEG_INF __int_as_float(0xff800000)
-#define KW_POS_INF __int_as_float(0x7f800000)
-#define KW_FULL_MASK 0xffffffffu
-
-typedef long long kw_i64;
-
-struct __align__(VEC * 4) KwVec { float v[VEC]; };
-
-{% if kind == "layernorm" -%}
+{% if kind == "layernorm" %}
 // ---- Welford statistics: (count, mean, M2) --------------------------------------------------
 struct KwStat { float n, mean, m2; };
 
@@ -95,8 +62,7 @@ __device__ __forceinline__ void kw_warp_stat(KwStat& a) {
         kw_stat_merge(a, nb, mb, qb);
     }
 }
-// Cross-warp step (one block per row): lane 0 of each warp writes its partial; every warp then
-// reduces all partials itself (lane i reads word i of each buffer: no bank conflicts).
+// The statistics across the row's threads, as kw_group_fold (common.cuh) reduces one value.
 __device__ __forceinline__ void kw_group_stat(KwStat& a, float (*buf)[KW_WARPS]) {
     kw_warp_stat(a);
 #if !WARP_ROW && KW_WARPS > 1
@@ -109,7 +75,7 @@ __device__ __forceinline__ void kw_group_stat(KwStat& a, float (*buf)[KW_WARPS])
     kw_warp_stat(a);
 #endif
 }
-{%- endif %}
+{% endif %}
 
 __device__ __forceinline__ float kw_sum2(float a, float b) { return a + b; }
 // NaN-propagating max/min (torch.max/min return NaN when the row has one).
@@ -127,51 +93,17 @@ __device__ __forceinline__ float kw_min2(float a, float b) { return (b < a || b 
 #define KW_IDENTITY 0.0f
 #endif
 
-__device__ __forceinline__ float kw_warp_reduce(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = KW_COMBINE(v, __shfl_xor_sync(KW_FULL_MASK, v, o));
-    return v;
-}
-__device__ __forceinline__ float kw_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(KW_FULL_MASK, v, o);
-    return v;
-}
-__device__ __forceinline__ float kw_group_reduce(float v, float* buf) {
-    v = kw_warp_reduce(v);
-#if !WARP_ROW && KW_WARPS > 1
-    const int lane = threadIdx.x & 31;
-    if (lane == 0) buf[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = kw_warp_reduce(lane < KW_WARPS ? buf[lane] : KW_IDENTITY);
-#endif
-    return v;
-}
-__device__ __forceinline__ float kw_group_sum(float v, float* buf) {
-    v = kw_warp_sum(v);
-#if !WARP_ROW && KW_WARPS > 1
-    const int lane = threadIdx.x & 31;
-    if (lane == 0) buf[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = kw_warp_sum(lane < KW_WARPS ? buf[lane] : 0.0f);
-#endif
-    return v;
-}
+struct KwCombine { __device__ __forceinline__ float operator()(float a, float b) const { return KW_COMBINE(a, b); } };
 
-{% if kind == "layernorm" -%}
+{% if kind == "layernorm" %}
 extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
     const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias,
     float* __restrict__ y, kw_i64 M, kw_i64 N, kw_i64 ldx, kw_i64 ldy, float eps)
 {
     __shared__ float kw_red[3][KW_WARPS];
-#if WARP_ROW
-    const kw_i64 row = (kw_i64)blockIdx.x * KW_ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    const int g = threadIdx.x & 31;
-    if (row >= M) return;
-#else
-    const kw_i64 row = blockIdx.x;
-    const int g = threadIdx.x;
-#endif
+    const kw_i64 row = kw_row();
+    const int g = kw_lane();
+    if (WARP_ROW && row >= M) return;
     const KwVec* __restrict__ xr = reinterpret_cast<const KwVec*>(x + row * ldx);
     KwVec* __restrict__ yr = reinterpret_cast<KwVec*>(y + row * ldy);
     const KwVec* __restrict__ wv = reinterpret_cast<const KwVec*>(weight);
@@ -181,15 +113,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
     float mean, var;
 #if REG_ITEMS > 0
     KwVec r[REG_ITEMS];
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) {
-        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
-        if (c < nv) r[k] = xr[c];
-        else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) r[k].v[j] = 0.0f;
-        }
-    }
+    kw_load_row(r, xr, g, nv, 0.0f);
 #endif
 #if WELFORD
     KwStat st = {0.0f, 0.0f, 0.0f};
@@ -284,19 +208,14 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
         }
     }
 }
-{%- else -%}
+{% else %}
 extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
     const float* __restrict__ x, float* __restrict__ y, kw_i64 M, kw_i64 N, kw_i64 ldx)
 {
     __shared__ float kw_red[KW_WARPS];
-#if WARP_ROW
-    const kw_i64 row = (kw_i64)blockIdx.x * KW_ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    const int g = threadIdx.x & 31;
-    if (row >= M) return;
-#else
-    const kw_i64 row = blockIdx.x;
-    const int g = threadIdx.x;
-#endif
+    const kw_i64 row = kw_row();
+    const int g = kw_lane();
+    if (WARP_ROW && row >= M) return;
     const KwVec* __restrict__ xr = reinterpret_cast<const KwVec*>(x + row * ldx);
     const kw_i64 nv = N / VEC;
     // VEC independent accumulators per thread (one per vector lane) for instruction-level parallelism.
@@ -324,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
     float a = acc[0];
 #pragma unroll
     for (int j = 1; j < VEC; ++j) a = KW_COMBINE(a, acc[j]);
-    a = kw_group_reduce(a, kw_red);
+    a = kw_group_fold(a, kw_red, KW_IDENTITY, KwCombine());
     if (g == 0) {
 #if OP == 1
         y[row] = a / (float)N;
@@ -333,4 +252,4 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
 #endif
     }
 }
-{%- endif %}
+{% endif %}

@@ -10,18 +10,7 @@
 //   LOG        1: log_softmax (x - max - log(sum)); 0: softmax
 //   FAST_EXP   1: __expf (fast, approximate); 0: expf (accurate)
 // Kernel arguments: x, y, M, N, ldx, ldy (row strides in elements). Grid: ceil(M / ROWS_PER_BLOCK) blocks.
-#ifndef THREADS
-#define THREADS 256
-#endif
-#ifndef VEC
-#define VEC 4
-#endif
-#ifndef WARP_ROW
-#define WARP_ROW 0
-#endif
-#ifndef REG_ITEMS
-#define REG_ITEMS 0
-#endif
+{% include "codegen/templates/cuda/common.cuh" %}
 #ifndef ONLINE
 #define ONLINE 0
 #endif
@@ -31,28 +20,6 @@
 #ifndef FAST_EXP
 #define FAST_EXP 0
 #endif
-#if VEC != 1 && VEC != 2 && VEC != 4
-#error "VEC must be 1, 2 or 4"
-#endif
-#if THREADS % 32 != 0 || THREADS > 1024
-#error "THREADS must be a multiple of 32, at most 1024"
-#endif
-
-#define KW_WARPS (THREADS / 32)
-#if WARP_ROW
-#define KW_GROUP 32
-#define KW_ROWS_PER_BLOCK KW_WARPS
-#else
-#define KW_GROUP THREADS
-#define KW_ROWS_PER_BLOCK 1
-#endif
-#define KW_NEG_INF __int_as_float(0xff800000)
-#define KW_FULL_MASK 0xffffffffu
-
-typedef long long kw_i64;
-
-// VEC consecutive floats; aligned so one load/store instruction moves the whole vector.
-struct __align__(VEC * 4) KwVec { float v[VEC]; };
 
 __device__ __forceinline__ float kw_exp(float x) {
 #if FAST_EXP
@@ -60,18 +27,6 @@ __device__ __forceinline__ float kw_exp(float x) {
 #else
     return expf(x);
 #endif
-}
-
-__device__ __forceinline__ float kw_warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(KW_FULL_MASK, v, o));
-    return v;
-}
-
-__device__ __forceinline__ float kw_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(KW_FULL_MASK, v, o);
-    return v;
 }
 
 // Merge a (max, sum-of-exp) pair into another; empty partials (max == -inf) leave it unchanged.
@@ -91,32 +46,7 @@ __device__ __forceinline__ void kw_warp_ms(float& m, float& s) {
     }
 }
 
-// Cross-warp step for one-block-per-row. Lane 0 of each warp writes its partial to shared
-// memory; then every warp reads all KW_WARPS partials (lane i reads word i: 32 distinct banks,
-// no conflicts) and reduces them with shuffles, so the result reaches every thread without a
-// second barrier. Each reduction uses its own buffer, so no barrier is needed after it.
-__device__ __forceinline__ float kw_group_max(float v, float* buf) {
-    v = kw_warp_max(v);
-#if !WARP_ROW && KW_WARPS > 1
-    const int lane = threadIdx.x & 31;
-    if (lane == 0) buf[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = kw_warp_max(lane < KW_WARPS ? buf[lane] : KW_NEG_INF);
-#endif
-    return v;
-}
-
-__device__ __forceinline__ float kw_group_sum(float v, float* buf) {
-    v = kw_warp_sum(v);
-#if !WARP_ROW && KW_WARPS > 1
-    const int lane = threadIdx.x & 31;
-    if (lane == 0) buf[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = kw_warp_sum(lane < KW_WARPS ? buf[lane] : 0.0f);
-#endif
-    return v;
-}
-
+// The (max, sum) pair across the row's threads, as kw_group_fold (common.cuh) reduces one value.
 __device__ __forceinline__ void kw_group_ms(float& m, float& s, float* buf_m, float* buf_s) {
     kw_warp_ms(m, s);
 #if !WARP_ROW && KW_WARPS > 1
@@ -164,14 +94,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
     const float* __restrict__ x, float* __restrict__ y, kw_i64 M, kw_i64 N, kw_i64 ldx, kw_i64 ldy)
 {
     __shared__ float kw_red[3][KW_WARPS];
-#if WARP_ROW
-    const kw_i64 row = (kw_i64)blockIdx.x * KW_ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    const int g = threadIdx.x & 31;
-    if (row >= M) return;  // whole warp leaves together; no block barriers in this mode
-#else
-    const kw_i64 row = blockIdx.x;
-    const int g = threadIdx.x;
-#endif
+    const kw_i64 row = kw_row();
+    const int g = kw_lane();
+    if (WARP_ROW && row >= M) return;  // whole warp leaves together; no block barriers in this mode
     const KwVec* __restrict__ xr = reinterpret_cast<const KwVec*>(x + row * ldx);
     KwVec* __restrict__ yr = reinterpret_cast<KwVec*>(y + row * ldy);
     const kw_i64 nv = N / VEC;  // the launcher guarantees N % VEC == 0
@@ -180,15 +105,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
 #if REG_ITEMS > 0
     // The row lives in registers: one read, one write.
     KwVec r[REG_ITEMS];
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) {
-        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
-        if (c < nv) r[k] = xr[c];
-        else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) r[k].v[j] = KW_NEG_INF;
-        }
-    }
+    kw_load_row(r, xr, g, nv, KW_NEG_INF);
 #if ONLINE
 #pragma unroll
     for (int k = 0; k < REG_ITEMS; ++k) kw_upd_online(m, s, r[k]);
@@ -196,21 +113,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
 #else
 #pragma unroll
     for (int k = 0; k < REG_ITEMS; ++k) kw_upd_max(m, r[k]);
-    m = kw_group_max(m, kw_red[0]);
+    m = kw_group_fold(m, kw_red[0], KW_NEG_INF, KwFmax());
 #pragma unroll
     for (int k = 0; k < REG_ITEMS; ++k) kw_upd_sum(s, m, r[k]);
     s = kw_group_sum(s, kw_red[1]);
 #endif
-#if LOG
-    const float k_out = m + logf(s);
-#else
-    const float k_out = 1.0f / s;
-#endif
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) {
-        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
-        if (c < nv) yr[c] = kw_out(r[k], m, k_out);
-    }
 #else
     // Streaming: the row is read on each pass (ONLINE: 2 reads, else 3), then written once.
 #if ONLINE
@@ -220,16 +127,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
 #else
 #pragma unroll 4
     for (kw_i64 c = g; c < nv; c += KW_GROUP) kw_upd_max(m, xr[c]);
-    m = kw_group_max(m, kw_red[0]);
+    m = kw_group_fold(m, kw_red[0], KW_NEG_INF, KwFmax());
 #pragma unroll 4
     for (kw_i64 c = g; c < nv; c += KW_GROUP) kw_upd_sum(s, m, xr[c]);
     s = kw_group_sum(s, kw_red[1]);
+#endif
 #endif
 #if LOG
     const float k_out = m + logf(s);
 #else
     const float k_out = 1.0f / s;
 #endif
+#if REG_ITEMS > 0
+#pragma unroll
+    for (int k = 0; k < REG_ITEMS; ++k) {
+        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
+        if (c < nv) yr[c] = kw_out(r[k], m, k_out);
+    }
+#else
 #pragma unroll 4
     for (kw_i64 c = g; c < nv; c += KW_GROUP) yr[c] = kw_out(xr[c], m, k_out);
 #endif
