@@ -12,7 +12,8 @@ from typing import Callable
 
 from kernelwright.ops import POINTWISE as FUSIBLE
 
-# helpers defined in the rendered kernel file's prelude (see templates/triton/prelude.py.j2)
+# kw_* names in the expressions are device helpers (templates/triton/device_helpers.py), defined in
+# the kernel modules that use them (codegen/helpers.py)
 Expr = Callable[[list, dict], str]
 
 
@@ -85,6 +86,16 @@ def _to_float(a, kw) -> str:
     return f'{a[0]}.to(tl.{target}, fp_downcast_rounding="rtne").to(tl.float32)'
 
 
+def _fn(name: str, n: int = 1) -> Expr:
+    """`name` applied to the first `n` operands."""
+    return lambda a, kw: f"{name}({', '.join(a[:n])})"
+
+
+def _op(symbol: str) -> Expr:
+    """The binary operator `symbol` between the two operands, parenthesised."""
+    return lambda a, kw: f"({a[0]} {symbol} {a[1]})"
+
+
 POINTWISE: dict[str, Expr] = {
     "aten._to_copy.default": _to_float,
     "aten.add.Tensor": lambda a, kw: _alpha(a, kw, "+"),
@@ -92,61 +103,36 @@ POINTWISE: dict[str, Expr] = {
     "aten.sub.Tensor": lambda a, kw: _alpha(a, kw, "-"),
     "aten.sub.Scalar": lambda a, kw: _alpha(a, kw, "-"),
     "aten.rsub.Scalar": lambda a, kw: f"({a[1]} - {a[0]})",
-    "aten.mul.Tensor": lambda a, kw: f"({a[0]} * {a[1]})",
-    "aten.mul.Scalar": lambda a, kw: f"({a[0]} * {a[1]})",
-    "aten.div.Tensor": lambda a, kw: f"({a[0]} / {a[1]})",
-    "aten.div.Scalar": lambda a, kw: f"({a[0]} / {a[1]})",
+    **{f"aten.{name}.{kind}": _op(symbol) for name, symbol in (("mul", "*"), ("div", "/"))
+       for kind in ("Tensor", "Scalar")},
     "aten.neg.default": lambda a, kw: f"(-{a[0]})",
     "aten.reciprocal.default": lambda a, kw: f"(1.0 / {a[0]})",
     "aten.relu.default": lambda a, kw: f"tl.maximum({a[0]}, 0.0)",
     "aten.leaky_relu.default": lambda a, kw: f"tl.where({a[0]} > 0.0, {a[0]}, {a[0]} * {_f(kw.get('negative_slope', 0.01))})",
     "aten.gelu.default": _gelu,
-    "aten.sigmoid.default": lambda a, kw: f"tl.sigmoid({a[0]})",
-    "aten.tanh.default": lambda a, kw: f"kw_tanh({a[0]})",
-    "aten.exp.default": lambda a, kw: f"tl.exp({a[0]})",
-    "aten.exp2.default": lambda a, kw: f"tl.exp2({a[0]})",
-    "aten.expm1.default": lambda a, kw: f"kw_expm1({a[0]})",
-    "aten.log.default": lambda a, kw: f"tl.log({a[0]})",
-    "aten.log2.default": lambda a, kw: f"tl.log2({a[0]})",
-    "aten.log1p.default": lambda a, kw: f"kw_log1p({a[0]})",
-    "aten.sqrt.default": lambda a, kw: f"tl.sqrt({a[0]})",
-    "aten.rsqrt.default": lambda a, kw: f"tl.rsqrt({a[0]})",
-    "aten.abs.default": lambda a, kw: f"tl.abs({a[0]})",
+    # Triton's own functions, and device helpers (kw_*) where Triton's lose accuracy or have none
+    **{f"aten.{name}.default": _fn(f"tl.{name}") for name in ("sigmoid", "exp", "exp2", "log", "log2", "sqrt",
+                                                              "rsqrt", "abs", "sin", "cos", "erf", "floor", "ceil")},
+    **{f"aten.{name}.default": _fn(f"kw_{name}") for name in ("tanh", "expm1", "log1p")},
     "aten.sign.default": lambda a, kw: f"tl.where({a[0]} > 0.0, 1.0, tl.where({a[0]} < 0.0, -1.0, 0.0))",
-    "aten.sin.default": lambda a, kw: f"tl.sin({a[0]})",
-    "aten.cos.default": lambda a, kw: f"tl.cos({a[0]})",
-    "aten.erf.default": lambda a, kw: f"tl.erf({a[0]})",
-    "aten.floor.default": lambda a, kw: f"tl.floor({a[0]})",
-    "aten.ceil.default": lambda a, kw: f"tl.ceil({a[0]})",
     "aten.pow.Tensor_Scalar": _pow,
-    "aten.pow.Tensor_Tensor": lambda a, kw: f"kw_pow({a[0]}, {a[1]})",
-    "aten.maximum.default": lambda a, kw: f"tl.maximum({a[0]}, {a[1]})",
-    "aten.minimum.default": lambda a, kw: f"tl.minimum({a[0]}, {a[1]})",
+    "aten.pow.Tensor_Tensor": _fn("kw_pow", 2),
+    "aten.maximum.default": _fn("tl.maximum", 2),
+    "aten.minimum.default": _fn("tl.minimum", 2),
     "aten.clamp.default": lambda a, kw: _clamp(a[0], _opt(kw.get("min_s")), _opt(kw.get("max_s"))),
-    "aten.clamp_min.default": lambda a, kw: f"tl.maximum({a[0]}, {a[1]})",
-    "aten.clamp_max.default": lambda a, kw: f"tl.minimum({a[0]}, {a[1]})",
+    "aten.clamp_min.default": _fn("tl.maximum", 2),
+    "aten.clamp_max.default": _fn("tl.minimum", 2),
     "aten.hardtanh.default": lambda a, kw: _clamp(a[0], _f(kw.get("min_val", -1.0)), _f(kw.get("max_val", 1.0))),
     "aten.elu.default": lambda a, kw: (
         f"tl.where({a[0]} > 0.0, {a[0]} * {_f(kw.get('scale', 1.0))}, "
         f"kw_expm1({a[0]} * {_f(kw.get('input_scale', 1.0))}) * {_f(kw.get('alpha', 1.0) * kw.get('scale', 1.0))})"
     ),
-    "aten.where.self": lambda a, kw: f"tl.where({a[0]}, {a[1]}, {a[2]})",
-    "aten.where.ScalarSelf": lambda a, kw: f"tl.where({a[0]}, {a[1]}, {a[2]})",
-    "aten.where.ScalarOther": lambda a, kw: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    **{f"aten.where.{kind}": _fn("tl.where", 3) for kind in ("self", "ScalarSelf", "ScalarOther")},
     "aten.isnan.default": lambda a, kw: f"({a[0]} != {a[0]})",
     "aten.isinf.default": lambda a, kw: f"(tl.abs({a[0]}) == float('inf'))",
-    "aten.gt.Scalar": lambda a, kw: f"({a[0]} > {a[1]})",
-    "aten.gt.Tensor": lambda a, kw: f"({a[0]} > {a[1]})",
-    "aten.lt.Scalar": lambda a, kw: f"({a[0]} < {a[1]})",
-    "aten.lt.Tensor": lambda a, kw: f"({a[0]} < {a[1]})",
-    "aten.ge.Scalar": lambda a, kw: f"({a[0]} >= {a[1]})",
-    "aten.ge.Tensor": lambda a, kw: f"({a[0]} >= {a[1]})",
-    "aten.le.Scalar": lambda a, kw: f"({a[0]} <= {a[1]})",
-    "aten.le.Tensor": lambda a, kw: f"({a[0]} <= {a[1]})",
-    "aten.eq.Scalar": lambda a, kw: f"({a[0]} == {a[1]})",
-    "aten.eq.Tensor": lambda a, kw: f"({a[0]} == {a[1]})",
-    "aten.ne.Scalar": lambda a, kw: f"({a[0]} != {a[1]})",
-    "aten.ne.Tensor": lambda a, kw: f"({a[0]} != {a[1]})",
+    **{f"aten.{name}.{kind}": _op(symbol) for name, symbol in (("gt", ">"), ("lt", "<"), ("ge", ">="), ("le", "<="),
+                                                               ("eq", "=="), ("ne", "!="))
+       for kind in ("Scalar", "Tensor")},
     "aten.logical_not.default": lambda a, kw: f"({a[0]} == 0)",
 }
 if set(POINTWISE) != FUSIBLE:
