@@ -341,12 +341,14 @@ def _draw_dropout(rng, dims):
     return {"p": rng.choice([0.1, 0.2, 0.3, 0.5]), "module": rng.random() < 0.6}
 
 
+def _module_or_function(b, i, module: bool, attr: str, ctor: str, call: str):
+    """The step as a submodule (`self.<attr> = <ctor>`, called on the value) or as `call`."""
+    b.assign(i, f"{b.attr(attr, ctor)}({b.cur})" if module else call, b.dims)
+
+
 def _emit_dropout(b, i, a):
-    if a["module"]:
-        drop = b.attr(f"drop{i}", f"nn.Dropout({a['p']})")
-        b.assign(i, f"{drop}({b.cur})", b.dims)
-    else:
-        b.assign(i, f"F.dropout({b.cur}, p={a['p']}, training=self.training)", b.dims)
+    _module_or_function(b, i, a["module"], f"drop{i}", f"nn.Dropout({a['p']})",
+                        f"F.dropout({b.cur}, p={a['p']}, training=self.training)")
 
 
 # --- reductions, softmax, views ------------------------------------------------------------------
@@ -386,11 +388,8 @@ def _emit_softmax(b, i, a):
     if -a["dim"] > len(b.dims):
         raise Invalid("softmax over a missing dimension")
     fn = "log_softmax" if a["log"] else "softmax"
-    if a["module"]:
-        mod = b.attr(f"softmax{i}", f"nn.{'LogSoftmax' if a['log'] else 'Softmax'}(dim={a['dim']})")
-        b.assign(i, f"{mod}({b.cur})", b.dims)
-    else:
-        b.assign(i, f"torch.{fn}({b.cur}, dim={a['dim']})", b.dims)
+    _module_or_function(b, i, a["module"], f"softmax{i}", f"nn.{'LogSoftmax' if a['log'] else 'Softmax'}(dim={a['dim']})",
+                        f"torch.{fn}({b.cur}, dim={a['dim']})")
 
 
 def _draw_flatten(rng, dims):
