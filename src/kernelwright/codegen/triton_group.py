@@ -20,7 +20,41 @@ from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, for
 from kernelwright.ops import EVAL_BN, FREE_VIEWS, reduction_spec, row_shapes
 from kernelwright.plan.fusion import Group
 
-NEUTRAL = {"sum": "0.0", "max": "float('-inf')", "min": "float('inf')", "argmax": "float('-inf')", "argmin": "float('inf')"}
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How one kind of row reduction is computed, in a tile that holds whole rows, in a loop over
+    tiles and in a split over programs: `neutral`, the value lanes outside the row hold; `reduce`,
+    the Triton reduction along a tile axis; `combine`, one loop step of an accumulator `{acc}` with
+    the masked values `{x}`; `better`, for arg-reductions (which keep the value and its first index),
+    the comparison by which a new value takes over."""
+
+    neutral: str
+    reduce: str
+    combine: str = ""
+    better: str = ""
+
+    def masked(self, x: str, mask: str = "mask") -> str:
+        return f"tl.where({mask}, {x}, {self.neutral})"
+
+    def init(self, acc: str) -> str:
+        return f"{acc} = tl.full([BLOCK_M, BLOCK_R], {self.neutral}, tl.float32)"
+
+    def step(self, acc: str, x: str) -> str:
+        return f"{acc} = " + self.combine.format(acc=acc, x=self.masked(x))
+
+    def finalize(self, var: str, acc: str) -> str:
+        return f"{var} = {self.reduce}({acc}, axis=1)[:, None]"
+
+
+REDUCTIONS = {
+    "sum": Reduction("0.0", "tl.sum", "{acc} + {x}"),
+    "max": Reduction("float('-inf')", "tl.max", "tl.maximum({acc}, {x})"),
+    "min": Reduction("float('inf')", "tl.min", "tl.minimum({acc}, {x})"),
+    "argmax": Reduction("float('-inf')", "tl.max", better=">"),
+    "argmin": Reduction("float('inf')", "tl.min", better="<"),
+}
 
 
 class Unsupported(Exception):
@@ -517,11 +551,10 @@ def reduce_tile_lines(s: Stmt, R: int, *, mask: str = "mask", axis: int = 1, ind
     if s.op == "online_softmax":
         return [f"{s.code} = tl.max(tl.where({mask}, {src}, float('-inf')), axis={axis}){keep}",
                 f"{s.var} = tl.sum(tl.where({mask}, tl.exp({src} - {s.code}), 0.0), axis={axis}){keep}"]
-    if s.op in ("sum", "max", "min"):
-        fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[s.op]
-        return [f"{s.var} = {fn}(tl.where({mask}, {src}, {NEUTRAL[s.op]}), axis={axis}){keep}"]
-    best = "tl.max" if s.op == "argmax" else "tl.min"
-    return [f"{s.var}_v = {best}(tl.where({mask}, {src}, {NEUTRAL[s.op]}), axis={axis}){keep}",
+    red = REDUCTIONS[s.op]
+    if not red.better:
+        return [f"{s.var} = {red.reduce}({red.masked(src, mask)}, axis={axis}){keep}"]
+    return [f"{s.var}_v = {red.reduce}({red.masked(src, mask)}, axis={axis}){keep}",
             f"{s.var} = tl.min(tl.where({mask} & ({src} == {s.var}_v), {index}, {R}), axis={axis}){keep}"]
 
 
@@ -628,23 +661,19 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
                               "acc = m_new"]
                     post = [f"{s.code} = tl.max(acc, axis=1)[:, None]",
                             f"{s.var} = tl.sum(acc_s * tl.exp(acc - tl.where({s.code} == float('-inf'), 0.0, {s.code})), axis=1)[:, None]"]
-                elif s.op in ("sum", "max", "min"):
-                    comb = {"sum": "acc + tl.where(mask, {x}, 0.0)", "max": "tl.maximum(acc, tl.where(mask, {x}, float('-inf')))",
-                            "min": "tl.minimum(acc, tl.where(mask, {x}, float('inf')))"}[s.op].format(x=src)
-                    fn = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min"}[s.op]
-                    init = [f"acc = tl.full([BLOCK_M, BLOCK_R], {NEUTRAL[s.op]}, tl.float32)"]
-                    lines.append(f"acc = {comb}")
-                    post = [f"{s.var} = {fn}(acc, axis=1)[:, None]"]
+                elif not REDUCTIONS[s.op].better:
+                    red = REDUCTIONS[s.op]
+                    init = [red.init("acc")]
+                    lines.append(red.step("acc", src))
+                    post = [red.finalize(s.var, "acc")]
                 else:
-                    better = ">" if s.op == "argmax" else "<"
-                    best = "tl.max" if s.op == "argmax" else "tl.min"
-                    init = [f"acc = tl.full([BLOCK_M, BLOCK_R], {NEUTRAL[s.op]}, tl.float32)",
-                            "acc_i = tl.zeros([BLOCK_M, BLOCK_R], tl.int64)"]
-                    lines += [f"cand = tl.where(mask, {src}, {NEUTRAL[s.op]})",
-                              f"take = cand {better} acc",
+                    red = REDUCTIONS[s.op]
+                    init = [red.init("acc"), "acc_i = tl.zeros([BLOCK_M, BLOCK_R], tl.int64)"]
+                    lines += [f"cand = {red.masked(src)}",
+                              f"take = cand {red.better} acc",
                               "acc_i = tl.where(take, r + tl.zeros([BLOCK_M, BLOCK_R], tl.int64), acc_i)",
                               "acc = tl.where(take, cand, acc)"]
-                    post = [f"{s.var}_v = {best}(acc, axis=1)[:, None]",
+                    post = [red.finalize(f"{s.var}_v", "acc"),
                             f"{s.var} = tl.min(tl.where(acc == {s.var}_v, acc_i, {R}), axis=1)[:, None]"]
                 phases.append({"pre": pre + init, "body": lines, "post": post})
                 pre = []
@@ -712,17 +741,13 @@ def _closure(low: "Lowering", by_var: dict, roots) -> list[Stmt]:
     return [st for st in low.stmts if st.var in need and st.kind in ("load", "expr")]
 
 
-_COMBINE = {"sum": ("acc{k} + tl.where(mask, {x}, 0.0)", "tl.sum"),
-            "max": ("tl.maximum(acc{k}, tl.where(mask, {x}, float('-inf')))", "tl.max"),
-            "min": ("tl.minimum(acc{k}, tl.where(mask, {x}, float('inf')))", "tl.min")}
-
-
 def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines, render, by_var):
     """Split reductions for few, long rows: (1) per-(row block, split) partial statistics,
     (2) combine them and compute every per-row value, (3) if the group writes domain-shaped
     outputs, an elementwise pass that reads the per-row values back from small buffers."""
     reduces = [s for s in low.stmts if s.kind == "reduce"]
-    if not reduces or any(s.op not in _COMBINE and s.op != "welford" for s in reduces):
+    if not reduces or any(s.op != "welford" and not (s.op in REDUCTIONS and REDUCTIONS[s.op].combine)
+                          for s in reduces):
         raise Unsupported("split reduction needs sum/max/min/Welford reductions only")
     closures = {s.var: _closure(low, by_var, [s.deps[0]]) for s in reduces}
     for s in reduces:
@@ -763,13 +788,14 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
                        f"{s.code} = tl.sum(pn{k} * pm{k}, axis=1)[:, None] / {format_float(R)}",
                        f"{s.var} = tl.sum(pq{k} + pn{k} * (pm{k} - {s.code}) * (pm{k} - {s.code}), axis=1)[:, None]"]
         else:
-            comb, fn = _COMBINE[s.op]
+            red = REDUCTIONS[s.op]
             part_docs.append(f"partial {s.op} per (row, split): [{M}, {split}]")
             allocs.append(f"{part} = _scratch('{part}', ({M}, {split}), out0.device)")
-            init.append(f"acc{k} = tl.full([BLOCK_M, BLOCK_R], {NEUTRAL[s.op]}, tl.float32)")
-            body.append(f"acc{k} = " + comb.format(k=k, x=src))
-            post_a.append(f"tl.store({at}, {fn}(acc{k}, axis=1)[:, None], mask=mmask)")
-            finish.append(f"{s.var} = {fn}(tl.load({part} + m * {split} + s, mask=smask, other={NEUTRAL[s.op]}), axis=1)[:, None]")
+            init.append(red.init(f"acc{k}"))
+            body.append(red.step(f"acc{k}", src))
+            post_a.append(f"tl.store({at}, {red.reduce}(acc{k}, axis=1)[:, None], mask=mmask)")
+            finish.append(f"{s.var} = {red.reduce}(tl.load({part} + m * {split} + s, mask=smask, "
+                          f"other={red.neutral}), axis=1)[:, None]")
     for st in low.stmts:
         if st.kind in ("load", "expr") and st.level != "full":
             finish += render(st)
