@@ -6,7 +6,6 @@ modules; the folder an emitted module is (its runtime copied once, loaded afresh
 import copy
 import os
 import pickle
-import re
 import warnings
 
 import pytest
@@ -197,7 +196,8 @@ def _emitted(tmp_path, name="level2/gemm_gelu_scale.py"):
 
     problem = load_problem(os.path.join(ROOT, "problems", name), small=True)
     plan = plan_graph(capture(problem))
-    return problem, write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan)], "fp32", None), {})
+    text = render_model_new(problem, [ModeForward("any", plan)], "fp32", None, device_type="cpu")
+    return problem, write_module(tmp_path / "out", text, {})
 
 
 def test_the_runtime_ships_once_and_each_import_gets_its_own(tmp_path):
