@@ -20,6 +20,7 @@ from typing import Callable, List, Optional
 
 import typer
 
+from kernelwright.devices import device_option
 from kernelwright.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -54,19 +55,6 @@ def parse_budget(values: list[str] | None) -> tuple[int | None, float | None]:
                 raise UserError(f"--budget {v!r}: a trial budget is a positive whole number")
             trials = int(num)
     return trials, seconds
-
-
-def device_option(device: str | None) -> str:
-    """The device a `--device` option names: cuda or cpu, by default cuda when a GPU is visible."""
-    import torch
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cuda", "cpu"):
-        raise UserError(f"--device {device!r}: choose cuda or cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU is visible on this machine")
-    return device
 
 
 def _use_interpreter_if_cpu(device: str | None):

@@ -25,7 +25,7 @@ def fuzz(files: Optional[List[Path]] = typer.Argument(None, help="Check these pr
          small: bool = typer.Option(False, "--small", help="With files: apply each problem's SMALL overrides.")):
     """Generate random KernelBench-format programs, optimize each, and check the emitted module
     against eager PyTorch (train and eval mode, another batch size, gradients, float64)."""
-    from kernelwright.cli import device_option
+    from kernelwright.devices import device_option
     from kernelwright.policy import get_policy
 
     get_policy(precision)
