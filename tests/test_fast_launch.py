@@ -1,5 +1,5 @@
-"""Generated launchers call a compiled kernel directly after its first launch
-(templates/launch_helpers.py `_launch`); a call Triton would specialise differently goes back
+"""Generated launchers call a compiled kernel directly after its first launch (codegen/host.py
+`_launch`, which kernel modules import); a call Triton would specialise differently goes back
 through the JIT."""
 import os
 
@@ -9,6 +9,7 @@ from torch import nn
 
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture import capture
+from kernelwright.codegen import host
 from kernelwright.codegen.triton_group import render_group
 from kernelwright.plan import plan_graph
 from kernelwright.problem import from_module
@@ -38,7 +39,13 @@ def test_launcher_runs_through_launch_on_the_cpu(tmp_path):
     x = torch.randn(1000)
     out, = mod.launch(x)
     torch.testing.assert_close(out, Act()(x))
-    assert mod._COMPILED == {}
+    assert not _compiled(mod)
+
+
+def _compiled(mod):
+    """The launches `_launch` keeps for `mod`'s kernels."""
+    kernels = [v for v in vars(mod).values() if hasattr(v, "arg_names")]
+    return [key for key in host._COMPILED if any(key[0] is k for k in kernels)]
 
 
 @pytest.mark.gpu
@@ -51,15 +58,16 @@ def test_cached_launch_matches_and_respecialises_on_alignment(tmp_path):
         out, = mod.launch(x)
         torch.testing.assert_close(out, Act()(x))
     # one compiled kernel per alignment signature; the repeats went straight to the launcher
-    assert len(mod._COMPILED) == 2
-    assert all(k[2][0] == torch.float32 for k in mod._COMPILED)  # the dtype is part of the signature
+    assert len(_compiled(mod)) == 2
+    assert all(k[2][0] == torch.float32 for k in _compiled(mod))  # the dtype is part of the signature
 
 
-def test_scratch_buffers_are_reused_per_name(tmp_path):
-    """Split reductions' work buffers: allocated once per name (and device, stream), then reused."""
-    mod = _module(64, tmp_path)
+def test_scratch_buffers_are_reused_per_name_and_shape():
+    """Split reductions' work buffers: allocated once per name and shape (and device, stream),
+    then reused."""
     dev = torch.device("cpu")
-    a = mod._scratch("part0", (3, 4, 8), dev)
+    a = host._scratch("part0", (3, 4, 8), dev)
     assert a.shape == (3, 4, 8) and a.dtype == torch.float32
-    assert mod._scratch("part0", (3, 4, 8), dev) is a
-    assert mod._scratch("rb0", (4,), dev) is not a
+    assert host._scratch("part0", (3, 4, 8), dev) is a
+    assert host._scratch("rb0", (4,), dev) is not a
+    assert host._scratch("part0", (3, 4, 16), dev).shape == (3, 4, 16)  # another kernel's, of its shape

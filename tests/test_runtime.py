@@ -2,7 +2,7 @@
 call guard and its warn-once fallback to the original forward, the parameter guard, the dispatch
 by training mode, the bf16 policy of the fallback, compute + commit forwards, attach() for live
 modules; the folder an emitted module is (its runtime copied once, loaded afresh per import,
---single-file)."""
+--single-file); and the size of what users keep."""
 import copy
 import os
 import pickle
@@ -234,3 +234,46 @@ def test_from_a_live_module_attach_is_emitted(tmp_path):
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     text = render_model_new(from_module(model, [torch.randn(2, 4)]), [], "fp32", None)
     assert "def attach(model):" in text and "class ModelNew" not in text
+
+
+# --- what users keep ---------------------------------------------------------------------------
+
+@pytest.mark.interpreter
+def test_a_one_group_problem_is_a_short_module_and_its_kernel_holds_no_unused_helper(tmp_path):
+    from kernelwright.pipeline import Options, optimize_problem
+
+    out = tmp_path / "out"
+    problem = load_problem(os.path.join(ROOT, "problems", "level2", "gemm_group_norm_swish.py"), small=True)
+    result = optimize_problem(problem, out, Options(device="cpu", budget_trials=1, small=True,
+                                                    db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"] and [g["strategy"] for g in result["groups"]].count("triton") == 1
+    text = (out / "model_new.py").read_text()
+    assert len(text.splitlines()) <= 100
+    assert text.count("class Model(") == 1 and text.count("def get_inputs(") == 1  # the problem, once
+    kernels = [p for p in (out / "kernels").glob("*.py") if not p.name.startswith("_")]
+    assert len(kernels) == 1
+    source = kernels[0].read_text()
+    assert len(source.splitlines()) <= 80 and "def _launch(" not in source
+    assert _unused_helpers(source) == set()
+    assert _unused_helpers(source + "\n\n@triton.jit\ndef kw_tanh(x):\n    return x\n") == {"kw_tanh"}
+
+
+def _unused_helpers(source):
+    """The shared helpers (codegen/helpers.py) `source` imports or defines that nothing else in it uses."""
+    import ast
+
+    from kernelwright.codegen.helpers import HOST, device_library, names_used
+
+    library = {b.name for b in device_library()}
+    lines = source.splitlines(keepends=True)
+    own = {}  # helper -> the lines that import or define it
+    for node in ast.parse(source).body:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        text = "".join(lines[first - 1:node.end_lineno])
+        if isinstance(node, ast.Try):
+            own.update({a.name: text for a in node.body[0].names if a.name in HOST})
+        elif isinstance(node, ast.FunctionDef) and node.name in library:
+            own[node.name] = text
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in library:
+            own[node.targets[0].id] = text
+    return {name for name, text in own.items() if name not in names_used(source.replace(text, ""))}

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from kernelwright.capture.graph import Graph, Ref
 from kernelwright.codegen.cuda_kernels import (render_layernorm, render_row_reduce, render_row_softmax,
                                                render_runtime_loader, render_standalone_launcher)
-from kernelwright.codegen.templating import launch_helpers, template_env
+from kernelwright.codegen.helpers import with_helpers
+from kernelwright.codegen.templating import cuda_template
 from kernelwright.plan.fusion import Group
 from kernelwright.space.axes import Axis, Space
 from kernelwright.space.config import Config
@@ -131,10 +132,10 @@ def render(graph: Graph, group: Group, row: RowOp, config: dict) -> tuple[str, l
         w = args[1] if row.weight is not None else "None"
         b = args[1 + (row.weight is not None)] if row.bias is not None else "None"
         call += f", {w}, {b}, eps={row.eps!r}"
-    text = template_env("kernelwright.codegen", "templates", "cuda").get_template("unit.py.j2").render(
+    text = cuda_template("unit.py.j2").render(
         gid=group.id, what=f"{row.op} over the last dim of [{row.M}, {row.N}]", template=f"{spec.kind}.cu"
         if spec.kind != "layernorm" else "row_reduce.cu", knobs=dict(spec.defines), loader=render_runtime_loader(),
-        standalone=render_standalone_launcher(spec, "KERNEL"), helpers=launch_helpers(), args=args, input_doc=", ".join(ins), output=out_name,
+        standalone=render_standalone_launcher(spec, "KERNEL"), args=args, input_doc=", ".join(ins), output=out_name,
         checks=checks, out_2d=(row.M,) if row.kind == "row_reduce" else (row.M, row.N), var="KERNEL", call=call,
         out_shape=tuple(graph.meta(out_name).shape))
-    return text, ins
+    return with_helpers(text), ins

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
-from kernelwright.codegen.templating import triton_env
+from kernelwright.codegen.templating import triton_template
 from kernelwright.plan.rewrites import plain_cast
 from kernelwright.space.config import Config
 
@@ -94,7 +94,7 @@ def render(graph: Graph, gemm: OpNode, chain: Chain, a: str, b: str, name: str) 
     dtype = gemm.meta.dtype
     ins = list(dict.fromkeys([a, b, chain.bias]))
     arg = {v: f"a{k}" for k, v in enumerate(ins)}
-    text = triton_env().get_template("addmm_activation.py.j2").render(
+    text = triton_template("addmm_activation.py.j2").render(
         name=name, gemm=gemm.name, ops=" -> ".join(chain.ops), args=[arg[v] for v in ins], inputs=ins,
         a=arg[a], b=arg[b], bias=arg[chain.bias], dtype=dtype,
         cast_a=graph.meta(a).dtype != dtype, cast_b=graph.meta(b).dtype != dtype,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import broadcast_strides, contiguous_strides, dense_permuted, refine_strides
-from kernelwright.codegen.templating import launch_helpers, template_text, triton_env
+from kernelwright.codegen.helpers import with_helpers
+from kernelwright.codegen.templating import triton_template
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
 from kernelwright.ops import EVAL_BN, FREE_VIEWS, reduction_spec, row_shapes
 from kernelwright.plan.fusion import Group
@@ -903,16 +904,15 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
         extra["call_b"] = ", ".join(extra["parts"] + [arg_of[op.value] for op in extra["row_loads"]] + out_vars
                                     + extra["bufs"])
         extra["call_c"] = ", ".join([arg_of[op.value] for op in low.inputs] + extra["bufs"] + out_vars)
-    helpers = template_text("triton", "helpers.py.j2")
     ops_used = ", ".join(graph.node(n).op for n in group.nodes)
-    text = triton_env().get_template(template).render(
+    text = triton_template(template).render(
         kind=group.kind, gid=group.id, ops=ops_used, domain=list(low.D), rdims=list(low.rd), M=M, R=R,
-        helpers=helpers.strip(), kernel=f"{group.id}_kernel", params=params, param_doc=param_doc,
+        kernel=f"{group.id}_kernel", params=params, param_doc=param_doc,
         launch_args=", ".join(arg_of[v] for v in uniq_inputs), input_doc=", ".join(uniq_inputs),
         output_doc=", ".join(op.value for op in low.outputs), launch_checks=checks, launch_allocs=allocs,
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1)), call_args=call_args,
         returns="(" + ", ".join(out_vars) + ",)", **extra,
     )
-    text += launch_helpers()
+    text = with_helpers(text)
     nbytes = sum(graph.meta(v).nbytes for v in uniq_inputs) + sum(graph.meta(o.value).nbytes for o in low.outputs)
     return GroupKernel(text, dict(config), uniq_inputs, [o.value for o in low.outputs], M, R, nbytes)
