@@ -160,10 +160,33 @@ def _fingerprint(configs) -> tuple[int, list[str], str]:
     return len(keys), keys[:2], hashlib.sha1("\n".join(keys).encode()).hexdigest()[:12]
 
 
+def _node(fn, x, targets):
+    from torch import nn
+
+    from kernelwright.capture import capture
+    from kernelwright.problem import from_module
+
+    class Fn(nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    graph = capture(from_module(Fn(), [x]))
+    return graph, next(n for n in graph.nodes if n.target in targets)
+
+
 def _cases(spec):
     """Representative spaces, seeds and defaults computed for the device `spec`."""
+    import torch
+    import torch.nn.functional as F
+
+    from kernelwright.codegen.triton_pool import TARGETS as POOLS
+    from kernelwright.codegen.triton_pool import TEMPLATE as POOL
+    from kernelwright.codegen.triton_scan import TEMPLATE as SCAN
     from kernelwright.space.gemm_space import conv_space, gemm_space, rowreduce_space
     from kernelwright.space.group_space import default_config, group_space, seed_configs
+
+    scan = _node(lambda x: torch.cumsum(x, 1), torch.randn(4, 64, 33), ("aten.cumsum.default",))
+    pool = _node(lambda x: F.max_pool2d(x, 2), torch.randn(1, 16, 32, 32), POOLS)
     return {
         "gemm bf16 8192^3": gemm_space("bf16", M=8192, N=8192, K=8192, spec=spec),
         "gemm tf32 64x64x16384": gemm_space("tf32", M=64, N=64, K=16384, spec=spec),
@@ -179,6 +202,9 @@ def _cases(spec):
         "seeds 4096x8192 strided": seed_configs(4096, 8192, False, False, spec=spec),
         "seeds 128x200704 strided": seed_configs(128, 200704, False, False, spec=spec),
         "default 64x131072": [default_config(64, 131072, False, spec=spec)],
+        "scan 4x64x33 dim 1": SCAN.space(*scan, spec),
+        "scan 4x64x33 dim 1 default": [SCAN.default(*scan, spec)],
+        "pool 1x16x32x32 default": [POOL.default(*pool, spec)],
     }
 
 
@@ -198,6 +224,9 @@ H200_FINGERPRINTS = {
     'seeds 4096x8192 strided': (6, ['triton.split[BLOCK_M=64,BLOCK_R=64,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]', 'triton.row[BLOCK_M=32,BLOCK_R=32,EVICT=False,num_stages=1,num_warps=4,one_pass=False]'], '7b1756a81b50'),  # noqa: E501
     'seeds 128x200704 strided': (4, ['triton.split[BLOCK_M=64,BLOCK_R=64,SPLIT=128,num_stages=1,num_warps=4,one_pass=False]', 'triton.split[BLOCK_M=32,BLOCK_R=64,SPLIT=128,num_stages=1,num_warps=4,one_pass=False]'], 'e288c18386ba'),  # noqa: E501
     'default 64x131072': (1, ['triton.split[BLOCK_M=1,BLOCK_R=2048,SPLIT=32,num_stages=1,num_warps=8,one_pass=False]'], '5ce491117a44'),  # noqa: E501
+    'scan 4x64x33 dim 1': (74, ['triton.scan[BLOCK_INNER=16,BLOCK_N=64,num_stages=1,num_warps=1,one_pass=True]', 'triton.scan[BLOCK_INNER=16,BLOCK_N=64,num_stages=1,num_warps=2,one_pass=True]'], '7a48b6a86b79'),  # noqa: E501
+    'scan 4x64x33 dim 1 default': (1, ['triton.scan[BLOCK_INNER=16,BLOCK_N=64,num_stages=1,num_warps=4,one_pass=True]'], '928f2c9e7234'),  # noqa: E501
+    'pool 1x16x32x32 default': (1, ['triton.pool[BLOCK=128,num_stages=1,num_warps=1]'], 'ec9cc82eacde'),
 }
 
 
@@ -269,6 +298,28 @@ def test_spaces_follow_the_sm_count_and_shared_memory():
     # the CUDA pointwise grid: at most four full waves of the SMs
     pw = render_pointwise("a + 1.0f", ["a"])
     assert pw.geometry(1 << 26, sms=H200.sms) == (4224, 256) and pw.geometry(1 << 26, sms=66) == (2112, 256)
+
+
+def test_node_template_defaults_follow_the_sm_count():
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+
+    from kernelwright.analyze.device import H200
+    from kernelwright.codegen.triton_pool import TARGETS as POOLS
+    from kernelwright.codegen.triton_pool import TEMPLATE as POOL
+    from kernelwright.codegen.triton_scan import TEMPLATE as SCAN
+
+    few = dataclasses.replace(H200, sms=1)
+    scan = _node(lambda x: torch.cumsum(x, 1), torch.randn(4, 64, 33), ("aten.cumsum.default",))
+    # 4 x 64 columns: 16 per program fill two programs per SM of the H200; 64 make 4 programs, enough for 1 SM
+    assert SCAN.default(*scan, H200)["BLOCK_INNER"] == 16 and SCAN.default(*scan, few)["BLOCK_INNER"] == 64
+    assert SCAN.default(*scan, few) in SCAN.space(*scan, few)
+    pool = _node(lambda x: F.max_pool2d(x, 2), torch.randn(1, 16, 32, 32), POOLS)
+    # 4096 outputs: 128 a program (32 programs) on the H200, 512 (8 programs, four per SM) on 2 SMs
+    assert POOL.default(*pool, H200)["BLOCK"] == 128
+    assert POOL.default(*pool, dataclasses.replace(H200, sms=2))["BLOCK"] == 512
 
 
 def test_device_spec_reads_sms_and_shared_memory_from_the_gpu(monkeypatch):

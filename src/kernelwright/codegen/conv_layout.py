@@ -5,10 +5,11 @@ the library call in NCHW stays the baseline, and this variant only wins when mea
 """
 from __future__ import annotations
 
+from kernelwright.analyze.device import DeviceSpec
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.conv_args import float32_conv2d
 from kernelwright.codegen.node_kernels import NodeKernel
-from kernelwright.codegen.templating import triton_env
+from kernelwright.codegen.templating import triton_template
 from kernelwright.space.config import Config
 
 NAME = "torch.conv_channels_last"
@@ -26,17 +27,17 @@ class ConvLayoutTemplate:
             return "the input is not in the default layout"
         return None
 
-    def space(self, graph: Graph, node: OpNode) -> list[Config]:
-        return [self.default(graph, node)]
+    def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
+        return [self.default(graph, node, spec)]
 
-    def default(self, graph: Graph, node: OpNode) -> Config:
+    def default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> Config:
         return Config.make(NAME, layout="channels_last")
 
     def render(self, graph: Graph, node: OpNode, config: dict, used: set[int]) -> NodeKernel:
         x, w, b, stride, padding, dilation, transposed, output_padding, groups = node.args
         args = ["x", "w"] + (["b"] if isinstance(b, Ref) else [])
         inputs = [x.name, w.name] + ([b.name] if isinstance(b, Ref) else [])
-        text = triton_env().get_template("conv_layout.py.j2").render(
+        text = triton_template("conv_layout.py.j2").render(
             node=node.name, target=node.target, args=args, bias="b" if isinstance(b, Ref) else "None",
             stride=list(stride), padding=list(padding), dilation=list(dilation), transposed=bool(transposed),
             output_padding=list(output_padding), groups=int(groups),

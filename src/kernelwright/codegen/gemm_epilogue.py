@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
 from kernelwright.ops import GEMMS
-from kernelwright.codegen.templating import template_text
 from kernelwright.codegen.triton_gemm import (ROW_NORMALIZATIONS, precision_kwargs, render_gemm, render_gemm_rowreduce,
                                               whole_row_block_n)
 from kernelwright.codegen.triton_group import Lowering, Unsupported, lower, reduce_tile_lines
@@ -414,7 +413,6 @@ def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list
                                      row_code=fused.row_code)
     else:
         text = render_gemm(fused.epilogue, batched=False, name=f"{fused.group.id}_gemm")
-    helpers = template_text("triton", "helpers.py.j2")
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages",
@@ -432,9 +430,6 @@ def render(fused: GemmEpilogue, config: dict, precision: str) -> tuple[str, list
     prologue_doc = "" if not fused.prologue else (
         "; the bf16 operand casts (" + ", ".join(g.id for g in fused.prologue) + ") run on its tiles")
     wrapper = f'''
-
-{helpers.strip()}
-
 
 _gemm_launch = launch
 

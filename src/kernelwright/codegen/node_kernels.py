@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from kernelwright.analyze.device import DeviceSpec
 from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.space.config import Config
 
@@ -24,27 +25,32 @@ class NodeKernel:
 class NodeTemplate(Protocol):
     """Optional methods a template may add: ``absorbed(graph, node)`` -> (nodes, value(s) read,
     value produced) when one kernel also computes neighbouring nodes (a scan's flips, a depthwise
-    conv's input cast), and ``seeds(graph, node)`` -> the configs timed first (default: [default])."""
+    conv's input cast), and ``seeds(graph, node, spec)`` -> the configs timed first (default:
+    [default]).
+
+    `spec` is the device the configs are for (a `DeviceSpec`; None: `device_spec()`, the GPU this
+    process sees, or the H200's numbers without one); templates whose schedules do not depend on
+    the device ignore it."""
 
     name: str
 
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
         """None when the template can compute `node` (outputs `used` are read), else why not."""
 
-    def space(self, graph: Graph, node: OpNode) -> list[Config]:
+    def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
         """Candidate configs, generated from axes with constraints."""
 
-    def default(self, graph: Graph, node: OpNode) -> Config:
+    def default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> Config:
         """The documented heuristic choice (used without a GPU)."""
 
     def render(self, graph: Graph, node: OpNode, config: dict, used: set[int]) -> NodeKernel:
         """The module text for `config`."""
 
 
-def seeds(template: NodeTemplate, graph: Graph, node: OpNode) -> list[Config]:
+def seeds(template: NodeTemplate, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
     """The configs a search times first: the template's ``seeds`` if it has them, else its default."""
     own = getattr(template, "seeds", None)
-    return own(graph, node) if own is not None else [template.default(graph, node)]
+    return own(graph, node, spec) if own is not None else [template.default(graph, node, spec)]
 
 
 def absorbed(template: NodeTemplate, graph: Graph, node: OpNode):

@@ -12,15 +12,18 @@ reads is absorbed: the kernel reads the float32 input and rounds each value to b
 """
 from __future__ import annotations
 
+from kernelwright.analyze.device import DeviceSpec
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.epilogue import IDENTITY, bias
 from kernelwright.codegen.conv_args import float32_conv2d
 from kernelwright.codegen.node_kernels import NodeKernel
-from kernelwright.codegen.templating import triton_env
-from kernelwright.codegen.triton_gemm import ROWS_KH, ROWS_KW, depthwise_rows_space, depthwise_space, render_depthwise
+from kernelwright.codegen.helpers import with_helpers
+from kernelwright.codegen.templating import triton_template
+from kernelwright.codegen.triton_gemm import ROWS_KH, ROWS_KW, render_depthwise
 from kernelwright.plan.rewrites import plain_cast
 from kernelwright.plan.weights import weight_roots
 from kernelwright.space.config import Config
+from kernelwright.space.gemm_space import depthwise_rows_space, depthwise_space
 
 NAME = "triton.depthwise"
 
@@ -40,9 +43,9 @@ class DepthwiseTemplate:
             return "padding is not numeric"
         return None
 
-    def space(self, graph: Graph, node: OpNode) -> list[Config]:
+    def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
         """Pixel-tile configs, and where the kernel has 2 to 7 rows and at most 7 columns at row
-        stride and dilation 1 the row-streaming kernel's (ROWS > 0)."""
+        stride and dilation 1 the row-streaming kernel's (ROWS > 0); the same on every device."""
         C = graph.meta(node.args[1].name).shape[0]
         OW = graph.meta(node.name).shape[-1]
         tiles = [Config.make(NAME, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_W=c["BLOCK_W"],
@@ -59,14 +62,14 @@ class DepthwiseTemplate:
         return [Config.make(NAME, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], ROWS=c["ROWS"], num_warps=c["num_warps"])
                 for c in depthwise_rows_space(C=C, OW=OW, KH=kernel[0])]
 
-    def default(self, graph: Graph, node: OpNode) -> Config:
+    def default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> Config:
         """NCHW: pixels are contiguous, so a long pixel tile (256) over few channels (4), 4 warps."""
         return Config.make(NAME, BLOCK_M=256, BLOCK_N=4, num_warps=4)
 
-    def seeds(self, graph: Graph, node: OpNode) -> list[Config]:
+    def seeds(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
         """The default, then (where it applies) the row-streaming kernel's first config: the search
         times both families before its cost model ranks the rest."""
-        return [self.default(graph, node)] + self._rows_configs(graph, node)[:1]
+        return [self.default(graph, node, spec)] + self._rows_configs(graph, node)[:1]
 
     @staticmethod
     def _rows_kernel(graph: Graph, node: OpNode) -> tuple[int, int] | None:
@@ -101,14 +104,14 @@ class DepthwiseTemplate:
         text = render_depthwise(bias("bias") if has_bias else IDENTITY, name=f"{node.name}_dw",
                                 rows_kernel=self._rows_kernel(graph, node))
         args = ["x", "w"] + (["bias"] if has_bias else [])
-        adapter = triton_env().get_template("depthwise_node.py.j2").render(
+        adapter = triton_template("depthwise_node.py.j2").render(
             node=node.name, target=node.target, args=args, bias=has_bias, stride=tuple(stride),
             padding=tuple(padding), dilation=tuple(dilation), input_shape=list(graph.meta(x.name).shape),
             weight_shape=list(graph.meta(w.name).shape), BLOCK_W=int(config.get("BLOCK_W") or 0) or None,
             out_dtype=node.meta.dtype, round_x=pattern is not None, ROWS=int(config.get("ROWS") or 0),
             **{k: int(config[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps")})
         inputs = pattern[1] if pattern else [x.name, w.name] + ([b.name] if has_bias else [])
-        return NodeKernel(text + adapter, inputs, 1)
+        return NodeKernel(with_helpers(text + adapter), inputs, 1)
 
 
 TEMPLATE = DepthwiseTemplate()

@@ -1,4 +1,4 @@
-"""Triton GEMM / convolution templates with fused epilogues, and their schedule spaces.
+"""Triton GEMM / convolution templates with fused epilogues.
 
 Each ``render_*`` function returns the text of a self-contained Python module (torch + triton
 only) holding the kernel(s) and a documented ``launch(...)`` function beside them
@@ -7,20 +7,12 @@ precision, split-K, layout) are ``tl.constexpr`` launch arguments; the only rend
 the epilogue statements and the epilogue operand parameters.  Load a rendered module with
 :func:`kernelwright.build.pyload.load_module_from_source`.
 
-``*_space`` functions return candidate configs as plain dicts with the keys
-``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, SPLIT_K``, generated from axes and
-constraints (shared memory, registers per thread, problem shape), with a few known-good Hopper
-configs first.  Pass a config to ``launch(**config, **precision_kwargs(policy))``.
+Their schedule spaces are in :mod:`kernelwright.space.gemm_space`; pass one of its configs to
+``launch(**config, **precision_kwargs(policy))``.
 """
 from __future__ import annotations
 
-import functools
-import itertools
-import math
 import textwrap
-from importlib.resources import files
-
-import jinja2
 
 from kernelwright.codegen.epilogue import (
     IDENTITY,
@@ -29,11 +21,10 @@ from kernelwright.codegen.epilogue import (
     render_code,
     render_operand_loads,
 )
-
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
-
-H200_SMEM_PER_BLOCK = 227 * 1024  # opt-in shared memory per block on sm_90
-H200_NUM_SMS = 132
+from kernelwright.codegen.helpers import with_helpers
+from kernelwright.codegen.templating import triton_template
+# whole_row_block_n: gemm_epilogue.py sets the rendered BLOCK_N with it
+from kernelwright.space.gemm_space import ROW_NORMALIZATIONS, ROW_REDUCE_MODES, WHOLE_ROW, whole_row_block_n
 
 _KIND_DOC = {
     "col": "one value per output column n: N elements",
@@ -57,27 +48,6 @@ _CONV_KIND_DOC = {
 
 # ----------------------------------------------------------------------------- rendering
 
-def _load_template_source(name: str):
-    path = files("kernelwright.codegen") / "templates" / "triton" / name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    return text, None, lambda: True
-
-
-@functools.lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FunctionLoader(_load_template_source),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-
-
 def _check_name(name: str) -> None:
     if not name.isidentifier():
         raise ValueError(f"kernel name {name!r} is not a Python identifier")
@@ -97,8 +67,24 @@ def _common_context(epilogue: Epilogue, name: str) -> dict:
     )
 
 
+def _gemm_context(epilogue: Epilogue, name: str, batched: bool) -> dict:
+    """What the GEMM templates share: the epilogue's parameters, operand loads and code inside the
+    tile loop (8 spaces deep), for a batched GEMM or not."""
+    ctx = _common_context(epilogue, name)
+    ctx.update(
+        batched=bool(batched),
+        params=operand_params(epilogue, batched=batched),
+        loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch="pid_b" if batched else None,
+                                   indent=" " * 8),
+        code=render_code(epilogue, indent=" " * 8),
+    )
+    if batched:
+        ctx["kind_doc"] = _KIND_DOC_BATCHED
+    return ctx
+
+
 def _render(template: str, ctx: dict) -> str:
-    text = _env().get_template(template).render(**ctx)
+    text = with_helpers(triton_template(template).render(**ctx))
     compile(text, f"<{ctx['name']}>", "exec")  # fail here, with the text at hand, on a syntax error
     return text
 
@@ -107,18 +93,12 @@ def render_gemm(epilogue: Epilogue = IDENTITY, batched: bool = False, *, name: s
     """Module text: ``{name}_kernel`` (C = A @ B + epilogue), ``{name}_epilogue_kernel``
     (the split-K epilogue pass) and ``launch(a, b, *operands, *, out_dtype=None, BLOCK_M, BLOCK_N,
     BLOCK_K, GROUP_M, SPLIT_K, INPUT_PRECISION, CAST_BF16, num_warps, num_stages)``."""
-    ctx = _common_context(epilogue, name)
-    batch = "pid_b" if batched else None
-    ctx.update(
-        batched=bool(batched),
-        params=operand_params(epilogue, batched=batched),
-        loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch=batch, indent=" " * 8),
-        code=render_code(epilogue, indent=" " * 8),
-        loads_pass=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch=batch, indent=" " * 4),
+    ctx = _gemm_context(epilogue, name, batched)
+    ctx.update(  # the epilogue again, in the split-K epilogue pass
+        loads_pass=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch="pid_b" if batched else None,
+                                        indent=" " * 4),
         code_pass=render_code(epilogue, indent=" " * 4),
     )
-    if batched:
-        ctx["kind_doc"] = _KIND_DOC_BATCHED
     return _render("gemm.py.j2", ctx)
 
 
@@ -130,19 +110,12 @@ def render_gemm_rowreduce(
     BLOCK_K, INPUT_PRECISION, CAST_BF16, num_warps, num_stages)``; reduce is one of sum, mean,
     max, min, logsumexp (output [M]), softmax or log_softmax (output [M, N]).  `row_code`:
     statements applied to the reduced vector `res` before it is stored (e.g. ``res = res / 16.0``)."""
-    ctx = _common_context(epilogue, name)
-    batch = "pid_b" if batched else None
+    ctx = _gemm_context(epilogue, name, batched)
     ctx.update(
-        batched=bool(batched),
-        params=operand_params(epilogue, batched=batched),
-        loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", batch=batch, indent=" " * 8),
-        code=render_code(epilogue, indent=" " * 8),
         row_code=textwrap.indent(row_code, " " * 8) if row_code.strip() else "",
         row_code_doc=textwrap.indent(row_code, " " * 4),
         modes=repr(ROW_REDUCE_MODES), normalizations=repr(ROW_NORMALIZATIONS), whole_row=repr(WHOLE_ROW),
     )
-    if batched:
-        ctx["kind_doc"] = _KIND_DOC_BATCHED
     return _render("gemm_rowreduce.py.j2", ctx)
 
 
@@ -197,7 +170,7 @@ def render_depthwise(epilogue: Epilogue = IDENTITY, *, name: str = "kw_dwconv2d"
     return _render("depthwise_conv2d.py.j2", ctx)
 
 
-# ----------------------------------------------------------------------------- spaces
+# ----------------------------------------------------------------------------- launch arguments
 
 def precision_kwargs(policy: str) -> dict:
     """Launch arguments for a precision policy name (fp32 / tf32 / bf16)."""
@@ -213,282 +186,7 @@ def precision_kwargs(policy: str) -> dict:
         raise ValueError(f"unknown precision policy {policy!r}") from None
 
 
-def _p2(x: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, x))))
-
-
-def _cfg(bm, bn, bk, gm, w, s, sk) -> dict:
-    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, num_warps=w, num_stages=s, SPLIT_K=sk)
-
-
-# Known-good Hopper configs (tile M, N, K, warps, stages), first in every space they fit.
-_SEEDS = {
-    "bf16": [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
-             (64, 256, 64, 4, 4), (128, 64, 64, 4, 4)],
-    "tf32": [(128, 256, 32, 8, 3), (256, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 128, 32, 4, 4),
-             (64, 128, 32, 4, 4), (128, 64, 32, 4, 4)],
-    "fp32": [(128, 128, 16, 8, 3), (128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
-             (64, 64, 32, 4, 3), (128, 128, 32, 4, 3)],
-}
-
-
-def _tile_space(
-    precision: str,
-    *,
-    M: int | None,
-    N: int | None,
-    K: int | None,
-    elem_bytes: int | None,
-    max_configs: int,
-    split_k: bool,
-    smem_limit: int,
-    num_sms: int,
-    group_m: tuple[int, ...] = (8,),
-) -> list[dict]:
-    prec = "fp32" if precision in ("fp32", "ieee") else precision
-    if prec not in _SEEDS:
-        raise ValueError(f"unknown precision {precision!r}")
-    eb = elem_bytes or (2 if prec == "bf16" else 4)
-    axes = dict(
-        BLOCK_M=(16, 32, 64, 128, 256),
-        BLOCK_N=(16, 32, 64, 128, 256),
-        BLOCK_K=(16, 32, 64, 128),
-        GROUP_M=group_m,
-        num_warps=(4, 8),
-        num_stages=(2, 3, 4, 5),
-        SPLIT_K=(1, 2, 4, 8) if split_k else (1,),
-    )
-    cap_m = max(16, _p2(M)) if M else 256
-    cap_n = max(16, _p2(N)) if N else 256
-    cap_k = max(16, _p2(K)) if K else 128
-    small = (M is not None and M < 64) or (N is not None and N < 64)
-
-    def ok(c: dict) -> bool:
-        bm, bn, bk, w, s, sk = (c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K"))
-        if bm > cap_m or bn > cap_n or bk > cap_k:
-            return False
-        if not 32 <= bk * eb <= 256 or (bk * eb < 64 and (K is None or K >= 64)):
-            return False
-        if s * (bm + bn) * bk * max(eb, 2) > smem_limit:
-            return False
-        per_thread = bm * bn / (32 * w)  # fp32 accumulators per thread
-        if not 8 <= per_thread <= 128:
-            return False
-        if w == 8 and bm * bn < 128 * 128:
-            return False
-        if bm * bn < 64 * 64 and not small:
-            return False
-        if prec == "fp32" and s > 3:  # the FMA path gains nothing from deep pipelines
-            return False
-        if sk > 1:
-            if M is None or N is None or K is None:
-                return False
-            tiles = math.ceil(M / bm) * math.ceil(N / bn)
-            if tiles >= num_sms or tiles * sk > 2 * num_sms or K // sk < 4 * bk:
-                return False
-        return True
-
-    def score(c: dict) -> float:
-        bm, bn, bk, w, s, sk = (c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "SPLIT_K"))
-        sc = math.log2(min(bm * bn, 128 * 256))  # bigger tiles: more reuse
-        sc -= 0.3 * abs(bm / bn - 1) if bm != bn else 0.0
-        sc += {128: 1.0, 64: 0.6, 256: 0.3}.get(bk * eb, 0.0)
-        sc -= 0.3 * abs(s - (3 if prec == "fp32" else 4))
-        if M and N:
-            tiles = math.ceil(M / bm) * math.ceil(N / bn) * sk
-            waste = (M * N) / (math.ceil(M / bm) * bm * math.ceil(N / bn) * bn)
-            sc += 4 * (waste - 1)
-            waves = tiles / num_sms
-            if waves < 1:
-                sc -= 3 * (1 - waves)
-            else:
-                sc -= 1.5 * (math.ceil(waves) - waves) / math.ceil(waves)
-        return sc
-
-    names = list(axes)
-    cands = [dict(zip(names, vals)) for vals in itertools.product(*axes.values())]
-    cands = [c for c in cands if ok(c)]
-    seeds = [_cfg(bm, bn, bk, group_m[0], w, s, 1) for bm, bn, bk, w, s in _SEEDS[prec]]
-    seeds = [c for c in seeds if ok(c)]
-    rest = sorted((c for c in cands if c not in seeds), key=score, reverse=True)
-    out = []
-    for c in seeds + rest:
-        if c not in out:
-            out.append(c)
-        if len(out) >= max_configs:
-            break
-    if not out:  # tiny or odd problem: the smallest legal tile
-        out = [_cfg(16, 16, 16 if eb >= 4 else 32, group_m[0], 4, 2, 1)]
-    return out
-
-
-def gemm_space(
-    precision: str = "tf32",
-    *,
-    M: int | None = None,
-    N: int | None = None,
-    K: int | None = None,
-    elem_bytes: int | None = None,
-    max_configs: int = 60,
-    smem_limit: int = H200_SMEM_PER_BLOCK,
-    num_sms: int = H200_NUM_SMS,
-    tma: bool = False,
-    kmajor_copy: bool = False,
-    persistent: bool = True,
-) -> list[dict]:
-    """Candidate GEMM configs for a precision policy (fp32 / tf32 / bf16) and, optionally, a
-    problem shape (limits tiles to the shape, enables split-K when the output has too few tiles
-    to fill the GPU).  elem_bytes: operand bytes as loaded (default 2 for bf16, else 4; pass 4
-    for float32 tensors cast to bf16 in the kernel).  tma: the operands are K-major, so each tile
-    config is offered with TMA loads first, then with pointer loads.  kmajor_copy: they are not,
-    but TF32 wgmma wants them so: each tile is offered first with the operands copied K-major in
-    the launcher (a tiled transpose) and TMA loads, then with strided pointer loads.  A tile config
-    that makes at least two tiles per SM (split-K off) is then offered a third time, as a persistent
-    TMA kernel: on the H200 it ran the bare 8192 x 4096 x 4096 bf16 GEMM in 0.40 ms against 0.46
-    (one program per tile; cuBLAS 0.35), but with fused epilogues it was 14-17% slower under bf16
-    (0.192 vs 0.164 ms) and within 2% under tf32; `persistent=False` leaves it out.
-    Warp specialization (the template's WARP_SPECIALIZE) is not offered:
-    it moved times by -2..+2% there, and a bf16 bench never returned from a fused GEMM search
-    (in-kernel operand cast + bias/ReLU epilogue) whose first candidate was warp-specialized."""
-    space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=max_configs,
-                        split_k=True, smem_limit=smem_limit, num_sms=num_sms)
-    if not (tma or kmajor_copy):
-        return space
-    first = dict(TMA=True, KMAJOR=True) if kmajor_copy else dict(TMA=True)
-
-    def variants(c):
-        tma_c = dict(c, **first)
-        tiles = math.ceil(M / c["BLOCK_M"]) * math.ceil(N / c["BLOCK_N"]) if M and N else 0
-        if not persistent or c["SPLIT_K"] != 1 or tiles < 2 * num_sms:  # pays when programs walk several tiles
-            return [tma_c, c]
-        return [tma_c, c, dict(tma_c, PERSISTENT=True)]
-
-    return [v for c in space for v in variants(c)][:max_configs]
-
-
-# row-reduction modes of templates/triton/gemm_rowreduce.py.j2 (rendered into it from here): those whose
-# output is [M, N] (a row in one tile); WHOLE_ROW: the modes that need a whole row in one tile ("tile" /
-# "tile_row": the epilogue code reduces it)
-ROW_REDUCE_MODES = ("sum", "mean", "max", "min", "logsumexp", "softmax", "log_softmax", "tile", "tile_row")
-ROW_NORMALIZATIONS = ("softmax", "log_softmax", "tile")
-WHOLE_ROW = ROW_NORMALIZATIONS + ("tile_row",)
-
-
-def whole_row_block_n(N: int) -> int:
-    """BLOCK_N of a tile holding whole rows of N columns: the next power of two >= N (>= 16, tl.dot's
-    minimum), exactly N where N is a power of two >= 16 (a row viewed as segments needs that)."""
-    return max(16, _p2(N))
-
-
-def rowreduce_space(
-    precision: str = "tf32",
-    *,
-    M: int | None = None,
-    N: int | None = None,
-    K: int | None = None,
-    elem_bytes: int | None = None,
-    reduce: str = "sum",
-    max_configs: int = 40,
-    tma: bool = False,
-) -> list[dict]:
-    """Configs for the GEMM + row-reduction template (GROUP_M and SPLIT_K fixed at 1; where a
-    whole row must fit one tile, WHOLE_ROW, BLOCK_N is the next power of two >= N). One program
-    owns BLOCK_M whole rows, so the grid is M / BLOCK_M programs: configs that fill the GPU's SMs
-    in whole waves come first (M = 8192 on 132 SMs: BLOCK_M = 64 runs 128 programs, 128 only 64),
-    and the first four (the search's seeds) differ in BLOCK_M x num_warps where they can. With
-    `tma` (both operands K-major) each tile also comes with TMA loads: the fourth seed is the first
-    tile's (on the H200 TMA tiles ran 2-5% faster than the same tiles without; session 11)."""
-    space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=1000,
-                        split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS, group_m=(1,))
-    if reduce in WHOLE_ROW and N:
-        bn = whole_row_block_n(N)
-        out = []
-        for c in space:
-            c = dict(c, BLOCK_N=bn)
-            # at most 128 accumulator values per thread: the epilogue keeps more than one row-tile live
-            if c["BLOCK_M"] * bn / (32 * c["num_warps"]) <= 128 and c not in out:
-                out.append(c)
-        space = out or [_cfg(16, bn, 32, 1, 8, 2, 1)]
-    if M:
-        def waves(c):  # the share of the last wave's SMs that have a program (1.0: full waves)
-            programs = -(-M // c["BLOCK_M"])
-            return programs / (-(-programs // H200_NUM_SMS) * H200_NUM_SMS)
-        space = sorted(space, key=lambda c: -round(waves(c), 1))  # stable: expert order within
-    seen, first = set(), []
-    for c in space:
-        if len(first) < 4 and (c["BLOCK_M"], c["num_warps"]) not in seen:
-            seen.add((c["BLOCK_M"], c["num_warps"]))
-            first.append(c)
-    rest = [c for c in space if c not in first]
-    if not tma:
-        return (first + rest)[:max_configs]
-    seeds = first[:3] + [dict(first[0], TMA=True)]
-    more = first[3:] + rest
-    return (seeds + [dict(c, TMA=True) for c in first[1:3]]
-            + [v for c in more for v in (c, dict(c, TMA=True))])[:max_configs]
-
-
-def conv_space(
-    precision: str = "tf32",
-    *,
-    batch: int | None = None,
-    Cin: int | None = None,
-    Cout: int | None = None,
-    OH: int | None = None,
-    OW: int | None = None,
-    elem_bytes: int | None = None,
-    max_configs: int = 40,
-) -> list[dict]:
-    """Candidate configs for the implicit-GEMM conv2d template (GEMM view: M = batch*OH*OW,
-    N = Cout, BLOCK_K steps over input channels, so it is capped by Cin)."""
-    M = batch * OH * OW if batch and OH and OW else None
-    return _tile_space(precision, M=M, N=Cout, K=Cin, elem_bytes=elem_bytes, max_configs=max_configs,
-                       split_k=False, smem_limit=H200_SMEM_PER_BLOCK, num_sms=H200_NUM_SMS)
-
-
-def depthwise_space(*, C: int | None = None, OW: int | None = None, max_configs: int = 30) -> list[dict]:
-    """Configs for the direct depthwise conv: BLOCK_M output pixels (BLOCK_M // BLOCK_W rows of
-    BLOCK_W columns) x BLOCK_N channels. BLOCK_W is the output width rounded up to a power of two
-    (whole rows) or 32 (less masked-off waste when that rounding is large), at most BLOCK_M."""
-    axes = dict(BLOCK_M=(32, 64, 128, 256, 512), BLOCK_N=(1, 2, 4, 8, 16, 32), num_warps=(1, 2, 4, 8))
-    cap_n = _p2(C) if C else 32
-    widths = sorted({_p2(OW) if OW else 64, 32})
-    out = []
-    for bm, bn, w in itertools.product(*axes.values()):
-        elems = bm * bn
-        if bn > cap_n or not 256 <= elems <= 4096 or not 2 <= elems / (32 * w) <= 32:
-            continue
-        for bw in sorted({min(bm, x) for x in widths}, reverse=True):
-            out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_W=bw, BLOCK_K=1, GROUP_M=1, num_warps=w, num_stages=1,
-                            SPLIT_K=1))
-    # NCHW input: pixels are the contiguous axis, so long pixel tiles first, whole rows before 32-wide.
-    out.sort(key=lambda c: (-(c["BLOCK_M"] >= 128), abs(c["BLOCK_M"] * c["BLOCK_N"] - 1024), c["num_warps"],
-                            -c["BLOCK_W"]))
-    return out[:max_configs]
-
-
-def depthwise_rows_space(*, C: int | None = None, OW: int | None = None, KH: int = 3,
-                         max_configs: int = 20) -> list[dict]:
-    """Configs for the depthwise conv's row-streaming kernel (KH-row kernels, row stride and
-    dilation 1): BLOCK_M columns x BLOCK_N channels x ROWS output rows per program; 1 to 16
-    elements of a row tile per thread for 3 rows, fewer for taller kernels (each element has
-    2 * KH - 1 float32 accumulators), whole rows (or 256 columns) first."""
-    cap_n = min(_p2(C) if C else 4, 4)
-    cap_m = max(32, min(256, _p2(OW) if OW else 128))
-    per_thread = min(16, 80 // (2 * KH - 1))
-    out = []
-    for bm, bn, rows, w in itertools.product((32, 64, 128, 256), (1, 2, 4), (4, 8, 16), (1, 2, 4)):
-        if bm > cap_m or bn > cap_n or not 1 <= bm * bn / (32 * w) <= per_thread:
-            continue
-        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, ROWS=rows, BLOCK_K=1, GROUP_M=1, num_warps=w, num_stages=1,
-                        SPLIT_K=1))
-    out.sort(key=lambda c: (-c["BLOCK_M"], abs(c["BLOCK_M"] * c["BLOCK_N"] / (32 * c["num_warps"]) - 4),
-                            abs(c["ROWS"] - 8), c["BLOCK_N"]))
-    return out[:max_configs]
-
-
 __all__ = [
-    "CONFIG_KEYS", "render_gemm", "render_gemm_rowreduce", "render_conv2d", "render_depthwise",
-    "gemm_space", "rowreduce_space", "conv_space", "depthwise_space", "depthwise_rows_space", "precision_kwargs",
-    "ROWS_KH", "ROWS_KW",
+    "render_gemm", "render_gemm_rowreduce", "render_conv2d", "render_depthwise", "precision_kwargs",
+    "ROWS_KH", "ROWS_KW", "ROW_NORMALIZATIONS", "whole_row_block_n",
 ]

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 
+from kernelwright.analyze.device import DeviceSpec
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
 from kernelwright.codegen.node_kernels import NodeKernel
-from kernelwright.codegen.templating import launch_helpers, triton_env
+from kernelwright.codegen.helpers import with_helpers
+from kernelwright.codegen.templating import triton_template
 from kernelwright.space.axes import Axis, Space
 from kernelwright.space.config import Config
 
@@ -48,11 +50,11 @@ class LayoutCopyTemplate:
             return "not a copy between the contiguous and channels-last layouts"
         return None
 
-    def space(self, graph: Graph, node: OpNode) -> list[Config]:
+    def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
         return Space(NAME, [Axis("BLOCK_C", [16, 32, 64]), Axis("BLOCK_S", [32, 64, 128]), Axis("num_warps", [2, 4, 8])],
                      [lambda c: 4 <= c["BLOCK_C"] * c["BLOCK_S"] // (32 * c["num_warps"]) <= 64]).configs()
 
-    def default(self, graph: Graph, node: OpNode) -> Config:
+    def default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> Config:
         """32 channels x 64 positions (8 KB of float32) with 4 warps: 16 elements a thread."""
         return Config.make(NAME, BLOCK_C=32, BLOCK_S=64, num_warps=4)
 
@@ -62,14 +64,14 @@ class LayoutCopyTemplate:
             raise ValueError(f"{NAME} cannot render {node.name}: {why}")
         x, y = graph.meta(node.args[0].name), node.meta
         direction = "channels-last" if y.stride == channels_last_strides(y.shape) else "contiguous"
-        text = triton_env().get_template("layout_copy.py.j2").render(
+        text = triton_template("layout_copy.py.j2").render(
             node=node.name, target=node.target, input=node.args[0].name, dtype=x.dtype, out_dtype=y.dtype,
             shape=tuple(x.shape),
             in_stride=tuple(x.stride), out_stride=tuple(y.stride), direction=direction, N=x.shape[0],
             C=x.shape[1], S=math.prod(x.shape[2:]), xs=_ncs(x.shape, x.stride), ys=_ncs(y.shape, y.stride),
-            kernel=f"{node.name}_layout_kernel", helpers=launch_helpers(),
+            kernel=f"{node.name}_layout_kernel",
             **{k: int(config[k]) for k in ("BLOCK_C", "BLOCK_S", "num_warps")})
-        return NodeKernel(text, [node.args[0].name], 1)
+        return NodeKernel(with_helpers(text), [node.args[0].name], 1)
 
 
 TEMPLATE = LayoutCopyTemplate()

@@ -18,10 +18,12 @@ or the number of in-bounds elements; a window with no in-bounds element gives 0.
 """
 from __future__ import annotations
 
+from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import channels_last_strides
 from kernelwright.codegen.node_kernels import NodeKernel
-from kernelwright.codegen.templating import launch_helpers, triton_env
+from kernelwright.codegen.helpers import with_helpers
+from kernelwright.codegen.templating import triton_template
 from kernelwright.ops import POOLS
 from kernelwright.space.axes import Axis, Space, pow2_range
 from kernelwright.space.config import Config
@@ -142,7 +144,7 @@ class PoolTemplate:
         return None
 
     # -- schedules ----------------------------------------------------------------------------
-    def space(self, graph: Graph, node: OpNode) -> list[Config]:
+    def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
         """BLOCK outputs per program (32..2048, at most the output count rounded up to a power of
         two, min 64) x num_warps (1..8), with 1..16 outputs per thread."""
         top = max(64, _next_pow2(node.outs[0].numel))
@@ -154,14 +156,15 @@ class PoolTemplate:
         return Space(TEMPLATE_NAME, [Axis("BLOCK", pow2_range(32, 2048)), Axis("num_warps", [1, 2, 4, 8])],
                      [fits], fixed={"num_stages": 1}).configs()
 
-    def default(self, graph: Graph, node: OpNode) -> Config:
+    def default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> Config:
         """512 outputs per program with 4 warps (4 outputs per thread: enough independent loads in
-        flight per window step), halved while that leaves fewer than 528 programs (4 per SM of a
-        132-SM GPU) down to 128; never more than the output count rounded up to a power of two
-        (min 32), and num_warps = BLOCK / 128 clamped to 1..4."""
+        flight per window step), halved while that leaves fewer than 4 programs per SM of `spec`
+        down to 128; never more than the output count rounded up to a power of two (min 32), and
+        num_warps = BLOCK / 128 clamped to 1..4."""
+        spec = spec or device_spec()
         total = node.outs[0].numel
         block = min(512, max(32, _next_pow2(total)))
-        while block > 128 and -(-total // block) < 528:
+        while block > 128 and -(-total // block) < 4 * spec.sms:
             block //= 2
         nw = max(1, min(4, block // 128))
         return Config.make(TEMPLATE_NAME, BLOCK=block, num_warps=nw, num_stages=1)
@@ -195,7 +198,7 @@ class PoolTemplate:
         block = int(cfg.get("BLOCK", 256))
         int64 = max(x.numel, y.numel) + block > _INT32_LIMIT
         writes = ", ".join((["values"] if store_values else []) + (["indices"] if store_indices else []))
-        text = triton_env().get_template("pool.py.j2").render(helpers=launch_helpers(), 
+        text = triton_template("pool.py.j2").render(
             kind=kind, node=node.name, cl=_layout(x, node) == "cl", C=g["C"], target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
             in_shape=tuple(x.shape), in_stride=tuple(x.stride), out_shape=tuple(y.shape),
             dhw=(D, H, W), flat_in=[g["NC"], D, H, W], flat_out=[g["NC"], OD, OH, OW],
@@ -210,7 +213,7 @@ class PoolTemplate:
             returns="(" + ", ".join(rets) + ",)",
             returns_doc=", ".join(("values" if r == "out" else "indices" if r == "idx" else "None") for r in rets),
         )
-        return NodeKernel(source=text, inputs=[node.args[0].name], outputs=n_out)
+        return NodeKernel(source=with_helpers(text), inputs=[node.args[0].name], outputs=n_out)
 
 
 TEMPLATE = PoolTemplate()

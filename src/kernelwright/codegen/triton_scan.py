@@ -16,9 +16,11 @@ module is specialised for the captured shape and strides and `launch` refuses an
 """
 from __future__ import annotations
 
+from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.node_kernels import NodeKernel
-from kernelwright.codegen.templating import launch_helpers, triton_env
+from kernelwright.codegen.helpers import with_helpers
+from kernelwright.codegen.templating import triton_template
 from kernelwright.space.axes import Axis, Space, pow2_range, union
 from kernelwright.space.config import Config
 
@@ -162,7 +164,7 @@ class ScanTemplate:
         return None
 
     # space -------------------------------------------------------------------------------
-    def space(self, graph: Graph, node: OpNode) -> list[Config]:
+    def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
         g = _Geom(graph, node)
         warps = [1, 2, 4, 8, 16]
         np2 = next_pow2(g.N)
@@ -201,7 +203,7 @@ class ScanTemplate:
                                      lambda c: _warps_fit(c["BLOCK_INNER"] * c["BLOCK_N"], c["num_warps"])],
                                     fixed={"one_pass": False, "num_stages": 1}))
             configs = union(*spaces)
-        base = self._default(graph, node)
+        base = self._default(graph, node, spec)
         if base not in configs:
             configs.insert(0, base)
         kind = self.pattern_kind(graph, node)
@@ -210,12 +212,12 @@ class ScanTemplate:
         return configs
 
     # default -----------------------------------------------------------------------------
-    def default(self, graph: Graph, node: OpNode) -> Config:
-        base = self._default(graph, node)
+    def default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> Config:
+        base = self._default(graph, node, spec)
         kind = self.pattern_kind(graph, node)
         return base.replace(**{kind: True}) if kind else base
 
-    def _default(self, graph: Graph, node: OpNode) -> Config:
+    def _default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None) -> Config:
         """The heuristic used when nothing can be timed.
 
         rows (scan along the output's last dim): rows up to 4096 elements are scanned in one
@@ -223,7 +225,7 @@ class ScanTemplate:
         4 warps for tiles up to 2048 elements, 8 above. Longer rows go in 2048-element chunks
         with a carry, one row per program, 8 warps.
         cols (scan along a non-last dim): 128 inner columns per program, halved (down to 16)
-        while there would be fewer than 264 programs; BLOCK_N makes a tile of about 2048
+        while there would be fewer than two programs per SM of `spec`; BLOCK_N makes a tile of about 2048
         elements (one pass when the whole column fits); 4 warps.
         Warps are halved while a tile has fewer elements than threads."""
         g = _Geom(graph, node)
@@ -239,7 +241,8 @@ class ScanTemplate:
             return Config.make(NAME, BLOCK_M=1, BLOCK_N=2048, one_pass=False, num_warps=8, num_stages=1)
         ip = next_pow2(g.INNER)
         bi = min(ip, 128)
-        while bi > 16 and g.OUTER * -(-g.INNER // bi) < 264:
+        programs = 2 * (spec or device_spec()).sms
+        while bi > 16 and g.OUTER * -(-g.INNER // bi) < programs:
             bi //= 2
         bn = max(1, min(np2, 2048 // bi))
         tile = bi * bn
@@ -365,8 +368,8 @@ class ScanTemplate:
             i_lines, x_inner = _offset("i", g.inner_dims, "ic")
             ctx.update(BLOCK_INNER=BLOCK_INNER, NIB=nib, x_outer=x_outer, outer_lines=o_lines,
                        x_inner=x_inner, inner_lines=i_lines, grid=str(g.OUTER * nib), scan_cols=_scan(op, 0))
-        text = triton_env().get_template("scan.py.j2").render(helpers=launch_helpers(), **ctx)
-        return NodeKernel(text, [g.input], 1)
+        text = triton_template("scan.py.j2").render(**ctx)
+        return NodeKernel(with_helpers(text), [g.input], 1)
 
 
 def _scan(op: str, axis: int) -> str:

@@ -270,9 +270,10 @@ class NodeTuner(KernelTuner):
             outs = [(node.name, i) for i in sorted(self.used)] if multi else [(node.name, None)]
             super().__init__(graph, [node.name], node.inputs, outs, env, policy, device, cache_dir, timed)
         self.backend = template.name.split(".")[0]
-        self.space = template.space(graph, node)
-        self.default = template.default(graph, node)
-        self.seeds = node_kernels.seeds(template, graph, node)
+        spec = device_spec()
+        self.space = template.space(graph, node, spec)
+        self.default = template.default(graph, node, spec)
+        self.seeds = node_kernels.seeds(template, graph, node, spec)
         meta = graph.meta(node.inputs[0]) if node.inputs else None
         self.features = {"log2_bytes": math.log2(max(1, meta.nbytes if meta else 1)), "kind": template.name}
         self.task = f"{node.target}/{'x'.join(map(str, meta.shape)) if meta else ''}"
