@@ -22,13 +22,13 @@ from typing import Callable
 
 import torch
 
-from kernelwright.analyze.coverage import coverage
+from kernelwright.analyze.coverage import coverage, generated_nodes
 from kernelwright.capture import CaptureError, capture
 from kernelwright.capture.modes import training_modes
 from kernelwright.emit.module import (ModeForward, import_model_new, model_new_like, module_files, render_model_new,
                                     write_module)
 from kernelwright.measure import watchdog
-from kernelwright.measure.final import PLAIN, final_checks
+from kernelwright.measure.final import PLAIN, final_checks, not_shipped
 from kernelwright.measure.memory import MemoryPeak
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
@@ -106,7 +106,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
             continue
         r["verify"], r["timing"] = _final_checks(p, path, policy, device, timed, log, cuda_graphs=opts.cuda_graphs,
                                                  compile_mode=opts.compile_mode, what=f"{mode} mode", memory=memory)
-        why = _not_shipped(r)
+        why = not_shipped(r)
         if why is not None:  # the original forward runs in this mode instead
             log(f"{mode} mode: {why}: ModelNew keeps the original forward there")
             notes.append(("" if mode == "any" else f"{mode}: ") + f"original forward kept ({why})")
@@ -128,7 +128,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
                     "untuned_modes": [m for m in ("train", "eval") if sensitive and "any" not in modes and m not in modes]}
     result.pop("plan", None)
     plan = results[primary].get("plan")
-    result["analysis"] = coverage(plan.graph if plan else None, _generated_nodes(plan, result["groups"]))
+    result["analysis"] = coverage(plan.graph if plan else None, generated_nodes(plan, result["groups"]))
     result["seconds"] = round(time.time() - started, 2)
     result["memory"] = memory.report()
     (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -175,22 +175,6 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
 
 
 
-def _not_shipped(record: dict) -> str | None:
-    """Why a mode's generated forward must not ship (None: it ships): it failed verification, or it
-    timed slower than eager (e.g. ATen's functional batch norm against the module's cuDNN path).
-    The failure stays on record (verify_fallback / whole_model_fallback)."""
-    if not (record["verify"] or {}).get("passed"):
-        record["verify_fallback"] = record["verify"]
-        return "the generated forward FAILED verification"
-    t = record["timing"] or {}
-    kw, eager = (t.get("kernelwright") or {}).get("median_ms"), (t.get("eager") or {}).get("median_ms")
-    if kw and eager and kw > eager:
-        record["whole_model_fallback"] = {"generated_ms": kw, "eager_ms": eager, "generated_timing": t}
-        return f"the generated forward ({kw:.3f} ms) is slower than eager ({eager:.3f} ms)"
-    return None
-
-
-
 def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
     """Run eager once on `device` under the policy, before any work: a model that cannot run there
     is a ProblemError, in one line (oneDNN has no bf16 LSTM on the CPU; a model that builds CPU
@@ -229,13 +213,3 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
         return m
 
     return final_checks(problem, mod, build, policy, device, timed, log, cuda_graphs, compile_mode, what, memory)
-
-
-def _generated_nodes(plan, rows: list[dict]) -> set[str]:
-    """The graph nodes generated kernels compute: a row's id is a group id, a node name, or
-    "group+gemm" (with prologue groups before it) for a fused GEMM."""
-    if plan is None:
-        return set()
-    groups = {g.id: g for g in plan.groups}
-    return {n for r in rows if r["strategy"] in ("triton", "cuda", "absorbed")
-            for part in r["id"].split("+") for n in (groups[part].nodes if part in groups else [part])}

@@ -25,3 +25,12 @@ def coverage(graph, generated: set[str]) -> dict:
                          "library_flops": 1 - gen_f / tot_f, "library_bytes": 1 - gen_b / tot_b},
             "roofline_us": a.to_json().get("totals", {}).get("roofline_us")}
 
+
+def generated_nodes(plan, rows: list[dict]) -> set[str]:
+    """The graph nodes generated kernels compute: a row's id is a group id, a node name, or
+    "group+gemm" (with prologue groups before it) for a fused GEMM."""
+    if plan is None:
+        return set()
+    groups = {g.id: g for g in plan.groups}
+    return {n for r in rows if r["strategy"] in ("triton", "cuda", "absorbed")
+            for part in r["id"].split("+") for n in (groups[part].nodes if part in groups else [part])}

@@ -126,3 +126,18 @@ def final_checks(problem, module, build, policy, device, timed, log, cuda_graphs
             "no CUDA GPU: verified in the Triton interpreter; nothing was timed (timing needs a GPU)")
     return v.to_json(), timing
 
+
+def not_shipped(record: dict) -> str | None:
+    """Why a mode's generated forward must not ship (None: it ships): it failed verification, or it
+    timed slower than eager (e.g. ATen's functional batch norm against the module's cuDNN path).
+    The failure stays on record (verify_fallback / whole_model_fallback)."""
+    if not (record["verify"] or {}).get("passed"):
+        record["verify_fallback"] = record["verify"]
+        return "the generated forward FAILED verification"
+    t = record["timing"] or {}
+    kw, eager = (t.get("kernelwright") or {}).get("median_ms"), (t.get("eager") or {}).get("median_ms")
+    if kw and eager and kw > eager:
+        record["whole_model_fallback"] = {"generated_ms": kw, "eager_ms": eager, "generated_timing": t}
+        return f"the generated forward ({kw:.3f} ms) is slower than eager ({eager:.3f} ms)"
+    return None
+
