@@ -8,7 +8,7 @@
 #                result.json and model_new.py
 # usage: scripts/device_session.sh "bf16 tf32" BUDGET PROBLEM...
 #   env: OUT           output folder (default /tmp/kw_out)
-#        GPU_TESTS     test files to run first, e.g. "tests/test_cuda_graphs.py" (default none)
+#        GPU_TESTS     test files to run first, e.g. "tests/e2e/test_cuda_graphs.py" (default none)
 #        SECONDS_EACH  time limit of one precision's bench (default 260)
 #        WORK          working folder (default a fresh temporary one)
 set -u

@@ -19,7 +19,7 @@ from kernelwright.problem import load_problem
 from kernelwright.problem.load import running_statistics
 from kernelwright.verify import verify
 
-FIX = os.path.join(os.path.dirname(__file__), "fixtures", "modes")
+FIX = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "modes")
 pytestmark = pytest.mark.interpreter
 
 
@@ -264,7 +264,7 @@ def test_a_counter_buffer_is_restored_too(tmp_path):
     """BatchNorm with momentum=None averages by num_batches_tracked (an integer buffer): the
     original forward kept in train mode verifies only when every call starts from the
     reference's counter as well as its statistics."""
-    path = os.path.join(os.path.dirname(__file__), "fixtures", "fuzz", "bn_momentum_none.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "fuzz", "bn_momentum_none.py")
     result = optimize_problem(load_problem(path), tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
     train = result["modes"]["train"]
     assert train["capture"] != "ok" and train["verify"]["passed"], train["verify"]
@@ -275,7 +275,7 @@ def test_a_model_built_with_a_frozen_norm_answers_for_its_own_flags_only(tmp_pat
     """depthwise_separable3d builds its BatchNorm in eval mode inside a training model: the
     generated forward answers for those flags (and for all-eval, which captures the same graph);
     after .train() the BatchNorm normalises by batch statistics, and the original forward runs."""
-    path = os.path.join(os.path.dirname(__file__), "fixtures", "sweep", "depthwise_separable3d.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "sweep", "depthwise_separable3d.py")
     problem = load_problem(path)
     result = optimize_problem(problem, tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
     assert result["modes"].keys() == {"any"} and result["mode_modules"] == ["bn"]

@@ -18,7 +18,7 @@ from kernelwright.verify import anticheat, excess, excess_reason, poisoned_like,
 
 
 def _load_cheats():
-    path = Path(__file__).parent / "fixtures" / "cheats.py"
+    path = Path(__file__).parents[1] / "fixtures" / "cheats.py"
     spec = importlib.util.spec_from_file_location("kw_test_cheats", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -339,7 +339,7 @@ def test_large_input_sets_keep_the_float64_reference(monkeypatch):
     from kernelwright.verify import verifier
 
     monkeypatch.setattr(verifier, "LARGE_INPUTS", 0)
-    problem = load_problem(Path(__file__).parents[1] / "problems/level1/l1_norm.py", small=True)
+    problem = load_problem(Path(__file__).parents[2] / "problems/level1/l1_norm.py", small=True)
     def factory(reference):  # the problem's forward, written out
         return lambda x: x / x.abs().sum(dim=1, keepdim=True)
     r = verify(problem, factory, FP32, DEVICE)

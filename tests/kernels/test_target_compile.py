@@ -3,7 +3,7 @@
 The interpreter tests never lower a kernel; this compiles them (front end to cubin, no GPU) at the
 problems' real sizes: each fusion group with its first three seeds (default, long-chunk streaming,
 default with eviction hints) and a split-reduction variant, each node template with its seed
-configs (its default, and the depthwise conv's row-streaming kernel), and each fused GEMM (epilogue or row reduction) with its first config without TMA. The compiling runs in one fresh worker process (tests/target_compile_worker.py), because
+configs (its default, and the depthwise conv's row-streaming kernel), and each fused GEMM (epilogue or row reduction) with its first config without TMA. The compiling runs in one fresh worker process (tests/kernels/target_compile_worker.py), because
 the interpreter tests put Triton into interpreter mode for this whole process.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent / "problems"
+ROOT = Path(__file__).resolve().parents[2] / "problems"
 PROBLEMS = sorted(p for p in ROOT.glob("level*/*.py") if p.stem not in ("lstm", "gru"))  # unrolled RNNs: slow
 CONV = [p for p in PROBLEMS if any(k in p.stem for k in ("conv", "cnn", "resnet"))]
 GEMM_CONV = [p for p in PROBLEMS if any(k in p.stem for k in ("gemm", "conv", "cnn", "resnet", "mlp", "transformer", "matmul", "linear"))]
-TALL = Path(__file__).resolve().parent / "fixtures" / "sweep" / "depthwise_tall.py"  # 2-, 5-, 7-row streaming kernels
+TALL = Path(__file__).resolve().parents[1] / "fixtures" / "sweep" / "depthwise_tall.py"  # 2-, 5-, 7-row streaming kernels
 CASES = ([(p, "fp32") for p in PROBLEMS] + [(p, "tf32") for p in CONV]  # tf32: channels-last convolutions
          + [(p, "bf16") for p in GEMM_CONV]  # bf16: operand casts (rounded to nearest even), bf16 layout copies
          + [(TALL, "fp32"), (TALL, "bf16")])

@@ -59,7 +59,7 @@ def _check(model, inputs, rtol=1e-5, atol=1e-5):
     assert plan.groups, "expected at least one fusion group"
     for grp in plan.groups:
         k = render_group(g, grp, {"BLOCK_M": 64, "BLOCK_R": 1, "one_pass": False, "num_warps": 4})
-        mod = load_module_from_source(k.source, grp.id, os.path.join(os.path.dirname(__file__), "..", ".pytest_kw_cache"))
+        mod = load_module_from_source(k.source, grp.id, os.path.join(os.path.dirname(__file__), "..", "..", ".pytest_kw_cache"))
         for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
             torch.testing.assert_close(out, env[name], rtol=rtol, atol=atol)
 
@@ -115,7 +115,7 @@ def test_bf16_cast_rounds_to_nearest_even_like_torch():
     (grp,) = plan.groups
     k = render_group(g, grp, {"BLOCK_M": 256, "BLOCK_R": 1, "one_pass": False, "num_warps": 4})
     assert "kw_round_bf16" in k.source
-    mod = load_module_from_source(k.source, grp.id, os.path.join(os.path.dirname(__file__), "..", ".pytest_kw_cache"))
+    mod = load_module_from_source(k.source, grp.id, os.path.join(os.path.dirname(__file__), "..", "..", ".pytest_kw_cache"))
     out = mod.launch(x)[k.outputs.index(g.outputs[0])]
     want = RoundTrip()(x)
     same = (out.view(torch.int32) == want.view(torch.int32)) | (out.isnan() & want.isnan())

@@ -14,7 +14,7 @@ from kernelwright.plan.attention import SDPA, attention
 from kernelwright.plan.rewrites import narrow_through_views, rewrite
 from kernelwright.problem import from_module, load_problem
 
-ROOT = Path(__file__).resolve().parents[1] / "problems"
+ROOT = Path(__file__).resolve().parents[2] / "problems"
 
 
 class Heads(nn.Module):

@@ -10,7 +10,7 @@ from kernelwright.codegen import cuda_unit
 from kernelwright.plan import plan_graph
 from kernelwright.problem import from_module
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Rows(nn.Module):

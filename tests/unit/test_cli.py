@@ -16,7 +16,7 @@ from kernelwright import cli, pipeline
 from kernelwright.cli import parse_budget
 from kernelwright.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((ROOT / "tests" / "fixtures" / "bad").glob("*.py"))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "kernelwright"
+SRC = Path(__file__).resolve().parents[2] / "src" / "kernelwright"
 
 # lowest first; a stage may import from its own layer and from every layer before it
 LAYERS = [

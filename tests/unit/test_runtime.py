@@ -16,7 +16,7 @@ from kernelwright.emit import runtime as rt
 from kernelwright.emit.module import import_model_new, render_model_new, single_file, write_module
 from kernelwright.problem import from_module, load_problem
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Net(nn.Module):

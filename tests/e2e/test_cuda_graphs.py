@@ -7,7 +7,7 @@ itself: same results as the plain forward over new inputs, outputs
 that the next call does not overwrite, running statistics updated once per call, a recapture after
 a weight changes in place, and a forward that cannot be captured running as it is. Run the GPU
 tests alone, without TRITON_INTERPRET (the kernels must be compiled for the GPU):
-`python -m pytest tests/test_cuda_graphs.py`.
+`python -m pytest tests/e2e/test_cuda_graphs.py`.
 """
 import contextlib
 import copy
@@ -29,7 +29,7 @@ from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                          reason="needs a CUDA GPU (and compiled Triton kernels, not the interpreter)")
 

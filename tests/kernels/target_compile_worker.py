@@ -2,7 +2,7 @@
 modules imported in interpreter mode cannot compile later): compiles the first candidates of the
 given problems for sm_90 and writes {case: [failure lines]} as JSON.
 
-usage: python tests/target_compile_worker.py OUT.json PROBLEM.py:POLICY ...
+usage: python tests/kernels/target_compile_worker.py OUT.json PROBLEM.py:POLICY ...
 """
 from __future__ import annotations
 

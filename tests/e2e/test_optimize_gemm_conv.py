@@ -18,7 +18,7 @@ from kernelwright.problem import load_problem  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
-ROOT = Path(__file__).resolve().parents[1] / "problems"
+ROOT = Path(__file__).resolve().parents[2] / "problems"
 ANCHORED = ("gemm", "conv", "matmul", "linear", "matrix_vector", "mlp", "cnn", "resnet", "transformer", "attention")
 PROBLEMS = sorted(p for p in ROOT.glob("level*/*.py") if any(k in p.stem for k in ANCHORED))
 CASES = ([(p, "fp32") for p in PROBLEMS] + [(p, "tf32") for p in PROBLEMS if any(k in p.stem for k in ("conv", "cnn", "resnet"))]

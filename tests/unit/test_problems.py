@@ -12,9 +12,9 @@ from kernelwright.capture import CaptureError, capture
 from kernelwright.errors import ProblemError
 from kernelwright.problem import discover, load_problem
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = ROOT / "problems"
-BAD = Path(__file__).resolve().parent / "fixtures" / "bad"
+BAD = Path(__file__).resolve().parents[1] / "fixtures" / "bad"
 
 PROBLEM_FILES = discover([PROBLEMS])
 IDS = [str(p.relative_to(PROBLEMS)) for p in PROBLEM_FILES]

@@ -14,7 +14,7 @@ from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.problem import load_problem
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _chains(path, policy):

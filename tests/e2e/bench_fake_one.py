@@ -1,4 +1,4 @@
-"""A stand-in for kernelwright.bench.runner._one in worker processes (tests/test_bench_runner.py):
+"""A stand-in for kernelwright.bench.runner._one in worker processes (tests/e2e/test_bench_runner.py):
 problems named hang_once end their process as a hung kernel would the first time (a marker file
 remembers it, as the trial database would remember the candidate), hang_always every time, crash_*
 with exit code 3; the others return a row."""

@@ -39,7 +39,7 @@ def test_workers_end_when_the_bench_is_killed(tmp_path):
             "from bench_fake_one import slow_one\n"
             "if __name__ == '__main__':\n"
             "    run_workers([['p/level1/a.py']], {'marker_dir': %r}, print, one=slow_one)\n"
-            % (here, os.path.join(os.path.dirname(here), "src"), str(tmp_path)))
+            % (here, os.path.join(os.path.dirname(os.path.dirname(here)), "src"), str(tmp_path)))
     script = tmp_path / "bench.py"
     script.write_text(code)
     bench = subprocess.Popen([sys.executable, str(script)])

@@ -14,7 +14,7 @@ from kernelwright.fuzz import runner
 from kernelwright.fuzz.oracle import Check, Outcome, _difference, _judge
 from kernelwright.problem import load_problem
 
-FIX = Path(__file__).parent / "fixtures" / "fuzz"
+FIX = Path(__file__).parents[1] / "fixtures" / "fuzz"
 SLICE = [2, 4, 5]  # small programs: a linear chain, a convolution chain, dropout + batch norm in float64
 
 
@@ -264,7 +264,7 @@ def test_given_files_the_command_checks_them_and_applies_small_where_defined(tmp
 
     from kernelwright.fuzz.command import fuzz
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     app = typer.Typer()
     app.command()(fuzz)
     result = CliRunner().invoke(app, [str(root / "problems" / "level1" / "relu.py"),

@@ -22,7 +22,7 @@ from kernelwright.space.config import Config  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCANS = ("aten.cumsum.default", "aten.cumprod.default")
 
 

@@ -21,7 +21,7 @@ from kernelwright.plan import plan_graph  # noqa: E402
 from kernelwright.problem import from_module, load_problem  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_refine_strides_splits_and_merges_like_view():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py"]
 GPU_TOOLS = ["cpu_profile.py", "kernel_profile.py", "launch_overhead.py", "replay_host_probe.py"]

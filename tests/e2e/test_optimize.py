@@ -20,7 +20,7 @@ from kernelwright.problem import load_problem  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LEVEL1 = ROOT / "problems" / "level1"
 
 # level-1 problems with no GEMM / convolution / pooling / scan

@@ -12,7 +12,7 @@ from kernelwright.search.plan_search import search_unit
 from kernelwright.search import RunResult, TrialDB
 from kernelwright.space.config import Config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_guard_fires_only_when_the_block_outlives_it():

@@ -19,7 +19,7 @@ from kernelwright.problem import load_problem  # noqa: E402
 from kernelwright.search import TrialDB  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(fake_clock, tmp_path, name, library_ms, kernel_ms, precision="fp32", lt_ms=None):

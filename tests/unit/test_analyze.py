@@ -239,7 +239,7 @@ def test_anchor_groups_the_shipped_level2_problems_as_their_names_say():
     from kernelwright.analyze.classify import anchor
     from kernelwright.problem import load_problem
 
-    root = pathlib.Path(__file__).resolve().parents[1] / "problems" / "level2"
+    root = pathlib.Path(__file__).resolve().parents[2] / "problems" / "level2"
     seen = set()
     for path in sorted(root.glob("*.py")):
         got = anchor(capture(load_problem(str(path), small=True)).nodes)
