@@ -6,7 +6,7 @@ dtype, multiplying or dividing by 1, adding or subtracting 0). `row_rewrites` le
 absorb its consumers: a full sum after a row op becomes a per-row sum plus a sum of rows, and a
 gather from a log-softmax reads the input and subtracts the row's logsumexp (both re-associate
 sums: exact in real arithmetic, rounding bounded by verification). `fold_eval_batch_norm` folds an
-inference-mode batch norm into the convolution or Linear before it. A rewrite never touches a
+inference-mode batch norm into the Linear before it where that removes a pass. A rewrite never touches a
 value the model returns or a buffer it updates, so outputs never alias inputs.
 """
 from __future__ import annotations
@@ -335,10 +335,13 @@ def split_addmm_bias(graph: Graph) -> tuple[Graph, list[str]]:
 
 def _eval_bn_pairs(graph: Graph, roots: dict) -> list[tuple[OpNode, OpNode, OpNode]]:
     """(producer, eval batch norm, its getitem 0) for each inference-mode batch norm whose input is
-    a dense convolution or a Linear (addmm / mm of a transposed weight) read by nothing else, its
-    statistics and affine parameters and the producer's weight and bias values of the parameters
-    alone, and whose folded weights cost no more to recompute per call than the pass they remove
-    (weight elements at most the producer's output elements)."""
+    a Linear (addmm / mm of a transposed weight) read by nothing else, its statistics and affine
+    parameters and the Linear's weight and bias values of the parameters alone, where folding
+    removes a pass: the batch norm's result is not fused into a following kernel anyway (then its
+    affine costs nothing there), and the folded weight costs no more to recompute per call than the
+    pass it removes (weight elements at most the output's). A convolution is not folded into: eager
+    and the library add a convolution's bias in a pass of their own (split_conv_bias), so the
+    batch norm costs nothing in that pass's kernel."""
     pairs = []
     for bn in graph.nodes:
         if bn.target != EVAL_BN or not isinstance(bn.args[0], Ref) or bn.meta is None:
@@ -352,10 +355,13 @@ def _eval_bn_pairs(graph: Graph, roots: dict) -> list[tuple[OpNode, OpNode, OpNo
         stats = [a for a in bn.args[1:5] if a is not None]
         if not all(isinstance(a, Ref) and a.name in roots for a in stats) or bn.args[3] is None or bn.args[4] is None:
             continue
+        if bn.name not in graph.outputs and all(_fuses_over(graph, u, bn.meta.shape) for u in graph.users(users[0].name)) \
+                and users[0].name not in graph.outputs:
+            continue  # (fused into the next kernel, the batch norm's affine is free)
         weight = _folding_weight(graph, prod)
-        if weight is None or not all(isinstance(a, Ref) and a.name in roots for a in weight[1:] if a is not None):
+        if weight is None or not all(isinstance(a, Ref) and a.name in roots for a in weight if a is not None):
             continue
-        wm = graph.meta(weight[1].name)
+        wm = graph.meta(weight[0].name)
         if wm is None or wm.numel > prod.meta.numel or wm.dtype != prod.meta.dtype:
             continue
         pairs.append((prod, bn, users[0]))
@@ -363,11 +369,8 @@ def _eval_bn_pairs(graph: Graph, roots: dict) -> list[tuple[OpNode, OpNode, OpNo
 
 
 def _folding_weight(graph: Graph, prod: OpNode):
-    """("conv" | "linear", weight, bias or None) when `prod` is a dense, not transposed convolution
-    or a Linear whose weight is a (N, K) parameter transposed by a permute; else None."""
-    if prod.target == "aten.convolution.default" and len(prod.args) > 8 and prod.args[6] is False \
-            and isinstance(prod.args[1], Ref):
-        return "conv", prod.args[1], prod.args[2]
+    """(weight, bias or None) when `prod` is a Linear whose weight is a (N, K) parameter transposed
+    by a permute; else None."""
     if prod.target in ("aten.addmm.default", "aten.mm.default"):
         b, wt = (prod.args[0], prod.args[2]) if prod.target == "aten.addmm.default" else (None, prod.args[1])
         if prod.target == "aten.addmm.default" and (prod.kwargs.get("beta", 1) != 1 or prod.kwargs.get("alpha", 1) != 1):
@@ -377,15 +380,16 @@ def _folding_weight(graph: Graph, prod: OpNode):
         t = graph.node(wt.name) if isinstance(wt, Ref) and wt.name in {n.name for n in graph.nodes} else None
         if t is None or t.target != "aten.permute.default" or list(t.args[1]) != [1, 0] or not isinstance(t.args[0], Ref):
             return None
-        return "linear", t.args[0], b
+        return t.args[0], b
     return None
 
 
 def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
-    """Inference-mode batch norm folded into the convolution or Linear before it:
-        s = gamma / sqrt(running_var + eps),  W' = W * s (per output channel),
-        b' = (b - running_mean) * s + beta,   bn(conv(x, W, b)) = conv(x, W', b')
-    (exact in real arithmetic). W' and b' are values of the parameters alone, computed from the
+    """Inference-mode batch norm folded into the Linear before it (_eval_bn_pairs says where):
+        s = gamma / sqrt(running_var + eps),  W' = W * s (per output feature),
+        b' = (b - running_mean) * s + beta,   bn(x W^T + b) = x W'^T + b'
+    (exact in real arithmetic): one GEMM with the library's bias epilogue instead of a GEMM and a
+    pass for the batch norm. W' and b' are values of the parameters alone, computed from the
     live parameters and statistics on every call, so `.data` edits and `load_state_dict` are seen.
     Training-mode graphs hold no such op (their batch norm uses the batch's statistics)."""
     roots = weight_roots(graph)
@@ -410,7 +414,7 @@ def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
             nodes.append(n)
             continue
         prod, bn, item = by_prod[n.name]
-        kind, w, b = _folding_weight(graph, prod)
+        w, b = _folding_weight(graph, prod)
         gamma, beta, mean, var, eps = bn.args[1], bn.args[2], bn.args[3], bn.args[4], bn.args[6]
         wm, dt = graph.meta(w.name), prod.meta.dtype
         c = (wm.shape[0],)
@@ -426,13 +430,9 @@ def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
         b2 = add("bn_shift", "aten.mul.Tensor", [centred, s], c, dt)
         if beta is not None:
             b2 = add("bn_bias", "aten.add.Tensor", [b2, beta], c, dt)
-        if kind == "conv":
-            folded = OpNode(item.name, prod.target, (prod.args[0], w2, b2, *prod.args[3:]), dict(prod.kwargs),
-                            [item.meta], prod.fx)
-        else:
-            wt = add(f"{w.name}_folded_t", "aten.permute.default", [w2, [1, 0]], (wm.shape[1], wm.shape[0]), dt)
-            x = prod.args[1] if prod.target == "aten.addmm.default" else prod.args[0]
-            folded = OpNode(item.name, "aten.addmm.default", (b2, x, wt), {}, [item.meta], prod.fx)
+        wt = add(f"{w.name}_folded_t", "aten.permute.default", [w2, [1, 0]], (wm.shape[1], wm.shape[0]), dt)
+        x = prod.args[1] if prod.target == "aten.addmm.default" else prod.args[0]
+        folded = OpNode(item.name, "aten.addmm.default", (b2, x, wt), {}, [item.meta], prod.fx)
         nodes.append(folded)
         notes.append(f"{bn.name}: inference batch norm folded into {prod.name}'s weight and bias")
     return _with_nodes(graph, drop_unread(graph, nodes)), notes
@@ -814,7 +814,7 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None
             ) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
-    folded, repeated subexpressions merged, inference batch norms folded into the weights before them,
+    folded, repeated subexpressions merged, inference batch norms folded into the Linear before them,
     convolution and GEMM biases split off, max pools moved
     before non-decreasing elementwise ops, row rewrites, by-hand attention as one fused call (fp32 and
     bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
