@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run on the GPU machine: the GPU test files named in $GPU_TESTS, each alone and without
-# TRITON_INTERPRET (which other test modules switch on), then `kernelwright bench` of PROBLEM...
+# Run on the GPU machine: the GPU test files named in $GPU_TESTS, each alone and with
+# TRITON_INTERPRET unset (compiled kernels, not the interpreter), then `kernelwright bench` of PROBLEM...
 # under each precision, packing the results into two files under $OUT (the device machine returns
 # few files):
 #   summary.txt  the last lines of each test file's run and each bench's table

@@ -1,9 +1,20 @@
-"""Shared test fixtures."""
-import pytest
+"""Shared test fixtures, and the Triton mode of the whole run.
+
+On a machine without a CUDA GPU, Triton kernels run in Triton's interpreter: TRITON_INTERPRET=1 is
+set here, when pytest loads this file and before any test module imports triton (Triton reads it
+when a kernel is defined). A value the caller set is kept, so a GPU machine runs compiled kernels
+unless TRITON_INTERPRET=1 is asked for (as `make test` does)."""
+import os
+
 import torch
 
-from kernelwright.codegen import library_epilogue
-from kernelwright.search import units
+if os.environ.get("TRITON_INTERPRET") is None and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from kernelwright.codegen import library_epilogue  # noqa: E402
+from kernelwright.search import units  # noqa: E402
 
 
 @pytest.fixture

@@ -3,20 +3,18 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
-import json  # noqa: E402
-import re  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from kernelwright.emit.module import import_model_new  # noqa: E402
-from kernelwright.pipeline import Options, optimize_problem  # noqa: E402
-from kernelwright.problem import load_problem  # noqa: E402
+from kernelwright.emit.module import import_model_new
+from kernelwright.pipeline import Options, optimize_problem
+from kernelwright.problem import load_problem
 
 pytestmark = pytest.mark.interpreter
 

@@ -4,17 +4,14 @@ against eager under bf16 autocast) and, for convolutions, tf32 (where dense conv
 channels-last), and check the emitted ModelNew against Model."""
 from __future__ import annotations
 
-import os
 import re
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from pathlib import Path
 
-from pathlib import Path  # noqa: E402
+import pytest
 
-import pytest  # noqa: E402
-
-from kernelwright.pipeline import Options, optimize_problem  # noqa: E402
-from kernelwright.problem import load_problem  # noqa: E402
+from kernelwright.pipeline import Options, optimize_problem
+from kernelwright.problem import load_problem
 
 pytestmark = pytest.mark.interpreter
 

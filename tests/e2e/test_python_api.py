@@ -1,13 +1,10 @@
 """The Python API: a live module + example inputs in, the same module with generated kernels out."""
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+import torch.nn as nn
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-
-import kernelwright  # noqa: E402
+import kernelwright
 
 pytestmark = pytest.mark.interpreter
 

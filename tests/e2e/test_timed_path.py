@@ -3,20 +3,18 @@ emission of the winners) exercised on the CPU with a fake timer: kernels run in 
 interpreter and are verified for real; only the clock is fake."""
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from kernelwright.capture import capture  # noqa: E402
-from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module  # noqa: E402
-from kernelwright.pipeline import Options  # noqa: E402
-from kernelwright.search.plan_search import tune_plan  # noqa: E402
-from kernelwright.plan import plan_graph  # noqa: E402
-from kernelwright.plan.rewrites import rewrite  # noqa: E402
-from kernelwright.policy import get_policy  # noqa: E402
-from kernelwright.problem import load_problem  # noqa: E402
-from kernelwright.search import TrialDB  # noqa: E402
+from kernelwright.capture import capture
+from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module
+from kernelwright.pipeline import Options
+from kernelwright.search.plan_search import tune_plan
+from kernelwright.plan import plan_graph
+from kernelwright.plan.rewrites import rewrite
+from kernelwright.policy import get_policy
+from kernelwright.problem import load_problem
+from kernelwright.search import TrialDB
 
 pytestmark = pytest.mark.interpreter
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,18 +1,15 @@
 """The depthwise conv node template: chosen for depthwise convs only, and equal to cuDNN's result."""
 from __future__ import annotations
 
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+from torch import nn
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from kernelwright.build.pyload import load_module_from_source  # noqa: E402
-from kernelwright.capture import capture  # noqa: E402
-from kernelwright.codegen.node_kernels import template_for, used_outputs  # noqa: E402
-from kernelwright.problem import from_module  # noqa: E402
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture import capture
+from kernelwright.codegen.node_kernels import template_for, used_outputs
+from kernelwright.problem import from_module
 
 pytestmark = pytest.mark.interpreter
 

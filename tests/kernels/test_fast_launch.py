@@ -34,7 +34,7 @@ def _module(n, tmp_path):
 def test_launcher_runs_through_launch_on_the_cpu(tmp_path):
     """In the interpreter (CPU tensors) `_launch` is the plain JIT call."""
     if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs the Triton interpreter (make test sets TRITON_INTERPRET=1)")
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1: make test sets it, tests/conftest.py without a GPU)")
     mod = _module(1000, tmp_path)
     x = torch.randn(1000)
     out, = mod.launch(x)

@@ -3,22 +3,20 @@ passes, split reductions, and the GEMM + epilogue fusion — all run in the Trit
 import math
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from kernelwright.build.pyload import load_module_from_source  # noqa: E402
-from kernelwright.capture import capture  # noqa: E402
-from kernelwright.capture.execute import run_graph  # noqa: E402
-from kernelwright.codegen import gemm_epilogue  # noqa: E402
-from kernelwright.capture.shapes import broadcast_strides, refine_strides  # noqa: E402
-from kernelwright.codegen.triton_group import Unsupported, render_group  # noqa: E402
-from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module  # noqa: E402
-from kernelwright.plan import plan_graph  # noqa: E402
-from kernelwright.problem import from_module, load_problem  # noqa: E402
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture import capture
+from kernelwright.capture.execute import run_graph
+from kernelwright.codegen import gemm_epilogue
+from kernelwright.capture.shapes import broadcast_strides, refine_strides
+from kernelwright.codegen.triton_group import Unsupported, render_group
+from kernelwright.emit.module import import_model_new, ModeForward, render_model_new, write_module
+from kernelwright.plan import plan_graph
+from kernelwright.problem import from_module, load_problem
 
 pytestmark = pytest.mark.interpreter
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

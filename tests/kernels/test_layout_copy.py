@@ -1,20 +1,17 @@
 """The layout-copy node template: NCHW <-> channels-last copies as a tiled Triton transpose."""
 from __future__ import annotations
 
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+from torch import nn
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from kernelwright.build.pyload import load_module_from_source  # noqa: E402
-from kernelwright.capture import capture  # noqa: E402
-from kernelwright.capture.shapes import channels_last_strides  # noqa: E402
-from kernelwright.codegen.node_kernels import template_for, used_outputs  # noqa: E402
-from kernelwright.plan.rewrites import rewrite  # noqa: E402
-from kernelwright.problem import from_module  # noqa: E402
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture import capture
+from kernelwright.capture.shapes import channels_last_strides
+from kernelwright.codegen.node_kernels import template_for, used_outputs
+from kernelwright.plan.rewrites import rewrite
+from kernelwright.problem import from_module
 
 pytestmark = pytest.mark.interpreter
 

@@ -1,19 +1,17 @@
 """Every elementwise op the issue names, through capture -> plan -> Triton group kernel (interpreter)."""
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from kernelwright.build.pyload import load_module_from_source  # noqa: E402
-from kernelwright.capture import capture  # noqa: E402
-from kernelwright.capture.execute import run_graph  # noqa: E402
-from kernelwright.plan import plan_graph  # noqa: E402
-from kernelwright.codegen.triton_group import render_group  # noqa: E402
-from kernelwright.problem import from_module  # noqa: E402
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture import capture
+from kernelwright.capture.execute import run_graph
+from kernelwright.plan import plan_graph
+from kernelwright.codegen.triton_group import render_group
+from kernelwright.problem import from_module
 
 pytestmark = pytest.mark.interpreter
 

@@ -2,24 +2,21 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from kernelwright.build.pyload import load_module_from_source  # noqa: E402
-from kernelwright.capture import capture  # noqa: E402
-from kernelwright.capture.execute import run_graph  # noqa: E402
-from kernelwright.capture.graph import Graph, Input, OpNode, Ref, TensorMeta  # noqa: E402
-from kernelwright.codegen.node_kernels import template_for, used_outputs  # noqa: E402
-from kernelwright.codegen.triton_pool import TARGETS, TEMPLATE  # noqa: E402
-from kernelwright.problem import from_module  # noqa: E402
-from kernelwright.space.config import Config  # noqa: E402
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture import capture
+from kernelwright.capture.execute import run_graph
+from kernelwright.capture.graph import Graph, Input, OpNode, Ref, TensorMeta
+from kernelwright.codegen.node_kernels import template_for, used_outputs
+from kernelwright.codegen.triton_pool import TARGETS, TEMPLATE
+from kernelwright.problem import from_module
+from kernelwright.space.config import Config
 
 pytestmark = pytest.mark.interpreter
 

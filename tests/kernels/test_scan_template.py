@@ -2,23 +2,20 @@
 against the library values of the captured graph."""
 from __future__ import annotations
 
-import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+from pathlib import Path
 
-from pathlib import Path  # noqa: E402
+import pytest
+import torch
+from torch import nn
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from kernelwright.build.pyload import load_module_from_source  # noqa: E402
-from kernelwright.capture import capture  # noqa: E402
-from kernelwright.capture.execute import run_graph  # noqa: E402
-from kernelwright.codegen.node_kernels import NodeKernel, used_outputs  # noqa: E402
-from kernelwright.codegen.triton_scan import TEMPLATE  # noqa: E402
-from kernelwright.problem import from_module, load_problem  # noqa: E402
-from kernelwright.space.config import Config  # noqa: E402
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture import capture
+from kernelwright.capture.execute import run_graph
+from kernelwright.codegen.node_kernels import NodeKernel, used_outputs
+from kernelwright.codegen.triton_scan import TEMPLATE
+from kernelwright.problem import from_module, load_problem
+from kernelwright.space.config import Config
 
 pytestmark = pytest.mark.interpreter
 

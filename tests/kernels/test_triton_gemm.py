@@ -1,30 +1,27 @@
 """Triton GEMM / conv templates with fused epilogues, run by Triton's interpreter on the CPU."""
 import os
 
-if os.environ.get("KW_TRITON_TEST_DEVICE", "cpu") == "cpu":  # compiled on a GPU otherwise (below)
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+import torch.nn.functional as F
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from kernelwright.build.pyload import load_module_from_source  # noqa: E402
-from kernelwright.codegen.epilogue import (  # noqa: E402
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.codegen.epilogue import (
     IDENTITY,
     Epilogue,
     EpilogueOperand,
     bias_relu,
     render_operand_loads,
 )
-from kernelwright.analyze.device import H200  # noqa: E402
-from kernelwright.codegen.triton_gemm import (  # noqa: E402
+from kernelwright.analyze.device import H200
+from kernelwright.codegen.triton_gemm import (
     precision_kwargs,
     render_conv2d,
     render_depthwise,
     render_gemm,
     render_gemm_rowreduce,
 )
-from kernelwright.space.gemm_space import (  # noqa: E402
+from kernelwright.space.gemm_space import (
     CONFIG_KEYS,
     conv_space,
     depthwise_space,
@@ -34,8 +31,8 @@ from kernelwright.space.gemm_space import (  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
-# The same tests run compiled on a GPU with KW_TRITON_TEST_DEVICE=cuda (run this file alone: other test
-# modules switch the interpreter on when they are imported).
+# The same tests run compiled on a GPU with KW_TRITON_TEST_DEVICE=cuda and TRITON_INTERPRET unset (tests/conftest.py
+# switches the interpreter on only on a machine without a GPU).
 DEVICE = os.environ.get("KW_TRITON_TEST_DEVICE", "cpu")
 if DEVICE == "cuda":  # references in IEEE float32: no TF32 in cuBLAS / cuDNN
     torch.backends.cuda.matmul.allow_tf32 = False
