@@ -1,0 +1,212 @@
+"""Group kernels (codegen/triton_group.py) beyond the basics, run in the Triton interpreter against the
+library: views of the domain (group norm), instance norm and variance as Welford passes, split
+reductions, training batch norm's running statistics, the channels-last tiled apply pass, and a
+pointwise group writing a view of its domain."""
+import math
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture import capture
+from kernelwright.capture.execute import run_graph
+from kernelwright.capture.shapes import broadcast_strides, refine_strides
+from kernelwright.codegen.triton_group import Unsupported, render_group
+from kernelwright.plan import plan_graph
+from kernelwright.problem import from_module, load_problem
+
+pytestmark = pytest.mark.interpreter
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_refine_strides_splits_and_merges_like_view():
+    assert refine_strides((4, 8, 3, 5), (120, 15, 5, 1), (4, 2, 4, 15)) == (120, 60, 15, 1)
+    assert refine_strides((4, 8, 15), (120, 15, 1), (4, 2, 4, 15)) == (120, 60, 15, 1)
+    assert refine_strides((2, 3), (1, 2), (6,)) is None  # transposed: a view cannot merge it
+    assert refine_strides((6,), (1,), (4,)) is None  # element counts differ
+    assert broadcast_strides((3, 1), (1, 1), (2, 3, 5)) == (0, 1, 0)
+    assert broadcast_strides((4,), (1,), (2, 3)) is None
+
+
+def _groups_match(model, x, configs):
+    """Render every group of `model` with each config and compare with the library values."""
+    g = capture(from_module(model, [x]))
+    plan = plan_graph(g)
+    env = run_graph(g, model, [x], keep=True)
+    checked = 0
+    for grp in plan.groups:
+        for cfg in configs:
+            k = render_group(g, grp, cfg)
+            mod = load_module_from_source(k.source, grp.id, os.path.join(ROOT, ".pytest_kw_cache"))
+            for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
+                torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)
+                checked += 1
+    return plan, checked
+
+
+ONE = {"BLOCK_M": 2, "BLOCK_R": 256, "one_pass": True, "num_warps": 4}
+MULTI = {"BLOCK_M": 2, "BLOCK_R": 16, "one_pass": False, "num_warps": 4}
+
+
+def test_group_norm_with_activation_is_one_kernel_over_a_refined_domain():
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gn = nn.GroupNorm(4, 8)
+            nn.init.normal_(self.gn.weight)
+            nn.init.normal_(self.gn.bias)
+
+        def forward(self, x):
+            return torch.tanh(self.gn(x))
+
+    plan, checked = _groups_match(M(), torch.randn(3, 8, 5, 3), [ONE, MULTI])
+    (grp,) = plan.groups
+    assert tuple(grp.domain) == (3, 4, 2, 15) and grp.rdims == (2, 3)
+    assert checked == 2
+
+
+def test_instance_norm_and_var_use_welford_passes():
+    torch.manual_seed(0)
+
+    class M(nn.Module):
+        def forward(self, x):
+            return F.instance_norm(x) + x.var(dim=(2, 3), keepdim=True)
+
+    _, checked = _groups_match(M(), torch.randn(2, 3, 6, 7) * 3 + 5, [ONE, MULTI])
+    assert checked >= 2
+
+
+def test_welford_step_reciprocal_keeps_the_variance_exact_with_masked_tails():
+    """The Welford loops multiply by one reciprocal per step (triton_group.WELFORD_STEP): rows of
+    1000 elements (a masked tail in the last step, a split whose last chunk is partly and one wholly
+    past the end) around a mean of 1000 still give the float64 variance to float32 accuracy."""
+    torch.manual_seed(1)
+
+    class Var(nn.Module):
+        def forward(self, x):
+            return x.var(dim=1, keepdim=True)
+
+    x = torch.randn(3, 1000) * 2 + 1000
+    g = capture(from_module(Var(), [x]))
+    (grp,) = plan_graph(g).groups
+    ref = x.double().var(dim=1, keepdim=True)
+    for cfg in (MULTI, dict(MULTI, BLOCK_R=64), {"BLOCK_M": 2, "BLOCK_R": 16, "SPLIT": 10, "one_pass": False, "num_warps": 4}):
+        k = render_group(g, grp, cfg)
+        assert "1.0 / ((r0 - " in k.source
+        assert "delta / tl.maximum" not in k.source and "d0 / tl.maximum" not in k.source
+        mod = load_module_from_source(k.source, grp.id, os.path.join(ROOT, ".pytest_kw_cache"))
+        (out,) = mod.launch(*[x if v == g.user_inputs[0].name else None for v in k.inputs])
+        torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=0)
+
+
+def test_split_reduction_matches_and_refuses_domain_outputs():
+    torch.manual_seed(0)
+    p = load_problem(os.path.join(ROOT, "problems/level1/mse_loss.py"), small=True)
+    g = capture(p)
+    model, x = p.make_model(), p.make_inputs(0)
+    env = run_graph(g, model, x, keep=True)
+    (grp,) = plan_graph(g).groups
+    k = render_group(g, grp, {"BLOCK_M": 1, "BLOCK_R": 16, "SPLIT": 4, "one_pass": False, "num_warps": 4})
+    assert "_partial" in k.source and "_finish" in k.source
+    mod = load_module_from_source(k.source, grp.id, os.path.join(ROOT, ".pytest_kw_cache"))
+    (out,) = mod.launch(*[env[v] for v in k.inputs])
+    torch.testing.assert_close(out, env[k.outputs[0]], rtol=1e-5, atol=1e-6)
+
+    class Softmax(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1)
+
+    g2 = capture(from_module(Softmax(), [torch.randn(2, 40)]))
+    with pytest.raises(Unsupported):
+        render_group(g2, plan_graph(g2).groups[0], {"BLOCK_M": 1, "BLOCK_R": 16, "SPLIT": 2, "one_pass": False})
+
+
+@pytest.mark.parametrize("cfg", [
+    {"BLOCK_M": 2, "BLOCK_R": 16, "SPLIT": 4, "one_pass": False, "num_warps": 4},  # partial / finish / apply
+    {"BLOCK_M": 2, "BLOCK_R": 16, "one_pass": False, "num_warps": 4},
+    {"BLOCK_M": 4, "BLOCK_R": 256, "one_pass": True, "num_warps": 4},
+], ids=["split", "multi", "one"])
+def test_training_batch_norm_updates_running_stats_in_the_kernel(cfg):
+    """Training-mode batch norm + relu as one group: normalised output and the new running mean and
+    (unbiased) variance, also when each channel's statistics are split over several programs."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.BatchNorm2d(3), nn.ReLU())
+    nn.init.normal_(m[0].weight)
+    nn.init.normal_(m[0].bias)
+    m[0].running_mean.normal_()
+    m[0].running_var.uniform_(0.5, 2)
+    x = torch.randn(4, 3, 5, 7) * 2 + 1
+    g = capture(from_module(m, [x]))
+    (grp,) = plan_graph(g).groups
+    assert {n for n, fqn in g.mutations.items() if "running" in fqn} <= set(grp.outputs)
+    env = run_graph(g, m, [x], keep=True)
+    k = render_group(g, grp, cfg)
+    if "SPLIT" in cfg:
+        assert "_apply" in k.source
+    mod = load_module_from_source(k.source, grp.id, os.path.join(ROOT, ".pytest_kw_cache"))
+    for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
+        torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_m,block_r,apply_q,reverse", [(1, 64, None, False), (1, 16, None, False),
+                                                             (2, 16, None, False), (4, 8, None, False),
+                                                             (8, 16, None, False), (2, 16, 4, False),
+                                                             (4, 8, 64, False), (2, 16, 4, True), (1, 16, None, True)])
+def test_group_norm_over_channels_last_tiled_apply(block_m, block_r, apply_q, reverse):
+    """tf32 group norm after a channels-last convolution, returned NCHW: the split schedule's
+    apply pass walks [pixels, channels of a group] tiles (reads along channels, writes along
+    pixels) and computes the same values as the library."""
+    from kernelwright.codegen.triton_group import lower, tiled_apply_dims
+    from kernelwright.plan.rewrites import rewrite
+
+    p = load_problem(os.path.join(ROOT, "problems", "level2", "conv2d_group_norm_tanh.py"), small=True)
+    g = rewrite(capture(p), "tf32")[0]
+    grp = next(x for x in plan_graph(g).groups if x.kind == "normalization")
+    low = lower(g, grp)
+    Q, P = tiled_apply_dims(low)
+    assert Q * P == math.prod(grp.domain[2:]) and P == grp.domain[2]  # pixels x channels of a group
+    model = p.make_model()
+    with torch.no_grad():
+        env = run_graph(g, model, p.make_inputs(2), keep=True)
+    # BLOCK_M > 1: neighbouring groups' channels side by side in one tile (8: more rows than M=4)
+    # APPLY_Q: the apply tile's height set apart from BLOCK_R (4: fewer pixels than one tile of 64)
+    cfg = {"BLOCK_M": block_m, "BLOCK_R": block_r, "SPLIT": 4, "one_pass": False, "num_warps": 4, "TILED_APPLY": True}
+    if apply_q:
+        cfg["APPLY_Q"] = apply_q
+    if reverse:  # APPLY_REVERSE: tiles walked last to first
+        cfg["APPLY_REVERSE"] = True
+    k = render_group(g, grp, cfg, low)
+    assert "tiled walk" in k.source
+    assert ("tl.num_programs(1) - 1 - tl.program_id(1)" in k.source) == reverse
+    if apply_q:
+        assert f"BLOCK_R={apply_q}, num_warps" in k.source.split("_apply, (", 1)[1]
+    mod = load_module_from_source(k.source, grp.id + f"_tiled{block_m}x{block_r}q{apply_q}r{int(reverse)}",
+                                  os.path.join(ROOT, ".pytest_kw_cache"))
+    for name, out in zip(k.outputs, mod.launch(*[env[v] for v in k.inputs])):
+        torch.testing.assert_close(out, env[name], rtol=1e-5, atol=1e-5)
+
+
+def test_pointwise_group_writes_a_view_of_its_domain():
+    """transformer_block's last residual add under bf16: the fc2 GEMM's [B*T, C] result (bf16,
+    widened), viewed [B, T, C] and added to x; the group's domain is the GEMM's 2-D shape and
+    its output the 3-D view, which one kernel now writes (it was left to two library launches)."""
+    from kernelwright.plan.rewrites import rewrite
+
+    p = load_problem(os.path.join(ROOT, "problems", "level3", "transformer_block.py"), small=True)
+    g = rewrite(capture(p), "bf16")[0]
+    grp = next(x for x in plan_graph(g).groups if x.rdims is None and "aten.add.Tensor" in
+               [g.node(n).target for n in x.nodes] and len(g.meta(x.outputs[0]).shape) > len(x.domain))
+    with torch.no_grad():
+        env = run_graph(g, p.make_model(), p.make_inputs(3), keep=True)
+    k = render_group(g, grp, {"BLOCK_M": 64, "BLOCK_R": 1, "num_warps": 4, "num_stages": 1, "one_pass": False})
+    mod = load_module_from_source(k.source, grp.id + "_viewout", os.path.join(ROOT, ".pytest_kw_cache"))
+    outs = mod.launch(*[env[v] for v in k.inputs])
+    outs = outs if isinstance(outs, (tuple, list)) else [outs]
+    for name, out in zip(k.outputs, outs):
+        assert out.shape == env[name].shape
+        torch.testing.assert_close(out, env[name], rtol=0, atol=0)
