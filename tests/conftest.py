@@ -5,6 +5,8 @@ set here, when pytest loads this file and before any test module imports triton 
 when a kernel is defined). A value the caller set is kept, so a GPU machine runs compiled kernels
 unless TRITON_INTERPRET=1 is asked for (as `make test` does)."""
 import os
+import sys
+from types import SimpleNamespace
 
 import torch
 
@@ -36,3 +38,28 @@ def fake_clock(monkeypatch):
         if torch.device(device).type != "cuda":  # the timed path names the GPU its trials ran on
             monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake-gpu")
     return install
+
+
+@pytest.fixture
+def run(monkeypatch):
+    """Runs the command line in this process as `python -m kernelwright ARGS` would: through
+    `kernelwright.cli.main()`, which turns bad input into its one line and exit code 2 (typer's `app`
+    alone would raise it), with typer's CliRunner capturing stdout and stderr. Returns the exit code,
+    stdout and stderr under the names a subprocess result gives them."""
+    from typer.testing import CliRunner
+
+    from kernelwright import cli
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    runner = CliRunner()
+
+    def call(*args):
+        monkeypatch.setattr(sys, "argv", ["kernelwright", *map(str, args)])
+        with runner.isolation() as (out, err, _):
+            with pytest.raises(SystemExit) as exit_:
+                cli.main()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            return SimpleNamespace(returncode=exit_.value.code, stdout=out.getvalue().decode(),
+                                   stderr=err.getvalue().decode())
+    return call

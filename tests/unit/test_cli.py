@@ -1,6 +1,7 @@
 """The command line: budget parsing, exit codes, one-line errors, `--debug`, and optimize's
-atomic output folder. Most tests call `kernelwright.cli.main()` in this process (fast); a few
-run `python -m kernelwright` to cover the entry point and what other libraries print."""
+atomic output folder. The tests call `kernelwright.cli.main()` in this process through the `run`
+fixture (tests/conftest.py); tests/e2e/test_cli_runs.py has real optimize runs and the entry point
+`python -m kernelwright` in a process of its own."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -18,31 +18,6 @@ from kernelwright.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = sorted((ROOT / "tests" / "fixtures" / "bad").glob("*.py"))
-
-
-def kw(*args, timeout=300, cwd=ROOT, env_extra=None):
-    env = dict(os.environ)
-    env["TRITON_INTERPRET"] = "1"
-    env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "")
-    env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "kernelwright", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture
-def run(monkeypatch, capsys):
-    """Call `kernelwright.cli.main()` with these arguments in this process; returns its exit code,
-    stdout and stderr as a subprocess result names them."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-    def call(*args):
-        monkeypatch.setattr(sys, "argv", ["kernelwright", *map(str, args)])
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as exit_:
-            cli.main()
-        out, err = capsys.readouterr()
-        return SimpleNamespace(returncode=exit_.value.code, stdout=out, stderr=err)
-    return call
 
 
 def _one_line(p, code, *needles):
@@ -88,27 +63,16 @@ def test_parse_budget_invalid(bad):
         parse_budget([bad])
 
 
-
-# -- through `python -m kernelwright` ------------------------------------------------------
-
-# `inspect` runs Problem.check() before capturing, so a bad problem is one line: torch.export's
-# fake-tensor logger would otherwise write a multi-line ERROR log with a traceback to stderr
-# (which only a separate process's stderr shows), and a forward returning a dict would print a table.
-@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
-def test_inspect_bad_problem(path):
-    assert BAD, "no fixtures"
-    p = kw("inspect", path)
-    _one_line_error(p, path.name)
-
-
-def test_entry_point_bad_input_and_debug_after_the_command(tmp_path):
-    _one_line_error(kw("frobnicate"), "frobnicate")
-    (tmp_path / "f").write_text("")
-    p = kw("optimize", "problems/level1/relu.py", "--out", tmp_path / "f" / "o", "--device", "cpu", "--debug")
-    assert p.returncode == 1 and "Traceback" in p.stderr and "UserError" in p.stderr, p.stderr
-
-
 # -- commands and their bad input ----------------------------------------------------------
+
+# `inspect` runs Problem.check() before capturing, so a bad problem is one line: a forward returning a
+# dict would otherwise print a table, and torch.export's fake-tensor logger a multi-line ERROR log
+# (which shows on a real process's stderr: tests/e2e/test_cli_runs.py checks one there).
+@pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
+def test_inspect_bad_problem(run, path):
+    assert BAD, "no fixtures"
+    _one_line_error(run("inspect", path), path.name)
+
 
 def test_doctor(run):
     p = run("doctor")
@@ -501,55 +465,3 @@ def test_both_failed_is_one_line_exit_1(run, tmp_path, monkeypatch):
     fake_pipeline(monkeypatch, result={**PASSED, "verify": {"passed": False}, "verify_fallback": {"passed": False}})
     line = _one_line(run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu"), 1, "emitted module FAILED")
     assert "original forward was kept" not in line
-
-
-# -- real runs (Triton interpreter) --------------------------------------------------------
-
-@pytest.mark.interpreter
-def test_optimize_then_report(run, tmp_path):
-    out = tmp_path / "run"
-    p = run("optimize", RELU, "--small", "--device", "cpu", "--budget", "2", "--out", out, "--db", tmp_path / "db.jsonl")
-    assert p.returncode == 0, p.stderr
-    assert "model_new.py" in p.stdout
-    for f in ("model_new.py", "report.md", "result.json"):
-        assert (out / f).is_file(), f
-        assert ".partial-" not in (out / f).read_text(), f
-    assert list((out / "kernels").glob("*.py"))
-    result = json.loads((out / "result.json").read_text())
-    assert result["verify"]["passed"]
-    assert result["device"] == "cpu"
-    no_staging_left(tmp_path)
-
-    r = run("report", out)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip()
-    assert "relu" in r.stdout
-    assert r.stdout.strip() == (out / "report.md").read_text().strip()
-
-
-@pytest.mark.interpreter
-def test_single_file_embeds_the_kernels_and_their_runtime(run, tmp_path):
-    out = tmp_path / "o"
-    p = run("optimize", RELU, "--small", "--device", "cpu", "--budget", "1", "--out", out, "--single-file",
-            "--db", tmp_path / "db.jsonl")
-    assert p.returncode == 0, p.stderr
-    assert not (out / "kernels").exists()
-    text = (out / "model_new.py").read_text()
-    assert '"_runtime": ' in text and '"g0": ' in text and "class ModelNew(Model)" in text
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TRITON_INTERPRET"] = "1"
-    check = ("import sys, torch; ns = {'__name__': 'harness'}; exec(open('model_new.py').read(), ns); "
-             "x = torch.randn(*ns['get_inputs']()[0].shape); new = ns['ModelNew'](); "
-             "torch.testing.assert_close(new(x), torch.relu(x)); "
-             "assert 'kernelwright' not in {k.split('.')[0] for k in sys.modules}; print('OK')")
-    r = subprocess.run([sys.executable, "-c", check], cwd=out, env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
-
-
-def test_backend_cuda_without_a_gpu_keeps_the_library_and_says_why(run, tmp_path):
-    out = tmp_path / "o"
-    p = run("optimize", ROOT / "problems" / "level1" / "softmax.py", "--small", "--backend", "cuda",
-            "--device", "cpu", "--budget", "2", "--out", out)
-    assert p.returncode == 0, p.stderr
-    assert "CUDA C++ candidates run only on a GPU" in (out / "report.md").read_text()
-    assert [p.name for p in (out / "kernels").glob("*.py")] == ["_runtime.py"]  # no kernel, the runtime
