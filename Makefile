@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # CPU machines: torch 2.13.0 lies on disk as a CPU wheel; triton's interpreter needs numpy < 2.4.
 PINS := torch==2.13.0 "triton==3.6.0" "numpy<2.4"
 
-.PHONY: test lint demo clean
+.PHONY: test test-fast lint demo clean
 
 $(BIN)/kernelwright: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -13,8 +13,18 @@ $(BIN)/kernelwright: pyproject.toml
 	$(BIN)/pip install -q $(PINS) -e ".[cuda,test,lint]"
 	touch $@
 
+# Tests in tiers by cost: tests/unit (pure Python, small CPU tensors), tests/kernels (one template or
+# kernel family per file, Triton interpreter and NVRTC), tests/e2e (optimize, bench, fuzz and CLI runs
+# of whole problems). TRITON_INTERPRET=1 runs the Triton kernels in the interpreter on any machine
+# (tests/conftest.py sets it by itself only where there is no GPU); the GPU tests skip without one.
+TIERS := tests/unit tests/kernels tests/e2e
+
 test: $(BIN)/kernelwright
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(TIERS)
+
+# The quick tiers only: unit and kernel tests, without the end-to-end runs.
+test-fast: $(BIN)/kernelwright
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/kernels
 
 # Checks configured in pyproject.toml: ruff ([tool.ruff]) and mypy on the modules [tool.mypy] lists.
 lint: $(BIN)/kernelwright
