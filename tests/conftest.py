@@ -3,7 +3,7 @@
 On a machine without a CUDA GPU, Triton kernels run in Triton's interpreter: TRITON_INTERPRET=1 is
 set here, when pytest loads this file and before any test module imports triton (Triton reads it
 when a kernel is defined). A value the caller set is kept, so a GPU machine runs compiled kernels
-unless TRITON_INTERPRET=1 is asked for (as `make test` does)."""
+unless TRITON_INTERPRET=1 is asked for (as `make test` does); then the `interpreter` tests skip."""
 import os
 import sys
 from types import SimpleNamespace
@@ -14,6 +14,17 @@ if os.environ.get("TRITON_INTERPRET") is None and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `interpreter` run Triton kernels on CPU tensors, which only the interpreter can:
+    with TRITON_INTERPRET unset on a GPU machine (compiled kernels, for the GPU tests) they skip."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    skip = pytest.mark.skip(reason="Triton kernels on CPU tensors need TRITON_INTERPRET=1")
+    for item in items:
+        if item.get_closest_marker("interpreter"):
+            item.add_marker(skip)
 
 from kernelwright.codegen import library_epilogue  # noqa: E402
 from kernelwright.search import units  # noqa: E402

@@ -29,11 +29,10 @@ from kernelwright.space.gemm_space import (
     rowreduce_space,
 )
 
-pytestmark = pytest.mark.interpreter
-
 # The same tests run compiled on a GPU with KW_TRITON_TEST_DEVICE=cuda and TRITON_INTERPRET unset (tests/conftest.py
-# switches the interpreter on only on a machine without a GPU).
+# switches the interpreter on only on a machine without a GPU); on CPU tensors they need the interpreter.
 DEVICE = os.environ.get("KW_TRITON_TEST_DEVICE", "cpu")
+pytestmark = pytest.mark.interpreter if DEVICE == "cpu" else pytest.mark.gpu
 if DEVICE == "cuda":  # references in IEEE float32: no TF32 in cuBLAS / cuDNN
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
