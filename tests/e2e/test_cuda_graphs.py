@@ -147,7 +147,7 @@ def _issued(ms, issue_ms):
 
 
 def test_pick_forward_takes_a_tied_replay_when_the_plain_forward_is_near_host_bound():
-    """Run G's bf16 resnet_basic_block: plain 0.375 ms with 0.324 ms of host issue, the replay
+    """bf16 resnet_basic_block as measured (docs/benchmarks.md, "Design choices"): plain 0.375 ms with 0.324 ms of host issue, the replay
     0.369 ms with 0.054 -- a tie on that host, but the plain forward's time follows the host's."""
     near = {"kernelwright": _issued(0.375, 0.324), GRAPHS: _issued(0.369, 0.054)}
     assert pick_forward(near) is True and near["cuda_graphs_why"] == "host-bound"

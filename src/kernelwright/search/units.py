@@ -208,10 +208,10 @@ class GroupTuner(KernelTuner):
         self.default = default_config(self.M, self.R, pw, self.r_contig, spec=spec)
         if pw and transposed_walk(self.low) is not None:  # e.g. channels-last in, NCHW out: tiles only
             # (flat pointwise schedules read or write across the layout change: 4-6x slower on every
-            # such group of the H200 runs, session 8, yet the model kept proposing them)
+            # such group measured on the H200, yet the model kept proposing them)
             self.space = tiled_space()
             self.default = tiled_default()
-            # then the fastest of session 8's H200 runs: 16 x 128 (bf16 in), 32 x 128 and 64 x 64 (fp32 in)
+            # then the fastest tiles measured on the H200: 16 x 128 (bf16 in), 32 x 128 and 64 x 64 (fp32 in)
             self.seeds = [self.default, self.default.replace(BLOCK_Q=16, BLOCK_P=128),
                           self.default.replace(BLOCK_Q=32, BLOCK_P=128),
                           self.default.replace(BLOCK_Q=64, BLOCK_P=64, num_warps=8)]
@@ -302,7 +302,8 @@ def fused_gemm_space(graph, f: gemm_epilogue.GemmEpilogue, policy: str,
                                 max_configs=40, tma=k_major, spec=spec)]
     # no persistent kernels where a float32 operand is rounded to bf16 in the kernel: on the H200
     # (Triton 3.6) 2 of 7 such configs returned NaN, both tried with a bias + ReLU epilogue inf, and the
-    # best ran 0.476 ms against 0.43 for a cast kernel + cuBLAS (8192 x 4096 x 4096; session 9)
+    # best ran 0.476 ms against 0.43 for a cast kernel + cuBLAS (8192 x 4096 x 4096; docs/benchmarks.md,
+    # "Design choices": persistent GEMM kernels)
     return [Config.make("triton.gemm", **c) for c in
             gemm_space(precision, M=f.M, N=f.N, K=f.K, elem_bytes=elem_bytes, max_configs=40, tma=k_major,
                        kmajor_copy=not k_major and policy == "tf32" and not f.cast_bf16,
