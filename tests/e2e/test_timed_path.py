@@ -39,6 +39,12 @@ def test_library_wins_when_it_is_faster(fake_clock, tmp_path):
     assert "gemm_epilogue" in kinds and "pointwise" in kinds
     assert all(g["strategy"] == "library" and g["library_ms"] == 0.5 for g in result["groups"])
     assert kernels == {}
+    # every implementation of a unit is a choice timed alike: the library call and each template
+    for g in result["groups"]:
+        assert g["choices"][0] == {"choice": "library", "time_ms": 0.5, "trials": 0, "failed": 0}
+        others = g["choices"][1:]
+        assert others and all(c["time_ms"] == 1.0 and c["trials"] >= 1 for c in others), g["choices"]
+        assert sum(c["trials"] for c in others) == g["trials"]
     assert len(TrialDB(str(tmp_path / "db.jsonl")).records()) > 0  # every trial is recorded
 
 

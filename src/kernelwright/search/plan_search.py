@@ -53,6 +53,21 @@ class UnitResult:
     failed: int = 0
     note: str = ""
     resources: dict = field(default_factory=dict)
+    # every implementation considered, timed alike: the library call and each template's best
+    # verified candidate ({"choice", "time_ms", "trials", "failed"}; time_ms None when untimed or
+    # when no candidate of that template passed)
+    choices: list[dict] = field(default_factory=list)
+
+
+def _choices(results: list[RunResult], library_ms: float | None) -> list[dict]:
+    """The rows of UnitResult.choices for a unit whose candidates gave `results`."""
+    rows = [{"choice": "library", "time_ms": library_ms, "trials": 0, "failed": 0}]
+    for template in dict.fromkeys(r.config.template for r in results):
+        mine = [r for r in results if r.config.template == template]
+        times = [r.time_ms for r in mine if r.ok and r.time_ms is not None]
+        rows.append({"choice": template, "time_ms": min(times) if times else None, "trials": len(mine),
+                     "failed": sum(1 for r in mine if r.error is not None and r.error_kind != "untimed")})
+    return rows
 
 
 class Chosen(NamedTuple):
@@ -219,7 +234,7 @@ def _timed_choice(job: _Job, row: UnitResult, tuners: list, more: list, trials, 
             tuners.append(make())
         except Unsupported as e:
             row.note = f"{row.note}; {e}".strip("; ")
-    found = []  # (result, tuner)
+    found, every = [], []  # (result, tuner) of the verified candidates; every result
     share = None if trials is None else max(least, round(trials) // len(tuners))
     common = job.common(row, tuners[0])  # (the first tuner's task names the unit's records)
     for t in tuners:
@@ -228,8 +243,10 @@ def _timed_choice(job: _Job, row: UnitResult, tuners: list, more: list, trials, 
         row.trials += len(results)
         row.failed += sum(1 for r in results if not r.ok)
         found += [(r, t) for r in results if r.ok]
+        every += results
     libs = [t.library_ms for t in tuners if t.library_ms is not None]
     row.library_ms = min(libs) if libs else None
+    row.choices = _choices(every, row.library_ms)
     best, winner = min(found, key=lambda rt: rt[0].time_ms) if found else (None, tuners[0])
     if best is not None and (row.library_ms is None or best.time_ms < row.library_ms):
         row.strategy, row.config, row.time_ms, row.excess = winner.backend, best.config.as_dict(), best.time_ms, best.excess
@@ -244,6 +261,7 @@ def _untimed_choice(job: _Job, row: UnitResult, tuner: KernelTuner):
     cfg = untimed_choice(tuner, job.db, job.policy)
     res = tuner.run([cfg])
     row.trials = 1
+    row.choices = _choices(res, None)
     if res and res[0].excess is not None:
         row.strategy, row.config, row.excess = "triton", cfg.as_dict(), res[0].excess
         row.note = "untimed: heuristic/cost-model choice"
@@ -305,6 +323,7 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
     results = search_unit(tuner, per_trials, per_s, job.common(row, tuner))
     ok = [r for r in results if r.ok]
     row.trials, row.failed, row.library_ms = len(results), len(results) - len(ok), tuner.library_ms
+    row.choices = _choices(results, tuner.library_ms)
     best = min(ok, key=lambda r: r.time_ms) if ok else None
     if best is not None and tuner.library_ms is not None and best.time_ms < tuner.library_ms:
         text, ins = tuner.render(best.config)
