@@ -52,6 +52,14 @@ def _mode_lines(result: dict) -> list[str]:
     return lines
 
 
+def _choice(c: dict) -> str:
+    """One implementation of a unit and what it measured: "triton.row 0.012 ms (6 trials, 1 failed)"."""
+    t = f"{c['time_ms']:.3f} ms" if c.get("time_ms") is not None else (
+        "untimed" if c["choice"] == "library" or not c.get("failed") else "no candidate passed")
+    tried = f" ({c['trials']} trial{'s' * (c['trials'] != 1)}, {c['failed']} failed)" if c.get("trials") else ""
+    return f"{c['choice']} {t}{tried}"
+
+
 def render_report(result: dict) -> str:
     from kernelwright.analyze import device_spec
 
@@ -137,6 +145,10 @@ def render_report(result: dict) -> str:
         lines[-1] += f"{r.get('registers', '-')} | {r.get('spills', '-')} | {r.get('shared_bytes', '-')} | {g.get('excess')} | {g.get('eager_excess')} |"
         if g.get("note"):
             lines.append(f"|  | | {g['note']} | | | | | | | | | | | |")
+    choices = [(g["id"], g["choices"]) for g in result.get("groups", []) if g.get("choices")]
+    if choices:
+        lines += ["", "## Choices per unit (every implementation, timed alike)", ""]
+        lines += [f"- {gid}: " + "; ".join(_choice(c) for c in cs) for gid, cs in choices]
     if result.get("rewrites"):
         lines += ["", "## Rewrites (exact, then the precision policy's)", ""] + [f"- {r}" for r in result["rewrites"]]
     cov = (result.get("analysis") or {}).get("coverage")
