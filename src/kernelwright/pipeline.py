@@ -54,7 +54,6 @@ class Options:
     log: Callable[[str], None] = print
 
 
-
 def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     """Run the whole job for one problem; writes out_dir and returns result.json's content.
 
@@ -138,10 +137,8 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     return result
 
 
-
 def _in_mode(problem: Problem, mode: str) -> Problem:
     return problem if mode == "any" else problem.in_mode(mode == "train")
-
 
 
 def _mode_share(opts: Options, i: int, n: int) -> Options:
@@ -151,7 +148,6 @@ def _mode_share(opts: Options, i: int, n: int) -> Options:
     trials = None if opts.budget_trials is None else max(1, (opts.budget_trials + n - 1 - i) // n)
     seconds = None if opts.budget_s is None else opts.budget_s / n
     return replace(opts, budget_trials=trials, budget_s=seconds)
-
 
 
 def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Path, opts: Options, out_dtypes,
@@ -174,7 +170,6 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
     return ModeForward(mode, plan, tuned.kernels, tuned.sources, tuned.summary, tuned.support, keys), record
 
 
-
 def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
     """Run eager once on `device` under the policy, before any work: a model that cannot run there
     is a ProblemError, in one line (oneDNN has no bf16 LSTM on the CPU; a model that builds CPU
@@ -189,7 +184,6 @@ def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
     return [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
 
 
-
 def _original_checks(problem, path, policy, device, timed, log, opts):
     """The checks of a module that runs the model's own forward (nothing generated, or a generated
     program not shipped). A KernelBench file's ModelNew is verified and timed as any module; a live
@@ -199,7 +193,6 @@ def _original_checks(problem, path, policy, device, timed, log, opts):
         return _final_checks(problem, path, policy, device, timed, log, compile_mode=opts.compile_mode)
     log("verify: skipped (the module keeps its own forward)")
     return {"passed": True, "skipped": "the module keeps its own forward: nothing generated to verify"}, None
-
 
 
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default", what=None,

@@ -77,16 +77,13 @@ def training_modes(problem, wanted: str) -> tuple[list[str], list[str], dict[str
     return sensitive, ["train", "eval"] if wanted == "both" else [wanted], keys, graphs
 
 
-
 def _flags(problem, names: list[str]) -> tuple[bool, ...]:
     """The training flags of submodules `names` of `problem`'s model."""
     model = problem.make_model("meta")
     return tuple(model.get_submodule(n).training for n in names)
 
 
-
 def _same_graph(a, b) -> bool:
     """Whether two captures compute the same ops on the same values."""
     ops = lambda g: [(n.target, repr(n.args), repr(n.kwargs)) for n in g.nodes]  # noqa: E731
     return ops(a) == ops(b) and a.outputs == b.outputs and a.mutations == b.mutations
-

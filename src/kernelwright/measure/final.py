@@ -10,11 +10,9 @@ from kernelwright.verify import verify
 PROFILE_CALLS = 10  # calls per implementation profiled after timing, for report.md's kernel table
 
 
-
 GRAPHS = "kernelwright:graphs"  # the emitted forward replayed as CUDA graphs, timed beside the plain one
 
 PLAIN = "kernelwright:plain"
-
 
 
 def pick_forward(timing: dict, gain: float = 0.98, host_share: float = 0.5) -> bool:
@@ -48,7 +46,6 @@ def pick_forward(timing: dict, gain: float = 0.98, host_share: float = 0.5) -> b
     return timing["cuda_graphs"]
 
 
-
 def replay_paths(graphs: dict) -> list[dict]:
     """How a CUDA-graph forward ran its captures (`graphs`: model_new's `_kw_graphs_of(module)`),
     one entry per input signature: whether it was captured, and whether its calls copied their
@@ -56,7 +53,6 @@ def replay_paths(graphs: dict) -> list[dict]:
     kept a previous result)."""
     return [{"captured": g.graph is not None, "copies_in": g.graph is not None and g.inputs is not None,
              "copies_out": g.graph is not None and g.lend is None} for g in graphs.values()]
-
 
 
 def final_checks(problem, module, build, policy, device, timed, log, cuda_graphs=False, compile_mode="default",
@@ -140,4 +136,3 @@ def not_shipped(record: dict) -> str | None:
         record["whole_model_fallback"] = {"generated_ms": kw, "eager_ms": eager, "generated_timing": t}
         return f"the generated forward ({kw:.3f} ms) is slower than eager ({eager:.3f} ms)"
     return None
-

@@ -32,4 +32,3 @@ class MemoryPeak:
                 "ratio": round(max(self.peaks.values()) / eager, 2) if eager else None,
                 "verify_tune_ratio": round(max(self.peaks.get("tune", 0), self.peaks.get("verify", 0)) / eager, 2)
                 if eager else None}
-

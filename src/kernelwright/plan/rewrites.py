@@ -333,8 +333,8 @@ def split_addmm_bias(graph: Graph) -> tuple[Graph, list[str]]:
     return _with_nodes(graph, nodes), notes
 
 
-def _eval_bn_pairs(graph: Graph, roots: dict) -> list[tuple[OpNode, OpNode, OpNode]]:
-    """(producer, eval batch norm, its getitem 0) for each inference-mode batch norm whose input is
+def _eval_bn_pairs(graph: Graph, roots: dict) -> list[tuple[OpNode, OpNode, OpNode, Ref, Ref | None]]:
+    """(Linear, eval batch norm, its getitem 0, the Linear's weight, its bias or None) for each inference-mode batch norm whose input is
     a Linear (addmm / mm of a transposed weight) read by nothing else, its statistics and affine
     parameters and the Linear's weight and bias values of the parameters alone, where folding
     removes a pass: the batch norm's result is not fused into a following kernel anyway (then its
@@ -346,7 +346,7 @@ def _eval_bn_pairs(graph: Graph, roots: dict) -> list[tuple[OpNode, OpNode, OpNo
     for bn in graph.nodes:
         if bn.target != EVAL_BN or not isinstance(bn.args[0], Ref) or bn.meta is None:
             continue
-        prod = graph.node(bn.args[0].name) if bn.args[0].name in {n.name for n in graph.nodes} else None
+        prod = None if graph.is_input(bn.args[0].name) else graph.node(bn.args[0].name)
         users = graph.users(bn.name)
         if prod is None or prod.meta is None or prod.name in graph.outputs or prod.name in graph.mutations \
                 or [u.name for u in graph.users(prod.name)] != [bn.name] or bn.name in graph.outputs \
@@ -355,8 +355,8 @@ def _eval_bn_pairs(graph: Graph, roots: dict) -> list[tuple[OpNode, OpNode, OpNo
         stats = [a for a in bn.args[1:5] if a is not None]
         if not all(isinstance(a, Ref) and a.name in roots for a in stats) or bn.args[3] is None or bn.args[4] is None:
             continue
-        if bn.name not in graph.outputs and all(_fuses_over(graph, u, bn.meta.shape) for u in graph.users(users[0].name)) \
-                and users[0].name not in graph.outputs:
+        if users[0].name not in graph.outputs and all(_fuses_over(graph, u, bn.meta.shape)
+                                                     for u in graph.users(users[0].name)):
             continue  # (fused into the next kernel, the batch norm's affine is free)
         weight = _folding_weight(graph, prod)
         if weight is None or not all(isinstance(a, Ref) and a.name in roots for a in weight if a is not None):
@@ -364,7 +364,7 @@ def _eval_bn_pairs(graph: Graph, roots: dict) -> list[tuple[OpNode, OpNode, OpNo
         wm = graph.meta(weight[0].name)
         if wm is None or wm.numel > prod.meta.numel or wm.dtype != prod.meta.dtype:
             continue
-        pairs.append((prod, bn, users[0]))
+        pairs.append((prod, bn, users[0], *weight))
     return pairs
 
 
@@ -377,7 +377,7 @@ def _folding_weight(graph: Graph, prod: OpNode):
             return None
         if b is not None and (not isinstance(b, Ref) or graph.meta(b.name) is None or len(graph.meta(b.name).shape) != 1):
             return None
-        t = graph.node(wt.name) if isinstance(wt, Ref) and wt.name in {n.name for n in graph.nodes} else None
+        t = graph.node(wt.name) if isinstance(wt, Ref) and not graph.is_input(wt.name) else None
         if t is None or t.target != "aten.permute.default" or list(t.args[1]) != [1, 0] or not isinstance(t.args[0], Ref):
             return None
         return t.args[0], b
@@ -397,8 +397,8 @@ def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
     if not pairs:
         return graph, []
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
-    by_prod = {prod.name: (prod, bn, item) for prod, bn, item in pairs}
-    gone = {bn.name for _, bn, _ in pairs} | {item.name for _, _, item in pairs}
+    by_prod = {pair[0].name: pair for pair in pairs}
+    gone = {name for _, bn, item, _, _ in pairs for name in (bn.name, item.name)}
     nodes, notes = [], []
 
     def add(base, target, args, shape, dtype):
@@ -413,8 +413,7 @@ def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
         if n.name not in by_prod:
             nodes.append(n)
             continue
-        prod, bn, item = by_prod[n.name]
-        w, b = _folding_weight(graph, prod)
+        prod, bn, item, w, b = by_prod[n.name]
         gamma, beta, mean, var, eps = bn.args[1], bn.args[2], bn.args[3], bn.args[4], bn.args[6]
         wm, dt = graph.meta(w.name), prod.meta.dtype
         c = (wm.shape[0],)
@@ -422,9 +421,8 @@ def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
                 [add("bn_var_eps", "aten.add.Tensor", [var, eps], c, dt)], c, dt)
         if gamma is not None:
             s = add("bn_scale", "aten.mul.Tensor", [s, gamma], c, dt)
-        per = (c[0],) + (1,) * (len(wm.shape) - 1)
         w2 = add(f"{w.name}_folded", "aten.mul.Tensor", [w, add("bn_scale_view", "aten.view.default",
-                                                                   [s, list(per)], per, dt)], wm.shape, dt)
+                                                                   [s, [c[0], 1]], (c[0], 1), dt)], wm.shape, dt)
         centred = add("bn_centred", "aten.sub.Tensor", [b, mean], c, dt) if b is not None else \
             add("bn_centred", "aten.neg.default", [mean], c, dt)
         b2 = add("bn_shift", "aten.mul.Tensor", [centred, s], c, dt)
