@@ -12,6 +12,7 @@ from kernelwright.capture.execute import run_graph
 from kernelwright.plan import plan_graph
 from kernelwright.codegen.triton_group import render_group
 from kernelwright.problem import from_module
+from fn_module import Fn
 
 pytestmark = pytest.mark.interpreter
 
@@ -27,15 +28,6 @@ OPS = {
     "arith": lambda x: (x + 1.5) * 2 / 3 - 0.25, "neg_recip": lambda x: -1 / (x.abs() + 1),
     "maximum": lambda x: torch.maximum(x, x.flip(-1)), "expm1": torch.expm1, "log1p": lambda x: torch.log1p(x.abs()),
 }
-
-
-class Unary(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 class Broadcast(nn.Module):
@@ -65,7 +57,7 @@ def _check(model, inputs, rtol=1e-5, atol=1e-5):
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_elementwise_op_matches_pytorch(name):
     torch.manual_seed(0)
-    _check(Unary(OPS[name]), [torch.randn(6, 24) * 2])
+    _check(Fn(OPS[name]), [torch.randn(6, 24) * 2])
 
 
 def test_broadcast_operands():

@@ -17,17 +17,9 @@ from kernelwright.codegen.node_kernels import template_for, used_outputs
 from kernelwright.codegen.triton_pool import TARGETS, TEMPLATE
 from kernelwright.problem import from_module
 from kernelwright.space.config import Config
+from fn_module import Fn
 
 pytestmark = pytest.mark.interpreter
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def _setup(model, x):

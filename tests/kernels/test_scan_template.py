@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture import capture
@@ -16,20 +15,12 @@ from kernelwright.codegen.node_kernels import NodeKernel, used_outputs
 from kernelwright.codegen.triton_scan import TEMPLATE
 from kernelwright.problem import from_module, load_problem
 from kernelwright.space.config import Config
+from fn_module import Fn
 
 pytestmark = pytest.mark.interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANS = ("aten.cumsum.default", "aten.cumprod.default")
-
-
-class Fn(nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def _setup(fn, x):
