@@ -107,6 +107,8 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 MODE_HELP = ("Training modes to generate a forward for: train | eval | both (a model whose result does not "
              "depend on its mode gets one forward for both); a mode without one runs the original forward.")
 VERIFY_ONLY_HELP = "On a GPU: verify generated kernels there, without tuning trials or timing (configs untimed)."
+NO_LIBRARY_HELP = ("Every unit with a generated strategy uses it, even where the library call is faster "
+                   "(report.md lists the units left to a library).")
 
 
 def _check_mode(mode: str) -> None:
@@ -270,6 +272,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
                                               help="torch.compile mode of the baseline: " + " | ".join(COMPILE_MODES)),
              mode: str = typer.Option("both", "--mode", help=MODE_HELP),
              verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP),
+             no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP),
              single_file: bool = typer.Option(False, "--single-file",
                                               help="Write model_new.py with the kernels and their runtime embedded "
                                                    "(no kernels/ folder).")):
@@ -294,7 +297,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     _check_mode(mode)
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
                    db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
-                   mode=mode, timed=not verify_only, log=lambda s: typer.echo(s, err=True))
+                   mode=mode, timed=not verify_only, no_library=no_library, log=lambda s: typer.echo(s, err=True))
 
     def run(folder: Path) -> dict:
         result = optimize_problem(p, folder, opts)
@@ -322,7 +325,8 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
           cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                            help="Let kernelwright ship CUDA-graph replay where it measures faster."),
           mode: str = typer.Option("both", "--mode", help=MODE_HELP),
-          verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP)):
+          verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP),
+          no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP)):
     """Time eager, torch.compile (and kernelwright) over problems; per-level geometric means."""
     from kernelwright.bench.runner import run_bench
     from kernelwright.policy import get_policy
@@ -343,7 +347,8 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     limit_seconds()  # a bad $KERNELWRIGHT_HANG_S: one line, before any worker starts
     run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
               seconds=seconds, json_out=json_out, out_dir=out_dir, small=small, compile_mode=compile_mode,
-              cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s), mode=mode, timed=not verify_only)
+              cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s), mode=mode, timed=not verify_only,
+              no_library=no_library)
 
 
 RESULT_KEYS = ("problem", "precision", "device")  # what every result.json names

@@ -51,6 +51,9 @@ class Options:
     compile_mode: str = "default"  # torch.compile mode of the baseline the final timing compares with
     mode: str = "both"  # training modes to generate forwards for: train | eval | both (see optimize_problem)
     timed: bool = True  # on a GPU, tune by timing and time the result; False: verify only (configs untimed)
+    # every unit that has a generated strategy uses it, even where the library call measures faster
+    # (for CPU tests and for KernelBench-style comparisons without library kernels)
+    no_library: bool = False
     log: Callable[[str], None] = print
 
 

@@ -145,6 +145,9 @@ def render_report(result: dict) -> str:
         lines[-1] += f"{r.get('registers', '-')} | {r.get('spills', '-')} | {r.get('shared_bytes', '-')} | {g.get('excess')} | {g.get('eager_excess')} |"
         if g.get("note"):
             lines.append(f"|  | | {g['note']} | | | | | | | | | | | |")
+    library = [f"{g['id']} ({' '.join(g['ops'])})" for g in result.get("groups", []) if g.get("strategy") == "library"]
+    if result.get("groups"):
+        lines += ["", "Searched units that run a library implementation: " + (", ".join(library) or "none")]
     choices = [(g["id"], g["choices"]) for g in result.get("groups", []) if g.get("choices")]
     if choices:
         lines += ["", "## Choices per unit (every implementation, timed alike)", ""]

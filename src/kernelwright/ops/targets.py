@@ -60,3 +60,5 @@ POOLS = {
 }
 #: Matrix products a GEMM template computes (with a fused epilogue).
 GEMMS = {"aten.mm.default", "aten.addmm.default"}
+#: Convolutions (dense, grouped, transposed) the convolution template computes (with a fused epilogue).
+CONVS = {"aten.convolution.default"}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import contiguous_strides, refine_strides
-from kernelwright.ops import (COMPOSITES, EVAL_BN, FLOAT_DTYPES, FREE_VIEWS, GEMMS, NORMS, POINTWISE, REDUCTIONS,
+from kernelwright.ops import (COMPOSITES, CONVS, EVAL_BN, FLOAT_DTYPES, FREE_VIEWS, GEMMS, NORMS, POINTWISE, REDUCTIONS,
                               RESHAPES, reduction_spec, row_shapes)
 
 
@@ -71,17 +71,18 @@ class Unit:
 
 @dataclass
 class Pair:
-    """A library GEMM node and the fusion group that alone reads its result: a unit of its own
-    whose choices are the two run one after the other (the GEMM's library call and the group's
-    chosen kernel) or one GEMM template with the group as its epilogue (codegen/gemm_epilogue.py
-    says which groups it takes)."""
+    """A GEMM or convolution node and the fusion group that alone reads its result: a unit of its
+    own whose choices are the two run one after the other (the node's chosen implementation and
+    the group's chosen kernel) or one GEMM / convolution template with the group as its epilogue
+    (codegen/gemm_epilogue.py and codegen/conv_epilogue.py say which groups they take)."""
 
-    gemm: str
+    anchor: str  # the GEMM or convolution node
     group: Group
+    kind: str = "gemm"  # "gemm" | "conv"
 
     @property
     def name(self) -> str:
-        return f"{self.group.id}+{self.gemm}"
+        return f"{self.group.id}+{self.anchor}"
 
 
 @dataclass
@@ -95,17 +96,18 @@ class Plan:
         return [u.group for u in self.units if u.group]
 
 
-def gemm_pairs(graph: Graph, units: list[Unit]) -> list[Pair]:
-    """Each library GEMM unit whose every reader is in one fusion group, with that group."""
+def anchor_pairs(graph: Graph, units: list[Unit]) -> list[Pair]:
+    """Each GEMM or convolution unit whose every reader is in one fusion group, with that group."""
     groups = [u.group for u in units if u.group]
     pairs = []
     for unit in units:
-        if unit.node is None or graph.node(unit.node).target not in GEMMS:
+        target = graph.node(unit.node).target if unit.node is not None else None
+        if target not in GEMMS and target not in CONVS:
             continue
         users = {u.name for u in graph.users(unit.node)}
         group = next((g for g in groups if users and users <= set(g.nodes)), None)
         if group is not None:
-            pairs.append(Pair(unit.node, group))
+            pairs.append(Pair(unit.node, group, "gemm" if target in GEMMS else "conv"))
     return pairs
 
 
@@ -315,7 +317,7 @@ def plan_graph(graph: Graph) -> Plan:
             if g.levels[name] != "tuple" and (name in escaping or outside_reads.get(name, set()) - {g.id}):
                 g.outputs.append(name)
     units = _order_units(graph, b)
-    return Plan(graph, units, gemm_pairs(graph, units))
+    return Plan(graph, units, anchor_pairs(graph, units))
 
 
 def _order_units(graph: Graph, b: _Builder) -> list[Unit]:

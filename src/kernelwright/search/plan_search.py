@@ -17,8 +17,9 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.execute import run_graph
-from kernelwright.codegen import cuda_unit, gemm_epilogue
+from kernelwright.codegen import conv_epilogue, cuda_unit, gemm_epilogue
 from kernelwright.codegen.cuda_kernels import runtime_source
 from kernelwright.codegen.node_kernels import absorbed, template_for
 from kernelwright.codegen.triton_group import Unsupported
@@ -30,7 +31,8 @@ from kernelwright.search.database import TrialDB, default_db_path, packaged_prio
 from kernelwright.search.result import RunResult
 from kernelwright.search.strategies import Exhaustive
 from kernelwright.search.tune import tune
-from kernelwright.search.units import CudaTuner, GemmTuner, GroupTuner, KernelTuner, NodeTuner, group_impl, kernel_resources
+from kernelwright.search.units import (ConvTuner, CudaTuner, GemmTuner, GroupTuner, KernelTuner, NodeTuner, group_impl,
+                                      kernel_resources, unit_impl)
 from kernelwright.space.config import Config
 
 
@@ -111,6 +113,8 @@ class _Job:
     log: Callable[[str], None]
     rows: list[UnitResult]
     out: Tuned
+    spec: DeviceSpec  # the device the configs are for, read once per job
+    no_library: bool = False  # a verified generated kernel is chosen even when the library is faster
 
     def common(self, row: UnitResult, tuner: KernelTuner) -> dict:
         task = dict(db=self.db, task_key=f"{self.problem.name}/{row.id}/{tuner.task}", task_features=tuner.features,
@@ -129,9 +133,10 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
         # the values the tuners read: what crosses a unit's boundary (inputs and outputs of units)
         env = run_graph(graph, model, inputs, keep={v for u in plan.units for v in u.outputs} | set(graph.mutations))
     job = _Job(problem, graph, env, policy, device, timed, cache_dir, opts.backend,
-               TrialDB(default_db_path(opts.db_path), priors=packaged_priors()), opts.log, [], Tuned())
+               TrialDB(default_db_path(opts.db_path), priors=packaged_priors()), opts.log, [], Tuned(), device_spec(),
+               bool(getattr(opts, "no_library", False)))
     templates = {u.node: template_for(graph, graph.node(u.node))[0] for u in plan.units if u.group is None}
-    units = [u for u in plan.units if u.group is not None or templates[u.node] is not None]
+    units = [u for u in plan.units if u.group is not None or templates[u.node] is not None or _conv(graph, u.node)]
     trials, seconds, once = _budgets(graph, units, templates, opts)
     tuned = {id(u) for u in units}
     for unit in plan.units:
@@ -169,7 +174,12 @@ def _budgets(graph, units, templates, opts) -> tuple[dict, dict, set]:
     return split(opts.budget_trials, 2), split(opts.budget_s, 1.0), once
 
 
-def _tuners(job: _Job, unit, template) -> tuple[UnitResult, list[Callable[[], KernelTuner]], str]:
+def _conv(graph, name: str | None) -> bool:
+    """Whether node `name` is a convolution the implicit-GEMM template computes."""
+    return name is not None and conv_epilogue.conv_supported(graph, graph.node(name)) is None
+
+
+def _tuners(job: _Job, plan, unit, template) -> tuple[UnitResult, list[Callable[[], KernelTuner]], str]:
     """The unit's report row, the makers of its tuners (the first one's candidates are searched
     first) and, when there are none, why."""
     graph = job.graph
@@ -187,19 +197,28 @@ def _tuners(job: _Job, unit, template) -> tuple[UnitResult, list[Callable[[], Ke
         return row, cuda, "" if cuda else why
     node = graph.node(unit.node)
     row = UnitResult(node.name, "node", [node.op])
-    if job.backend == "cuda" and template.name.startswith("triton."):
-        return row, [], f"{template.name} is a Triton template (--backend cuda)"
-    return row, [lambda: NodeTuner(graph, node, template, job.env, job.policy, job.device, job.cache_dir,
-                                   job.timed)], ""
+    if job.backend == "cuda":
+        if template is None or template.name.startswith("triton."):
+            return row, [], "the node's templates are Triton templates (--backend cuda)"
+        return row, [lambda: NodeTuner(graph, node, template, job.env, job.policy, job.device, job.cache_dir,
+                                       job.timed)], ""
+    makers = [] if template is None else [
+        lambda: NodeTuner(graph, node, template, job.env, job.policy, job.device, job.cache_dir, job.timed)]
+    if _conv(graph, node.name):  # the implicit-GEMM convolution, its bias fused
+        makers.append(lambda: ConvTuner(graph, conv_epilogue.build(graph, node, None, plan.groups), None, job.env,
+                                        job.policy, job.device, job.cache_dir, job.timed, job.spec))
+    return row, makers, ""
 
 
 def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> None:
     graph = job.graph
-    row, makers, why_none = _tuners(job, unit, template)
+    row, makers, why_none = _tuners(job, plan, unit, template)
     job.rows.append(row)
     try:
         if not makers:
             raise Unsupported(why_none)
+        if not job.timed and job.no_library and len(makers) > 1:
+            makers = makers[1:] + makers[:1]  # the generated kernel first: only the first runs untimed
         tuner = makers[0]()
     except Unsupported as e:
         row.note = f"no template: {e}"
@@ -214,6 +233,9 @@ def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> 
         cfg, tuner = _timed_choice(job, row, [tuner], makers[1:], trials, seconds, 1 if once else 2)
     elif tuner.backend == "torch":
         cfg, row.note = None, "a library layout variant is only chosen by measurement (no GPU here)"
+    elif isinstance(tuner, ConvTuner) and not job.no_library:
+        # the library convolution is a strong default: a generated one ships measured (or with no_library)
+        cfg, row.note = None, "a generated convolution is only chosen by measurement (no GPU here) or with no_library"
     else:
         cfg = _untimed_choice(job, row, tuner)
     if row.strategy != "library":
@@ -247,8 +269,11 @@ def _timed_choice(job: _Job, row: UnitResult, tuners: list, more: list, trials, 
     libs = [t.library_ms for t in tuners if t.library_ms is not None]
     row.library_ms = min(libs) if libs else None
     row.choices = _choices(every, row.library_ms)
+    generated = [(r, t) for r, t in found if t.backend != "torch"]
+    if job.no_library and generated:  # every unit with a generated strategy uses it
+        found = generated
     best, winner = min(found, key=lambda rt: rt[0].time_ms) if found else (None, tuners[0])
-    if best is not None and (row.library_ms is None or best.time_ms < row.library_ms):
+    if best is not None and (row.library_ms is None or best.time_ms < row.library_ms or job.no_library):
         row.strategy, row.config, row.time_ms, row.excess = winner.backend, best.config.as_dict(), best.time_ms, best.excess
         return best.config, winner
     row.time_ms = row.library_ms
@@ -285,6 +310,7 @@ def _ship(job: _Job, plan, unit, row: UnitResult, tuner: KernelTuner, cfg: Confi
                                      not tuner.absorbs and len(graph.node(unit.node).outs) > 1)
         for name in tuner.absorbs:
             out.kernels[name] = None  # computed inside this unit's kernel
+            out.sources.pop(name, None)
         _drop_absorbed_groups(plan, tuner.absorbs, row.id, out, job.rows)
     mod = tuner.modules.get(cfg.key())
     row.resources = kernel_resources(mod) if (mod is not None and job.timed) else {}
@@ -293,57 +319,90 @@ def _ship(job: _Job, plan, unit, row: UnitResult, tuner: KernelTuner, cfg: Confi
 
 
 def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
-    """A GEMM and its epilogue group as one Triton GEMM (a group reducing rows of <= 256, or
-    segments of them, folds the reduction in; a bias + ReLU group may also be one cuBLASLt call
-    with that epilogue); it replaces the two only when verified and faster than the library GEMM
-    followed by the group's chosen kernel."""
+    """A GEMM or convolution and its epilogue group as one kernel: a Triton GEMM (a group
+    reducing rows of <= 256, or segments of them, folds the reduction in; a bias + ReLU group may
+    also be one cuBLASLt call with that epilogue) or a Triton implicit-GEMM convolution. It
+    replaces the two only when verified and faster than the node's and the group's chosen
+    implementations run one after the other (with no_library: whenever one is verified)."""
     graph, out = job.graph, job.out
-    gemm, group = graph.node(pair.gemm), pair.group
-    if gemm_epilogue.fusable(graph, gemm, group):
+    node, group = graph.node(pair.anchor), pair.group
+    fusable = gemm_epilogue.fusable if pair.kind == "gemm" else conv_epilogue.fusable
+    if fusable(graph, node, group):
         return
-    kind = "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
-    row = UnitResult(pair.name, kind, [gemm.op] + [graph.node(n).op for n in group.nodes])
+    kind = "conv_epilogue" if pair.kind == "conv" else "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
+    row = UnitResult(pair.name, kind, [node.op] + [graph.node(n).op for n in group.nodes])
     job.rows.append(row)
     try:
-        fused = gemm_epilogue.build(graph, gemm, group, plan.groups)
-        impls = {g.id: group_impl(graph, g, out.kernels.get(g.id), job.cache_dir, out.sources.get(g.id), job.device)
-                 for g in (group, *fused.prologue)}
-        tuner = GemmTuner(graph, fused, impls, job.env, job.policy, job.device, job.cache_dir, job.timed)
+        if pair.kind == "gemm":
+            fused = gemm_epilogue.build(graph, node, group, plan.groups)
+            impls = {g.id: group_impl(graph, g, out.kernels.get(g.id), job.cache_dir, out.sources.get(g.id),
+                                      job.device) for g in (group, *fused.prologue)}
+            tuner = GemmTuner(graph, fused, impls, job.env, job.policy, job.device, job.cache_dir, job.timed)
+            absorbed = [g.id for g in fused.prologue]  # the bf16 operand casts, tile by tile
+        else:
+            fused = conv_epilogue.build(graph, node, group, plan.groups)
+            absorbed = list(fused.absorbed)
+            impls = [_unit_impl(job, plan, u) for u in absorbed + [node.name, group.id]]
+            tuner = ConvTuner(graph, fused, impls, job.env, job.policy, job.device, job.cache_dir, job.timed, job.spec)
     except Unsupported as e:
         row.note = f"no template: {e}"
         return
-    if fused.prologue:
-        row.id = "+".join([g.id for g in fused.prologue] + [row.id])
-        row.ops = [graph.node(n).op for g in fused.prologue for n in g.nodes] + row.ops
+    if absorbed:
+        row.id = "+".join(absorbed + [row.id])
+        row.ops = [graph.node(n).op for u in absorbed for n in _unit_nodes(plan, u)] + row.ops
     row.eager_excess = tuner.eager_excess
     row.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + group.outputs)
-    if not job.timed:
-        row.note = "untimed: the library GEMM + epilogue kernel is kept"
+    if not job.timed and not job.no_library:
+        row.note = "untimed: the library node + epilogue kernel is kept"
         return
-    results = search_unit(tuner, per_trials, per_s, job.common(row, tuner))
-    ok = [r for r in results if r.ok]
+    if job.timed:
+        results = search_unit(tuner, per_trials, per_s, job.common(row, tuner))
+        ok = [r for r in results if r.ok]
+    else:  # no_library without a GPU: the first config, verified
+        results = tuner.run([untimed_choice(tuner, job.db, job.policy)])
+        ok = [r for r in results if r.excess is not None]
     row.trials, row.failed, row.library_ms = len(results), len(results) - len(ok), tuner.library_ms
     row.choices = _choices(results, tuner.library_ms)
-    best = min(ok, key=lambda r: r.time_ms) if ok else None
-    if best is not None and tuner.library_ms is not None and best.time_ms < tuner.library_ms:
+    generated = [r for r in ok if r.config.template.startswith("triton.")]
+    if job.no_library and generated:
+        best = min(generated, key=lambda r: r.time_ms if r.time_ms is not None else 0.0)
+    else:
+        best = min(ok, key=lambda r: r.time_ms) if ok else None
+        if best is not None and (tuner.library_ms is None or best.time_ms >= tuner.library_ms):
+            best = None
+    if best is not None:
         text, ins = tuner.render(best.config)
-        name = f"{group.id}_gemm"
-        out.sources.pop(group.id, None)
+        name = f"{group.id}_{pair.kind}"
+        for u in [group.id, node.name] + absorbed:
+            out.sources.pop(u, None)
+            out.kernels[u] = None  # the fused kernel computes them
         out.sources[name] = text
         out.kernels[group.id] = Chosen(name, ins, list(group.outputs))
-        out.kernels[gemm.name] = None  # the fused kernel computes it
-        for g in tuner.fused.prologue:  # and the bf16 operand casts, tile by tile
-            out.sources.pop(g.id, None)
-            out.kernels[g.id] = None
         row.strategy = "triton" if best.config.template.startswith("triton.") else "torch"
         row.config, row.time_ms, row.excess = best.config.as_dict(), best.time_ms, best.excess
-        flops = 2 * tuner.fused.M * tuner.fused.N * tuner.fused.K
-        row.note = f"{flops / (best.time_ms * 1e-3) / 1e12:.1f} TFLOP/s"
+        M, N, K = (fused.M, fused.N, fused.K) if pair.kind == "gemm" else fused.gemm
+        flops = 2 * M * N * K * (int(node.args[8]) if pair.kind == "conv" else 1)
+        row.note = f"{flops / (best.time_ms * 1e-3) / 1e12:.1f} TFLOP/s" if best.time_ms else "untimed: --no-library"
     else:
         row.time_ms = tuner.library_ms
-        row.note = "library GEMM + epilogue faster" if best else "no candidate passed"
-    job.log(f"{row.id} [{kind}]: {row.strategy} {row.time_ms or 0:.3f} ms, library+epilogue "
+        row.note = f"{'library' if pair.kind == 'gemm' else 'chosen'} {pair.kind} + epilogue faster" if ok \
+            else "no candidate passed"
+    job.log(f"{row.id} [{kind}]: {row.strategy} {row.time_ms or 0:.3f} ms, {pair.kind} + epilogue "
             f"{(tuner.library_ms or 0):.3f} ms ({row.trials} trials, {row.failed} failed)")
+
+
+def _unit_nodes(plan, name: str) -> list[str]:
+    unit = next(u for u in plan.units if u.name == name)
+    return unit.nodes
+
+
+def _unit_impl(job: _Job, plan, name: str):
+    """The chosen implementation of the plan unit `name` as env -> env: its kernel, nothing when
+    another unit's kernel computes it, else its ATen ops."""
+    if name in job.out.kernels and job.out.kernels[name] is None:
+        return lambda local: local
+    return unit_impl(job.graph, _unit_nodes(plan, name), job.out.kernels.get(name), job.cache_dir,
+                     job.out.sources.get(name), job.device, name)
 
 
 def _groups_within(units, names) -> list:

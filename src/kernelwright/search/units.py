@@ -1,7 +1,8 @@
 """Tuners: build, verify and time the candidates of one unit of a plan (a `run` for `tune`).
 
-A unit is a fusion group (GroupTuner), a library node with a node template (NodeTuner), or a
-library GEMM with its epilogue group (GemmTuner). Failures are results, never exceptions.
+A unit is a fusion group (GroupTuner), a library node with a node template (NodeTuner), a
+library GEMM with its epilogue group (GemmTuner), or a convolution, alone or with its epilogue
+group (ConvTuner). Failures are results, never exceptions.
 """
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ import torch
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
-from kernelwright.codegen import gemm_epilogue, library_epilogue, node_kernels
+from kernelwright.codegen import conv_epilogue, gemm_epilogue, library_epilogue, node_kernels
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_group import extent, lower, render_group, tiled_apply_dims, transposed_walk
 from kernelwright.measure import watchdog
 from kernelwright.policy import Policy
 from kernelwright.search.result import RunResult
 from kernelwright.space.config import Config
+from kernelwright.space.conv_space import conv_space
 from kernelwright.space.gemm_space import gemm_space, rowreduce_space
 from kernelwright.space.group_space import (default_config, group_space, seed_configs, strided_long_rows, tiled_default,
                                             tiled_space)
@@ -370,24 +372,7 @@ class GemmTuner(KernelTuner):
 
 def group_impl(graph, group, kernel, cache_dir, source, device):
     """The group's chosen implementation as env -> env (kernel if one was chosen, else ATen)."""
-    if kernel is not None and source is not None:
-        mod = load_module_from_source(source, group.id, cache_dir)
-        _, ins, outs, _ = kernel
-
-        def run_kernel(local):
-            res = mod.launch(*[local[v] for v in ins])
-            local.update(zip(outs, res))
-            return local
-
-        return run_kernel
-    nodes = [graph.node(n) for n in group.nodes]
-
-    def run_aten(local):
-        for n in nodes:
-            local[n.name] = run_node(n, local, device)
-        return local
-
-    return run_aten
+    return unit_impl(graph, group.nodes, kernel, cache_dir, source, device, group.id)
 
 
 class CudaTuner(KernelTuner):
@@ -414,3 +399,79 @@ class CudaTuner(KernelTuner):
 
     def render(self, cfg):
         return self._unit.render(self.graph, self.group, self.row, cfg.as_dict())
+
+
+class ConvTuner(KernelTuner):
+    """A convolution node alone (its bias fused), or with its pointwise epilogue group, as one
+    implicit-GEMM Triton convolution (codegen/conv_epilogue.py); the input's layout copy or bf16
+    cast that only the convolution reads is absorbed.
+
+    The reference to beat is what the program would otherwise run: the chosen implementations of
+    the absorbed units, the convolution and the epilogue group, one after the other (`impls`:
+    env -> env functions in that order, from `unit_impl`; None: the ATen ops of the nodes)."""
+
+    def __init__(self, graph, fused: conv_epilogue.ConvEpilogue, impls, env, policy, device, cache_dir, timed,
+                 spec: DeviceSpec | None = None):
+        self.fused = f = fused
+        self.name = f"{f.group.id}_conv" if f.group is not None else f"{f.conv.name}_conv"
+        self.impls = impls
+        nodes = list(f.absorbed_nodes) + [f.conv.name] + (list(f.group.nodes) if f.group is not None else [])
+        inner = set(nodes)
+        ins = [v for v in dict.fromkeys([f.x, f.w] + f.conv.inputs + (f.group.inputs if f.group else []))
+               if v not in inner]
+        super().__init__(graph, nodes, ins, [(f.out, None)], env, policy, device, cache_dir, timed)
+        self.absorbs, self.result = list(f.absorbed_nodes), f.out
+        M, N, K = f.gemm
+        bf16 = f.cast_bf16 or graph.meta(f.w).dtype == "bfloat16"
+        precision = "bf16" if bf16 else policy.name
+        self.space = [Config.make("triton.conv", **c) for c in
+                      conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=2 if bf16 else 4,
+                                 spec=spec or device_spec())]
+        self.seeds = self.space[:4]
+        self.default = self.space[0]
+        groups = int(f.conv.args[8])
+        self.features = {"log2_M": math.log2(max(M, 1)), "log2_N": math.log2(max(N, 1)), "log2_K": math.log2(max(K, 1)),
+                         "log2_groups": math.log2(groups), "n_operands": len(f.operands),
+                         "transposed": float(f.transposed), "spatial": len(f.out_shape) - 2,
+                         "kind": "conv_epilogue" if f.group is not None else "conv"}
+        self.task = (f"conv{len(f.out_shape) - 2}d{'T' if f.transposed else ''}/{M}x{N}x{K}/g{groups}"
+                     + (f"/{f.group.id}" if f.group is not None else ""))
+
+    def library_fn(self):
+        if self.impls is None:
+            return self._run_library
+        env, ins, impls = self.env, self.unit_inputs, self.impls
+
+        def run():
+            local = {k: env[k] for k in ins}
+            for impl in impls:
+                local = impl(local)
+            return local
+
+        return run
+
+    def render(self, cfg):
+        return conv_epilogue.render(self.fused, cfg.as_dict(), self.policy.name, self.name)
+
+
+def unit_impl(graph, nodes: list[str], kernel, cache_dir, source, device, name: str):
+    """A unit's chosen implementation as env -> env: its kernel (`kernel`: a plan_search.Chosen,
+    `source` its module text) if one was chosen, else the ATen ops of `nodes`."""
+    if kernel is not None and source is not None:
+        mod = load_module_from_source(source, name, cache_dir)
+        ins, outs = kernel[1], kernel[2]
+
+        def run_kernel(local):
+            res = mod.launch(*[local[v] for v in ins])
+            local.update(zip(outs, res))
+            return local
+
+        return run_kernel
+    aten = [graph.node(n) for n in nodes]
+
+    def run_aten(local):
+        for n in aten:
+            local[n.name] = run_node(n, local, device)
+        return local
+
+    return run_aten

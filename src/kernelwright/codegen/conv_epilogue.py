@@ -1,0 +1,282 @@
+"""A convolution with its pointwise epilogue group fused in: a library convolution node whose only
+consumer is a pointwise group becomes one implicit-GEMM Triton convolution
+(templates/triton/conv.py.j2) whose epilogue is the group's statements (same op table as the
+group kernel), so the convolution's output is written once, already transformed, and never read
+back.
+
+The epilogue runs on the kernel's accumulator tile of [output pixels, output channels]. Every
+operand the group reads besides the convolution's output is passed as a strided view over the
+output's logical dims (batch, channel, spatial...): a per-channel operand (a bias) is loaded once
+per channel ("col"), a 0-d one once ("scalar"), anything else ("full": a residual, a broadcast
+map) through its own strides, 0 where it broadcasts, so no operand is ever copied.
+
+The input's layout copy or bf16 cast that only this convolution reads (plan.rewrites makes them
+for channels-last convolutions and the bf16 policy) is absorbed: the kernel reads the source
+tensor in its own layout and rounds tiles to bf16 itself, saving that copy's pass over memory.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.codegen.conv_args import CONV
+from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
+from kernelwright.codegen.triton_conv import render_conv
+from kernelwright.codegen.triton_group import Unsupported, lower
+from kernelwright.plan.fusion import Group
+from kernelwright.plan.rewrites import plain_cast
+
+
+@dataclass
+class ConvEpilogue:
+    conv: OpNode
+    group: Group | None  # None: the convolution alone
+    epilogue: Epilogue
+    x: str  # graph value the kernel reads as the input (the source of an absorbed copy)
+    w: str
+    operands: list[str]  # graph values of the epilogue operands, in order
+    views: list[tuple]  # per operand: the (shape, strides) view launch takes of it
+    out: str  # the graph value the kernel produces
+    out_shape: tuple[int, ...]
+    out_dtype: str
+    out_channels_last: bool
+    cast_bf16: bool  # the input and weight tiles are rounded to bf16 in the kernel
+    weight_shape: tuple[int, ...] = ()
+    absorbed: tuple[str, ...] = ()  # units (node names / group ids) the kernel computes too
+    absorbed_nodes: tuple[str, ...] = ()  # and their graph nodes
+    widen_weight: bool = False  # a bf16 weight beside an absorbed float32 input: widened (exactly) first
+
+    @property
+    def args(self) -> dict:
+        """The convolution's keyword arguments for the template's launch()."""
+        _, _, _, stride, padding, dilation, transposed, output_padding, groups = self.conv.args
+        return dict(stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=int(groups),
+                    **({"output_padding": tuple(output_padding)} if transposed else {}))
+
+    @property
+    def transposed(self) -> bool:
+        return bool(self.conv.args[6])
+
+    @property
+    def inputs(self) -> list[str]:
+        return list(dict.fromkeys([self.x, self.w] + self.operands))
+
+    @property
+    def gemm(self) -> tuple[int, int, int]:
+        """(M, N, K) of one group's implicit GEMM: output pixels, output channels per group,
+        input channels per group times kernel taps."""
+        groups, shape, ws = int(self.conv.args[8]), self.out_shape, self.weight_shape
+        cin = ws[0] // groups if self.transposed else ws[1]
+        return shape[0] * math.prod(shape[2:]), shape[1] // groups, cin * math.prod(ws[2:])
+
+    @property
+    def flops(self) -> int:
+        M, N, K = self.gemm
+        return 2 * M * N * K * int(self.conv.args[8])
+
+
+def conv_supported(graph: Graph, conv: OpNode) -> str | None:
+    """None when the convolution template computes `conv` (1-3 spatial dims, dense, grouped or
+    transposed, float32 or bf16 operands of one dtype, numeric padding), else why not."""
+    if conv.target != CONV:
+        return "not a convolution"
+    x, w, b = conv.args[:3]
+    if not (isinstance(x, Ref) and isinstance(w, Ref)) or (b is not None and not isinstance(b, Ref)):
+        return "operands are not tensor values"
+    xm, wm = graph.meta(x.name), graph.meta(w.name)
+    if xm is None or wm is None or conv.meta is None or not 3 <= len(xm.shape) <= 5:
+        return "only 1-, 2- and 3-D convolutions"
+    if xm.dtype not in ("float32", "bfloat16") or wm.dtype != xm.dtype:
+        return "float32 or bf16 operands of one dtype only"
+    if any(not isinstance(p, int) for p in conv.args[4]):
+        return "padding is not numeric"
+    return None
+
+
+def _absorbable_input(graph: Graph, conv: OpNode, groups: list[Group]) -> tuple[str, tuple[str, ...], tuple, bool] | None:
+    """(source value, units, nodes, rounds to bf16) when the conv's input is a layout copy or a
+    bf16 cast of another value that this convolution alone reads: a clone / _to_copy node (its
+    own unit) or a group that is nothing but the cast; else None."""
+    x = conv.args[0].name
+    if graph.is_input(x) or x in graph.outputs or x in graph.mutations \
+            or [u.name for u in graph.users(x)] != [conv.name]:
+        return None
+    node = graph.node(x)
+    if not node.args or not isinstance(node.args[0], Ref):
+        return None
+    src = node.args[0].name
+    if node.target == "aten.clone.default" and set(node.kwargs) <= {"memory_format"}:
+        return src, (x,), (x,), False
+    if node.target == "aten._to_copy.default" and set(node.kwargs) <= {"dtype", "memory_format"} \
+            and node.meta.dtype == "bfloat16" and graph.meta(src).dtype == "float32":
+        group = next((g for g in groups if g.nodes == [x] and g.outputs == [x]), None)
+        if "memory_format" in node.kwargs or (group is not None and plain_cast(graph, node)):
+            return src, ((group.id,) if group is not None else (x,)), (x,), True
+    return None
+
+
+def _output_view(strides: tuple, domain: tuple, shape: tuple) -> tuple[int, ...]:
+    """Strides over the convolution output's dims `shape` of an operand read with `strides` over
+    the group's `domain` (a coarsening of `shape`: each domain dim merges consecutive output
+    dims); Unsupported for any other domain."""
+    out, j = [], len(shape)
+    for size, st in zip(reversed(domain), reversed(strides)):
+        dims = []
+        while j > 0 and (not dims or math.prod(dims) < size):
+            j -= 1
+            dims.insert(0, shape[j])
+        if math.prod(dims) != size:
+            raise Unsupported(f"the group's domain {list(domain)} is not the convolution's {list(shape)}")
+        inner = []
+        for d in reversed(dims):
+            inner.insert(0, st)
+            st *= d
+        out = inner + out
+    if j != 0 or len(out) != len(shape):
+        raise Unsupported(f"the group's domain {list(domain)} is not the convolution's {list(shape)}")
+    return tuple(0 if shape[i] == 1 else s for i, s in enumerate(out))
+
+
+def _channels_last(shape: tuple, strides: tuple) -> bool:
+    """Whether `strides` are the channels-last(-3d) layout of `shape` ([N, C, *spatial])."""
+    if len(shape) < 4:
+        return False
+    order = [1] + list(range(len(shape) - 1, 1, -1)) + [0]  # innermost first: C, then spatial, then N
+    expect = 1
+    for d in order:
+        if shape[d] != 1 and strides[d] != expect:
+            return False
+        expect *= shape[d]
+    return True
+
+
+def _contiguous(shape: tuple, strides: tuple) -> bool:
+    expect = 1
+    for d in range(len(shape) - 1, -1, -1):
+        if shape[d] != 1 and strides[d] != expect:
+            return False
+        expect *= shape[d]
+    return True
+
+
+def fusable(graph: Graph, conv: OpNode, group: Group) -> str | None:
+    """None when `conv`'s output feeds only `group` and the group can be its epilogue (pointwise,
+    one output of the convolution's shape); else the reason."""
+    why = conv_supported(graph, conv)
+    if why:
+        return why
+    if group.rdims is not None:
+        return "the group reduces (pooling and norm epilogues are separate kernels)"
+    if conv.name in graph.outputs or conv.name in graph.mutations:
+        return "the convolution's output itself is a model output"
+    members = set(group.nodes)
+    if any(u.name not in members for u in graph.users(conv.name)):
+        return "the convolution's output has consumers outside the group"
+    if len(group.outputs) != 1:
+        return "the group must produce one value"
+    out = graph.meta(group.outputs[0])
+    if tuple(out.shape) != tuple(conv.meta.shape):
+        return "the group's output does not have the convolution's shape"
+    if out.dtype not in ("float32", "bfloat16"):
+        return "float32 or bf16 outputs only"
+    if not (_contiguous(out.shape, out.stride) or _channels_last(out.shape, out.stride)):
+        return "the group's output is neither contiguous nor channels-last"
+    return None
+
+
+def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] = ()) -> ConvEpilogue:
+    """The epilogue (operands, statements) that applies `group` to `conv`'s accumulator; with the
+    plan's `groups`, the input's layout copy or bf16 cast is absorbed (module docstring). With
+    `group` None: the convolution alone (its bias, if it has one, as the epilogue)."""
+    why = fusable(graph, conv, group) if group is not None else conv_supported(graph, conv)
+    if why:
+        raise Unsupported(why)
+    shape = tuple(conv.meta.shape)
+    ops: list[EpilogueOperand] = []
+    values: list[str] = []
+    views: list[tuple] = []
+
+    def operand(value: str, strides: tuple) -> str:
+        nonzero = [i for i, s in enumerate(strides) if s != 0]
+        if not nonzero:
+            kind, view = "scalar", ((), ())
+        elif nonzero == [1]:
+            kind, view = "col", ((shape[1],), (strides[1],))
+        else:
+            kind, view = "full", (shape, strides)
+        name = f"e{len(ops)}"
+        ops.append(EpilogueOperand(name, kind))
+        values.append(value)
+        views.append(view)
+        return name
+
+    code: list[str] = []
+    b = conv.args[2]
+    if isinstance(b, Ref):
+        code.append(f"acc = acc + {operand(b.name, tuple(1 if i == 1 else 0 for i in range(len(shape))))}")
+    if group is None:
+        out, meta = conv.name, conv.meta
+    else:
+        low = lower(graph, group)
+        for st in low.stmts:
+            if st.kind == "load":
+                o = st.operand
+                strides = _output_view(tuple(o.strides), tuple(group.domain), shape)
+                if o.value == conv.name:
+                    if strides != _output_view(tuple(conv.meta.stride), shape, shape):
+                        raise Unsupported("the group reads the convolution's output through a view")
+                    code.append(f"{st.var} = acc")
+                else:
+                    code.append(f"{st.var} = {operand(o.value, strides)}")
+            elif st.kind == "expr":
+                code.append(f"{st.var} = {st.code}")
+            elif st.kind == "store":
+                code.append(f"acc = {st.deps[0]}")
+            else:
+                raise Unsupported(f"statement {st.kind} {st.op} in a convolution epilogue")
+        out = group.outputs[0]
+        meta = graph.meta(out)
+    x, absorbed, absorbed_nodes, cast = conv.args[0].name, (), (), False
+    found = _absorbable_input(graph, conv, list(groups))
+    if found is not None:
+        x, absorbed, absorbed_nodes, cast = found
+    w = conv.args[1].name
+    widen = cast and graph.meta(w).dtype == "bfloat16"
+    return ConvEpilogue(conv, group, Epilogue(tuple(ops), "\n".join(code)) if code else IDENTITY, x, w, values, views,
+                        out, shape, meta.dtype, _channels_last(shape, meta.stride), cast,
+                        tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen)
+
+
+def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tuple[str, list[str]]:
+    """Module text whose `launch(*inputs)` runs the fused convolution with `config`; its inputs."""
+    text = render_conv(fused.epilogue, name=name, transposed=fused.transposed)
+    ins = fused.inputs
+    arg = {v: f"a{i}" for i, v in enumerate(ins)}
+    kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages") if k in config}
+    if fused.cast_bf16:
+        kw["CAST_BF16"] = True
+    elif precision == "tf32":
+        kw["INPUT_PRECISION"] = "tf32"  # (float32 operands only: the template ignores it for bf16)
+    views = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
+             for v, (shape, strides) in zip(fused.operands, fused.views)]
+    weight = f"{arg[fused.w]}.float()" if fused.widen_weight else arg[fused.w]
+    call = ", ".join([arg[fused.x], weight] + views
+                     + [f"{k}={v!r}" for k, v in fused.args.items()]
+                     + [f"out_dtype=torch.{fused.out_dtype}", f"out_channels_last={fused.out_channels_last}"]
+                     + [f"{k}={v!r}" for k, v in kw.items()])
+    what = "transposed convolution" if fused.transposed else "convolution"
+    epi = f" with group {fused.group.id} fused as its epilogue" if fused.group is not None else ""
+    absorbed = "" if not fused.absorbed else f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed)"
+    wrapper = f'''
+
+_conv_launch = launch
+
+
+def launch({", ".join(arg[v] for v in ins)}):
+    """{fused.conv.name}: {what} {list(fused.out_shape)}{epi}{absorbed}.
+
+    Inputs: {", ".join(ins)}. Returns ({fused.out},)."""
+    return (_conv_launch({call}),)
+'''
+    return text + wrapper, ins

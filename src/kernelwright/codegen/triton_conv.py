@@ -1,0 +1,66 @@
+"""The implicit-GEMM convolution template: every dense, grouped and depthwise convolution and
+transposed convolution with 1, 2 or 3 spatial dims, with a fused epilogue
+(templates/triton/conv.py.j2).
+
+:func:`render_conv` returns the text of a self-contained module (torch + triton only) holding
+``{name}_kernel`` and a documented ``launch(x, w, *epilogue_operands, stride, padding, dilation,
+groups, output_padding, out_dtype, out_channels_last, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+INPUT_PRECISION, CAST_BF16, num_warps, num_stages)`` whose result is that of
+``torch.ops.aten.convolution(x, w, None, stride, padding, dilation, transposed, output_padding,
+groups)`` followed by the epilogue.  Its schedule space is :func:`kernelwright.space.conv_space.conv_space`.
+
+The epilogue reads ``acc``, the [BLOCK_M output pixels, BLOCK_N output channels] tile of one
+group; its operands are "col" (one value per output channel, [Cout]), "full" (the output's
+logical shape [batch, Cout, *spatial], any strides, 0 where it broadcasts) or "scalar" (0-d).
+"""
+from __future__ import annotations
+
+from kernelwright.codegen.epilogue import (
+    IDENTITY,
+    Epilogue,
+    operand_params,
+    render_code,
+    render_operand_loads,
+)
+from kernelwright.codegen.helpers import with_helpers
+from kernelwright.codegen.templating import triton_template
+
+TEMPLATE = "conv.py.j2"
+FULL_STRIDES = ("n", "c", "d", "h", "w")  # a "full" operand's strides, over the output as 5-D
+# a "full" operand's element offset over the tile (int64 output coordinates from the template)
+_FULL = " + ".join(f"o_{d}{'[None, :]' if d == 'c' else '[:, None]'} * stride_{{name}}_{d}" for d in FULL_STRIDES)
+_KIND_DOC = {
+    "col": "one value per output channel: Cout elements (e.g. a bias)",
+    "full": "a tensor expandable to the output's [batch, Cout, *spatial]; any strides, broadcast views "
+            "(stride 0) need no copy",
+    "scalar": "a 0-d tensor",
+}
+
+
+def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transposed: bool = False) -> str:
+    """Module text of the convolution template (``transposed``: a transposed convolution, weight
+    [Cin, Cout / groups, *kernel]) with `epilogue` fused; ``{name}_kernel`` and ``launch``.
+    A "row" operand (per output pixel) is a ValueError: the conv epilogue has no row view."""
+    if not name.isidentifier():
+        raise ValueError(f"kernel name {name!r} is not a Python identifier")
+    rows = [o.name for o in epilogue.operands if o.kind == "row"]
+    if rows:
+        raise ValueError(f"the convolution template takes col, full and scalar epilogue operands, not row ({rows})")
+    ctx = dict(
+        name=name,
+        transposed=bool(transposed),
+        epilogue=epilogue,
+        operand_spec=repr(tuple((o.name, o.kind) for o in epilogue.operands)),
+        params=operand_params(epilogue, full_strides=FULL_STRIDES),
+        loads=render_operand_loads(epilogue, "offs_m", "co", "mask", mask_m="m_ok", mask_n="n_ok",
+                                   full_offsets=_FULL, indent=" " * 4),
+        code=render_code(epilogue, indent=" " * 4),
+        code_doc=render_code(epilogue, indent=" " * 4),
+        kind_doc=_KIND_DOC,
+    )
+    text = with_helpers(triton_template(TEMPLATE).render(**ctx))
+    compile(text, f"<{name}>", "exec")  # fail here, with the text at hand, on a syntax error
+    return text
+
+
+__all__ = ["render_conv", "FULL_STRIDES"]

@@ -1,0 +1,158 @@
+"""Convolution + epilogue fusion (codegen/conv_epilogue.py): which groups reading a convolution's
+result fold into the implicit-GEMM convolution, how operands are viewed over the output's dims,
+the input copies and casts it absorbs, and the fused kernels against the graph's values in the
+Triton interpreter (1-, 2- and 3-D, grouped, transposed; fp32, tf32 and bf16 policies)."""
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture import capture
+from kernelwright.capture.execute import run_graph
+from kernelwright.codegen import conv_epilogue
+from kernelwright.codegen.triton_group import Unsupported
+from kernelwright.plan import plan_graph
+from kernelwright.plan.rewrites import rewrite
+from kernelwright.problem import from_module
+
+pytestmark = pytest.mark.interpreter
+CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".pytest_kw_cache")
+TILE = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 1, "num_warps": 4, "num_stages": 1}
+
+
+class ConvAct(nn.Module):
+    def __init__(self, conv, residual=None):
+        super().__init__()
+        self.conv = conv
+        self.scale = nn.Parameter(torch.rand(conv.out_channels, *([1] * (conv.weight.dim() - 2))) + 0.5)
+        if residual is None:
+            self.residual = None
+        else:
+            self.register_buffer("residual", residual)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y = F.gelu(y * self.scale + 0.25)
+        if self.residual is not None:
+            y = y + self.residual
+        return torch.clamp(y, -1.0, 1.5)
+
+
+def _pair(model, x, policy):
+    g = rewrite(capture(from_module(model, [x])), policy)[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.kind == "conv"]
+    return g, plan, pair
+
+
+def _run_fused(g, plan, pair, model, x, policy, name):
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+    text, ins = conv_epilogue.render(fused, TILE, policy, name)
+    mod = load_module_from_source(text, name, CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+    (res,) = mod.launch(*[env[v] for v in ins])
+    want = env[pair.group.outputs[0]]
+    # the layout the plan gives the group's output (the library's may differ: channels-last in, NCHW kept)
+    assert res.shape == want.shape and res.dtype == want.dtype
+    assert res.stride() == tuple(g.meta(pair.group.outputs[0]).stride)
+    return fused, res, want
+
+
+CASES = [
+    ("conv1d", lambda: nn.Conv1d(5, 6, 3, padding=1), (2, 5, 9)),
+    ("conv2d_strided", lambda: nn.Conv2d(3, 8, (3, 2), stride=2, padding=(1, 0), dilation=(1, 2)), (2, 3, 9, 8)),
+    ("conv2d_grouped", lambda: nn.Conv2d(4, 6, 3, groups=2), (1, 4, 7, 7)),
+    ("conv3d", lambda: nn.Conv3d(3, 4, 3, padding=1), (1, 3, 4, 5, 5)),
+    ("convT2d", lambda: nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1, output_padding=1), (2, 4, 4, 5)),
+    ("convT3d", lambda: nn.ConvTranspose3d(3, 4, (2, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1)), (1, 3, 3, 4, 4)),
+]
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("name, make, shape", CASES, ids=[c[0] for c in CASES])
+def test_fused_conv_matches_graph(name, make, shape, policy):
+    torch.manual_seed(0)
+    model = ConvAct(make()).eval()
+    x = torch.randn(shape)
+    g, plan, pair = _pair(model, x, policy)
+    fused, res, want = _run_fused(g, plan, pair, model, x, policy, f"conv_epi_{name}_{policy}")
+    # the bias (split off the convolution) and the per-channel scale are "col" operands, loaded once per channel
+    assert [o.kind for o in fused.epilogue.operands].count("col") >= 2
+    tol = 2e-2 if policy == "bf16" else 1e-4
+    torch.testing.assert_close(res.float(), want.float(), rtol=tol, atol=tol)
+    if policy == "bf16":  # the bf16 copy of the model input is absorbed: the kernel reads x itself
+        assert fused.cast_bf16 and g.is_input(fused.x) and fused.absorbed
+
+
+def test_channels_last_copy_absorbed_and_residual_broadcast():
+    """Under tf32 the 2-D convolution runs channels-last: the fused kernel reads the NCHW input
+    itself (the copy is absorbed), and a residual broadcast over the batch ([1, C, H, W]) is a
+    "full" operand read through a stride-0 view, not copied."""
+    torch.manual_seed(1)
+    res = torch.randn(1, 8, 7, 7)
+    model = ConvAct(nn.Conv2d(3, 8, 3), residual=res).eval()
+    x = torch.randn(2, 3, 9, 9)
+    g, plan, pair = _pair(model, x, "tf32")
+    fused, out, want = _run_fused(g, plan, pair, model, x, "tf32", "conv_epi_cl_res")
+    assert g.is_input(fused.x) and fused.absorbed_nodes and not fused.cast_bf16
+    full = [view for op, view in zip(fused.epilogue.operands, fused.views) if op.kind == "full"]
+    assert len(full) == 1 and full[0][1][0] == 0  # batch stride 0: broadcast
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_alone_with_bias():
+    """The convolution as a node (no group): its bias is the epilogue."""
+    torch.manual_seed(2)
+    model = nn.Conv2d(3, 5, 3, padding=1)
+    x = torch.randn(2, 3, 6, 6)
+    g = capture(from_module(model, [x]))
+    (conv,) = [n for n in g.nodes if n.target == conv_epilogue.CONV]
+    fused = conv_epilogue.build(g, conv, None)
+    assert [o.kind for o in fused.epilogue.operands] == ["col"] and fused.out == conv.name
+    text, ins = conv_epilogue.render(fused, TILE, "fp32", "conv_alone_bias")
+    mod = load_module_from_source(text, "conv_alone_bias", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        (res,) = mod.launch(*[env[v] for v in ins])
+        torch.testing.assert_close(res, model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_not_fusable_reasons():
+    """A reducing group, a second reader of the convolution's output, a returned convolution output."""
+    x = torch.randn(1, 3, 6, 6)
+
+    class Reduce(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x)).mean(dim=(2, 3))
+
+    class Both(Reduce):
+        def forward(self, x):
+            y = self.conv(x)
+            return y, torch.relu(y)
+
+    for model, word in ((Reduce(), "reduces"), (Both(), "one value")):
+        g = rewrite(capture(from_module(model, [x])), "fp32")[0]
+        plan = plan_graph(g)
+        reasons = [conv_epilogue.fusable(g, g.node(p.anchor), p.group) for p in plan.pairs if p.kind == "conv"]
+        conv = next(n for n in g.nodes if n.target == conv_epilogue.CONV)
+        groups = [gr for gr in plan.groups if conv.name in gr.inputs]
+        reasons += [conv_epilogue.fusable(g, conv, gr) for gr in groups]
+        assert any(r and word in r for r in reasons), reasons
+        with pytest.raises(Unsupported):
+            conv_epilogue.build(g, conv, groups[0])
+
+
+def test_output_view_splits_merged_domain_dims():
+    """An operand's strides over a coarser domain ([N, C, H*W]) become strides over [N, C, H, W]."""
+    assert conv_epilogue._output_view((0, 1, 0), (2, 4, 36), (2, 4, 6, 6)) == (0, 1, 0, 0)
+    assert conv_epilogue._output_view((144, 36, 1), (2, 4, 36), (2, 4, 6, 6)) == (144, 36, 6, 1)
+    with pytest.raises(Unsupported):
+        conv_epilogue._output_view((1, 1), (3, 96), (2, 4, 6, 6))
