@@ -1,0 +1,235 @@
+"""The implicit-GEMM convolution template (codegen/triton_conv.py, templates/triton/conv.py.j2)
+against torch.ops.aten.convolution: 1-3 spatial dims, dense, grouped, depthwise and transposed,
+NCHW and channels-last, fused epilogues, bf16, and the first configs of its space. Triton's
+interpreter runs the kernels on the CPU; outputs are NaN-poisoned, so an element the kernel does
+not store fails."""
+import os
+
+import pytest
+import torch
+
+from kernelwright.analyze.device import H200
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
+from kernelwright.codegen.triton_conv import render_conv
+from kernelwright.space.conv_space import conv_space
+
+DEVICE = os.environ.get("KW_TRITON_TEST_DEVICE", "cpu")
+pytestmark = pytest.mark.interpreter if DEVICE == "cpu" else pytest.mark.gpu
+if DEVICE == "cuda":  # references in IEEE float32
+    torch.backends.cudnn.allow_tf32 = False
+TILE = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_warps=4, num_stages=2)
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def mods(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("kwconv")
+    out = {}
+
+    def get(transposed=False, epilogue=None, name="kw_conv"):
+        key = (transposed, epilogue, name)
+        if key not in out:
+            text = render_conv(epilogue or Epilogue(), name=name, transposed=transposed)
+            mod = load_module_from_source(text, f"{name}_{int(transposed)}", cache)
+            # NaN-poisoned outputs: an element the kernel leaves unwritten fails the comparison
+            mod._alloc = lambda shape, dtype, device, stride=None: torch.full(shape, float("nan"), dtype=dtype,
+                                                                           device=device).as_strided(
+                shape, stride or torch.empty(shape, device="meta").stride())
+            out[key] = mod
+        return out[key]
+    return get
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _rand(*shape, g):
+    return torch.randn(*shape, generator=g).to(DEVICE)
+
+
+def _channels_last(t):
+    """t ([N, C, *spatial]) in channels-last memory, same values."""
+    nd = t.dim() - 2
+    return t.permute(0, *range(2, nd + 2), 1).contiguous().permute(0, nd + 1, *range(1, nd + 1))
+
+
+def _close(out, ref, tol=TOL):
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    err = (out.double() - ref.double()).abs().max().item()
+    assert torch.allclose(out.double(), ref.double(), atol=tol, rtol=tol), err
+
+
+def _ref(x, w, transposed, stride=1, padding=0, dilation=1, groups=1, output_padding=0):
+    nd = x.dim() - 2
+    per = lambda v: [v] * nd if isinstance(v, int) else list(v)  # noqa: E731
+    return torch.ops.aten.convolution(x, w, None, per(stride), per(padding), per(dilation), transposed,
+                                      per(output_padding), groups)
+
+
+def _case(transposed, batch, cin, cout, size, kernel, groups, seed):
+    g = _gen(seed)
+    x = _rand(batch, cin, *size, g=g)
+    wshape = (cin, cout // groups, *kernel) if transposed else (cout, cin // groups, *kernel)
+    return x, _rand(*wshape, g=g)
+
+
+# (batch, Cin, Cout, spatial, kernel, conv args)
+FORWARD = {
+    "1d-s2-d2": (2, 4, 6, (11,), (3,), dict(stride=2, padding=1, dilation=2)),
+    "2d-asym": (2, 3, 5, (7, 6), (3, 2), dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2))),
+    "2d-wide-cin": (1, 32, 17, (5, 5), (3, 3), dict(padding=1)),  # one tap per step: 32 channels = 2 K blocks
+    "3d": (1, 3, 4, (4, 5, 3), (2, 3, 1), dict(stride=(1, 2, 1), padding=(1, 1, 0), dilation=(2, 1, 1))),
+    "groups2": (2, 6, 4, (6, 5), (3, 3), dict(padding=1, groups=2)),
+    "depthwise": (2, 5, 5, (6, 7), (3, 3), dict(stride=2, padding=1, groups=5)),
+    "multiplier": (1, 3, 6, (5, 5), (3, 1), dict(padding=(1, 0), groups=3)),  # 2 output channels per input
+    "3d-depthwise": (1, 4, 8, (3, 4, 4), (3, 3, 3), dict(padding=1, groups=4)),
+}
+
+
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("case", list(FORWARD), ids=str)
+def test_conv_forward(mods, case, layout):
+    batch, cin, cout, size, kernel, args = FORWARD[case]
+    x, w = _case(False, batch, cin, cout, size, kernel, args.get("groups", 1), seed=len(case))
+    ref = _ref(x, w, False, **args)
+    if layout == "cl":
+        x, w = _channels_last(x), _channels_last(w)
+    _close(mods(False).launch(x, w, **args, **TILE), ref)
+
+
+TRANSPOSED = {
+    "1d-s3-k2": (2, 3, 4, (5,), (2,), dict(stride=3, padding=0)),  # kernel < stride: a class without taps
+    "1d-s2-k5-op1": (1, 4, 3, (6,), (5,), dict(stride=2, padding=2, output_padding=1)),  # kernel not divisible
+    "2d-s2-k3": (2, 4, 5, (4, 5), (3, 3), dict(stride=2, padding=1, output_padding=1)),
+    "2d-s1": (1, 3, 4, (5, 4), (3, 2), dict(stride=1, padding=(1, 0), dilation=(2, 1))),
+    "2d-s23-dil": (1, 3, 4, (4, 3), (4, 5), dict(stride=(2, 3), padding=(1, 2), dilation=(1, 2),
+                                                   output_padding=(1, 1))),
+    "2d-s2-d2": (1, 2, 3, (4, 4), (3, 2), dict(stride=2, dilation=2, padding=1, output_padding=1)),  # gcd 2
+    "2d-s3-d2-op": (1, 3, 2, (4, 3), (3, 4), dict(stride=3, dilation=2, padding=(2, 1), output_padding=(1, 2))),
+    "3d-s2": (1, 3, 4, (3, 3, 2), (3, 2, 3), dict(stride=(2, 2, 1), padding=(1, 0, 1), output_padding=(1, 1, 0))),
+    "groups2": (2, 4, 6, (4, 4), (3, 3), dict(stride=2, padding=1, groups=2)),
+    "depthwise": (1, 4, 4, (3, 4), (4, 4), dict(stride=2, padding=1, groups=4)),
+    "wide-cin": (1, 32, 5, (3, 4), (2, 3), dict(stride=(2, 1), padding=(0, 1))),
+}
+
+
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("case", list(TRANSPOSED), ids=str)
+def test_conv_transposed(mods, case, layout):
+    batch, cin, cout, size, kernel, args = TRANSPOSED[case]
+    x, w = _case(True, batch, cin, cout, size, kernel, args.get("groups", 1), seed=len(case))
+    ref = _ref(x, w, True, **args)
+    if layout == "cl":
+        x, w = _channels_last(x), _channels_last(w)
+    _close(mods(True).launch(x, w, **args, **TILE), ref)
+
+
+def test_weight_layouts_and_out_channels_last(mods):
+    """A weight read through its strides (few pixel tiles) and one copied K-major (many), and
+    channels-last outputs, give the same values."""
+    g = _gen(3)
+    for transposed in (False, True):
+        x = _rand(2, 8, 5, 5, g=g)
+        w = _rand(8, 6, 3, 3, g=g) if transposed else _rand(6, 8, 3, 3, g=g)
+        args = dict(stride=2, padding=1, output_padding=1) if transposed else dict(padding=1)
+        ref = _ref(x, w, transposed, **args)
+        mod = mods(transposed)
+        for tile_m in (16, 128):  # 4+ tiles of 16 copy the weight, one tile of 128 does not
+            out = mod.launch(x, w, **args, **dict(TILE, BLOCK_M=tile_m))
+            _close(out, ref)
+            assert out.is_contiguous()
+        out = mod.launch(_channels_last(x), w, **args, out_channels_last=True, **TILE)
+        _close(out, ref)
+        assert out.is_contiguous(memory_format=torch.channels_last)
+    x3, w3 = _case(True, 1, 3, 4, (3, 2, 3), (2, 2, 2), 1, seed=4)
+    out = mods(True).launch(x3, w3, stride=2, out_channels_last=True, **TILE)
+    _close(out, _ref(x3, w3, True, stride=2))
+    assert out.is_contiguous(memory_format=torch.channels_last_3d)
+    x1, w1 = _case(False, 2, 4, 5, (9,), (3,), 1, seed=5)
+    out = mods(False).launch(x1, w1, padding=1, out_channels_last=True, **TILE)
+    _close(out, _ref(x1, w1, False, padding=1))
+    assert out.stride(1) == 1
+
+
+EPI = Epilogue(
+    (EpilogueOperand("e0", "col"), EpilogueOperand("e1", "full"), EpilogueOperand("e2", "scalar")),
+    "acc = (acc + e0) * e2 + e1\nacc = tl.maximum(acc, 0.0)",
+)
+
+
+@pytest.mark.parametrize("transposed,nd,ocl", [(False, 2, False), (False, 1, True), (True, 2, True),
+                                                (True, 3, False)])
+def test_epilogue_col_full_scalar(mods, transposed, nd, ocl):
+    """bias (col), a residual broadcast over one dim (full, a stride-0 dim) and a scale (scalar),
+    then ReLU, over groups of 2."""
+    g = _gen(6 + nd)
+    size = {1: (9,), 2: (5, 4), 3: (2, 3, 2)}[nd]
+    kernel = {1: (3,), 2: (3, 2), 3: (2, 2, 1)}[nd]
+    args = dict(stride=2, padding=1, groups=2) | (dict(output_padding=1) if transposed else {})
+    x, w = _case(transposed, 2, 4, 6, size, kernel, 2, seed=nd)
+    conv = _ref(x, w, transposed, **args)
+    bias = _rand(6, g=g)
+    res = _rand(conv.shape[0], 1, *conv.shape[2:], g=g).expand(conv.shape)  # stride 0 along channels
+    scale = torch.tensor(0.5, device=DEVICE)
+    ref = torch.relu((conv + bias.view(1, 6, *[1] * nd)) * scale + res)
+    out = mods(transposed, EPI).launch(x, w, bias, res, scale, **args, out_channels_last=ocl, **TILE)
+    _close(out, ref)
+    if nd != 2:
+        return
+    # a residual given with fewer dims (broadcast along batch) is expanded by the launcher
+    res1 = _rand(*conv.shape[1:], g=g)
+    _close(mods(transposed, EPI).launch(x, w, bias, res1, scale, **args, **TILE),
+           torch.relu((conv + bias.view(1, 6, *[1] * nd)) * scale + res1))
+
+
+def _bf16(t):
+    return t.bfloat16().double()
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_bf16(mods, transposed):
+    """CAST_BF16 rounds float32 tiles to bf16 (products exact in float32); bf16 tensors in and out."""
+    x, w = _case(transposed, 2, 6, 4, (4, 5), (3, 3), 2, seed=11)
+    args = dict(stride=2, padding=1, groups=2)
+    ref = _ref(_bf16(x), _bf16(w), transposed, **args)
+    mod = mods(transposed)
+    _close(mod.launch(x, w, **args, CAST_BF16=True, **TILE), ref, tol=1e-4)
+    out = mod.launch(x.bfloat16(), w.bfloat16(), **args, **TILE)
+    assert out.dtype == torch.bfloat16
+    _close(out, ref, tol=1e-2)
+    out = mod.launch(x.bfloat16(), w.bfloat16(), **args, out_dtype=torch.float32, **TILE)
+    _close(out, ref, tol=1e-4)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_space_configs_run(mods, transposed):
+    """The first configs of conv_space (tensor-core sized tiles) compute the same convolution."""
+    batch, cin, cout, size, kernel = 2, 16, 24, (6, 6), (3, 3)
+    args = dict(stride=2, padding=1) | (dict(output_padding=1) if transposed else {})
+    x, w = _case(transposed, batch, cin, cout, size, kernel, 1, seed=12)
+    ref = _ref(x, w, transposed, **args)
+    M = ref.shape[0] * ref[0, 0].numel()
+    configs = conv_space(M=M, N=cout, K=cin * 9, channels=cin, precision="fp32", elem_bytes=4, spec=H200)
+    for cfg in configs[:3]:
+        _close(mods(transposed).launch(_channels_last(x), w, **args, **cfg), ref)
+
+
+def test_errors(mods):
+    with pytest.raises(ValueError, match="row"):
+        render_conv(Epilogue((EpilogueOperand("e0", "row"),), "acc = acc + e0"))
+    x, w = _case(False, 1, 4, 4, (5, 5), (3, 3), 1, seed=0)
+    mod = mods(False)
+    with pytest.raises(ValueError, match="groups"):
+        mod.launch(x, w, groups=3)
+    with pytest.raises(ValueError, match="string"):
+        mod.launch(x, w, padding="same")
+    with pytest.raises(ValueError, match="split"):
+        mod.launch(x, w, SPLIT_K=2)
+    with pytest.raises(ValueError, match="empty output"):
+        mod.launch(x, w, dilation=3)
+    with pytest.raises(ValueError, match="epilogue operand"):
+        mods(False, EPI).launch(x, w)
+    with pytest.raises(ValueError, match="output_padding"):
+        mods(True).launch(x, w, stride=2, output_padding=2)
