@@ -1,63 +1,152 @@
-"""Schedule space of the implicit-GEMM convolution template (templates/triton/conv.py.j2).
+"""The schedule space of the implicit-GEMM convolution template (codegen/triton_conv.py,
+templates/triton/conv.py.j2).
 
-GEMM view of one convolution group: M output pixels, N output channels of the group, K input
-channels of the group times kernel taps. The configs are tiles (BLOCK_M x BLOCK_N, BLOCK_K per
-step), GROUP_M, num_warps and num_stages, filtered by the device's shared memory per block and
-ordered for the search's seeds: tensor-core tiles first under tf32 / bf16, tiles no wider than
-N and no deeper than K (rounded to powers of two), and enough tiles to fill the device's SMs.
+GEMM view per group: M output pixels, N output channels of the group, K = input channels of the
+group x kernel taps. A config is a dict with the keys of `CONFIG_KEYS`: the tile (BLOCK_M pixels,
+BLOCK_N output channels, BLOCK_K input channels per step, or (tap, channel) pairs where a group has
+fewer channels than BLOCK_K), GROUP_M (rows of tiles walked together) and Triton's num_warps and
+num_stages. Configs come in seed order: tensor-core shaped tiles known to run well on Hopper GEMMs
+first (for tf32 and bf16), with BLOCK_N shrunk toward small N; then the rest of the product of the
+axes, ranked by a score (tile reuse, K-step bytes, pipeline depth, padding waste, SM fill). Every
+config fits the device's shared memory per block and, where the problem allows, makes enough
+programs to occupy the device's SMs (`DeviceSpec`: no device numbers here).
 """
 from __future__ import annotations
 
 import itertools
+import math
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
 
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 
-def _p2(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1)."""
-    return 1 << max(0, int(n) - 1).bit_length()
+AXES = dict(
+    BLOCK_M=(32, 64, 128, 256),
+    BLOCK_N=(16, 32, 64, 128, 256),
+    BLOCK_K=(16, 32, 64, 128),
+    GROUP_M=(8,),
+    num_warps=(4, 8),
+    num_stages=(2, 3, 4, 5),
+)
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) tried first, per precision; BLOCK_N and BLOCK_K
+# are shrunk to the problem's caps before use (so a small N still starts from a big pixel tile)
+SEEDS = {
+    "bf16": [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (256, 128, 64, 8, 3),
+             (64, 128, 64, 4, 4), (128, 64, 64, 4, 4)],
+    "tf32": [(128, 128, 32, 8, 4), (128, 256, 32, 8, 3), (128, 128, 32, 4, 3), (256, 128, 32, 8, 3),
+             (64, 128, 32, 4, 4), (128, 64, 32, 4, 4)],
+    "fp32": [(128, 128, 16, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 128, 32, 8, 3),
+             (64, 64, 32, 4, 3)],
+}
+PRECISIONS = {"fp32": "fp32", "ieee": "fp32", "tf32": "tf32", "bf16": "bf16"}
 
 
-def conv_space(*, M: int, N: int, K: int, precision: str = "fp32", elem_bytes: int = 4,
-               spec: DeviceSpec | None = None, max_configs: int = 40) -> list[dict]:
-    """Candidate configs for one convolution (M, N, K: its per-group GEMM view), seed order first.
+def _p2(x: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
-    `precision`: "fp32" (IEEE float32 FMAs: smaller tiles, more warps pay off less), "tf32" or
-    "bf16" (tensor cores). `elem_bytes`: the operands' element size (shared-memory footprint of
-    the num_stages-deep ring of A [BLOCK_M, BLOCK_K] and B [BLOCK_K, BLOCK_N] tiles).
-    `spec`: the device (shared memory per block, SMs); default `device_spec()`."""
+
+def smem_bytes(cfg: dict, elem_bytes: int) -> int:
+    """Shared memory a config needs: its pipeline's A and B tiles (num_stages of them), or the
+    float32 output tile the epilogue's layout change may stage, whichever is larger (the two are
+    not live at once)."""
+    bm, bn, bk, s = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"]
+    return max(s * (bm + bn) * bk * elem_bytes, bm * bn * 4)
+
+
+def block_k_cap(K: int | None, channels: int | None) -> int:
+    """The largest BLOCK_K worth trying: the group's input channels (one tap's K run) rounded up to a
+    power of two, at least 16 (tl.dot's minimum), and at most K rounded so."""
+    cap = 128
+    if channels:
+        cap = min(cap, max(16, _p2(channels)))
+    if K:
+        cap = min(cap, max(16, _p2(K)))
+    return cap
+
+
+def programs(cfg: dict, M: int, N: int, groups: int = 1) -> int:
+    """Programs the kernel launches (per phase class of a transposed convolution)."""
+    return math.ceil(M / cfg["BLOCK_M"]) * math.ceil(N / cfg["BLOCK_N"]) * groups
+
+
+def conv_space(
+    *,
+    M: int | None,
+    N: int | None,
+    K: int | None,
+    precision: str,
+    elem_bytes: int | None,
+    spec: DeviceSpec | None,
+    max_configs: int = 40,
+    channels: int | None = None,
+    groups: int = 1,
+) -> list[dict]:
+    """Configs for the convolution template, seeds first.
+
+    M: output pixels (batch x output spatial); N: output channels per group; K: input channels
+    per group x kernel taps (None where unknown). precision: fp32 (or ieee), tf32 or bf16.
+    elem_bytes: operand bytes as loaded (default 2 for bf16, else 4; pass 4 for float32 tensors the
+    kernel rounds to bf16). spec: the device (shared memory per block, SMs; None: `device_spec()`).
+    channels: input channels per group, which cap BLOCK_K (`block_k_cap`); groups: the number of
+    groups, programs run side by side (both optional)."""
+    prec = PRECISIONS.get(precision)
+    if prec is None:
+        raise ValueError(f"unknown precision {precision!r}; one of {sorted(PRECISIONS)}")
     spec = spec or device_spec()
-    cap_n = max(16, min(256, _p2(N)))
-    cap_k = max(16, min(128, _p2(K)))
-    cap_m = max(16, min(256, _p2(M)))
-    out = []
-    for bm, bn, bk, warps, stages in itertools.product((32, 64, 128, 256), (16, 32, 64, 128, 256), (16, 32, 64, 128),
-                                                      (2, 4, 8), (1, 2, 3, 4)):
+    eb = elem_bytes or (2 if prec == "bf16" else 4)
+    cap_m = max(32, _p2(M)) if M else 256
+    cap_n = max(16, _p2(N)) if N else 256
+    cap_k = block_k_cap(K, channels)
+    small = bool((M and M < 64) or (N and N < 64))
+
+    def ok(c: dict) -> bool:
+        bm, bn, bk, w, s = (c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"))
         if bm > cap_m or bn > cap_n or bk > cap_k:
-            continue
-        smem = stages * (bm * bk + bk * bn) * elem_bytes
-        if smem > spec.smem_per_block:
-            continue
-        elems = bm * bn  # accumulator elements per program: 16 to 128 per thread
-        if not 16 * 32 * warps <= elems <= 128 * 32 * warps:
-            continue
-        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages))
-    tiles = lambda c: -(-M // c["BLOCK_M"]) * -(-N // c["BLOCK_N"])  # noqa: E731
-    tensor_cores = precision in ("tf32", "bf16")
-    best_k = 64 if precision == "bf16" else 32
+            return False
+        if bk * eb > 256 or smem_bytes(c, eb) > spec.smem_per_block:
+            return False
+        if not 8 <= bm * bn / (32 * w) <= 128:  # float32 accumulators per thread
+            return False
+        if w == 8 and bm * bn < 128 * 128:
+            return False
+        if bm * bn < 64 * 64 and not small:
+            return False
+        return prec != "fp32" or s <= 3  # the FMA path gains nothing from deep pipelines
 
-    def rank(c):
-        fills = tiles(c) >= spec.sms  # a full wave at least
-        big = c["BLOCK_M"] * c["BLOCK_N"]
-        return (not fills,
-                # tensor cores: 128 x 128-class tiles, 4-8 warps, 3-4 stages; IEEE fp32: 64 x 64-class
-                abs(big - (128 * 128 if tensor_cores else 64 * 64)) / big,
-                abs(c["BLOCK_K"] - min(best_k, cap_k)),
-                abs(c["num_stages"] - (3 if tensor_cores else 2)),
-                abs(c["num_warps"] - (8 if big >= 128 * 128 else 4)))
+    def score(c: dict) -> float:
+        bm, bn, bk, s = (c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages"))
+        sc = math.log2(min(bm * bn, 128 * 256))  # bigger tiles: more reuse
+        sc -= 0.3 * abs(math.log2(bm / bn))
+        sc += {128: 1.0, 64: 0.6, 256: 0.3}.get(bk * eb, 0.0)
+        sc -= 0.3 * abs(s - (3 if prec == "fp32" else 4))
+        if M and N:
+            sc += 4 * ((M * N) / (math.ceil(M / bm) * bm * math.ceil(N / bn) * bn) - 1)  # padding waste
+            waves = programs(c, M, N, groups) / max(1, spec.sms)
+            sc -= 3 * (1 - waves) if waves < 1 else 1.5 * (math.ceil(waves) - waves) / math.ceil(waves)
+        return sc
 
-    out.sort(key=rank)
+    def cfg(bm, bn, bk, w, s) -> dict:
+        return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=AXES["GROUP_M"][0], num_warps=w, num_stages=s)
+
+    seeds = []
+    for bm, bn, bk, w, s in SEEDS[prec]:
+        bn, bk = min(bn, cap_n), min(bk, cap_k)
+        if w == 8 and bm * bn < 128 * 128:
+            w = 4
+        c = cfg(bm, bn, bk, w, s)
+        if ok(c) and c not in seeds:
+            seeds.append(c)
+    cands = [dict(zip(AXES, v)) for v in itertools.product(*AXES.values())]
+    rest = sorted((c for c in cands if ok(c) and c not in seeds), key=score, reverse=True)
+    out = seeds + rest
+    if M and N and out:  # enough programs for the SMs where some config has them
+        want = min(spec.sms, max(programs(c, M, N, groups) for c in out))
+        filled = [c for c in out if programs(c, M, N, groups) >= want]
+        out = filled + [c for c in out if c not in filled] if len(filled) < 4 else filled
+    if not out:  # tiny or odd problem: the smallest legal tile
+        out = [cfg(32, 16, 16, 4, 2)]
     return out[:max_configs]
 
 
-__all__ = ["conv_space"]
+__all__ = ["CONFIG_KEYS", "AXES", "SEEDS", "conv_space", "block_k_cap", "smem_bytes", "programs"]

@@ -1,0 +1,84 @@
+"""The convolution template's schedule space (space/conv_space.py): shared-memory budget, BLOCK_K
+cap, seed order, SM fill."""
+import dataclasses
+
+import pytest
+
+from kernelwright.analyze.device import H200
+from kernelwright.space.conv_space import CONFIG_KEYS, SEEDS, block_k_cap, conv_space, programs, smem_bytes
+
+RESNET = dict(M=32 * 56 * 56, N=256, K=256 * 9, channels=256)  # ResNet 3x3 256 -> 256, 56 x 56, batch 32
+
+
+def _fake(smem_kib, sms=132):
+    return dataclasses.replace(H200, name="fake", smem_per_block=smem_kib * 1024, sms=sms)
+
+
+@pytest.mark.parametrize("precision,eb", [("fp32", 4), ("tf32", 4), ("bf16", 2), ("bf16", 4)])
+@pytest.mark.parametrize("smem_kib", [48, 100, 227])
+def test_smem_budget(precision, eb, smem_kib):
+    spec = _fake(smem_kib)
+    space = conv_space(**RESNET, precision=precision, elem_bytes=eb, spec=spec, max_configs=200)
+    assert space
+    assert all(smem_bytes(c, eb) <= spec.smem_per_block for c in space)
+    assert all(set(c) == set(CONFIG_KEYS) for c in space)
+    assert len({tuple(sorted(c.items())) for c in space}) == len(space)  # no repeats
+
+
+def test_smaller_budget_drops_big_tiles():
+    big = conv_space(**RESNET, precision="tf32", elem_bytes=4, spec=_fake(227), max_configs=1000)
+    small = conv_space(**RESNET, precision="tf32", elem_bytes=4, spec=_fake(64), max_configs=1000)
+    assert len(small) < len(big)
+    assert max(smem_bytes(c, 4) for c in big) > 64 * 1024
+
+
+@pytest.mark.parametrize("channels,cap", [(1, 16), (3, 16), (16, 16), (24, 32), (64, 64), (256, 128)])
+def test_block_k_cap(channels, cap):
+    assert block_k_cap(channels * 9, channels) == cap
+    space = conv_space(M=4096, N=64, K=channels * 9, channels=channels, precision="bf16", elem_bytes=2,
+                       spec=H200, max_configs=200)
+    assert max(c["BLOCK_K"] for c in space) <= cap
+    assert min(c["BLOCK_K"] for c in space) >= 16
+    # without the channel count, K alone caps it
+    assert all(c["BLOCK_K"] <= block_k_cap(20, None) for c in
+               conv_space(M=4096, N=64, K=20, precision="tf32", elem_bytes=4, spec=H200))
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_seed_order_tensor_core_tiles_first(precision):
+    space = conv_space(**RESNET, precision=precision, elem_bytes=4 if precision == "tf32" else 2, spec=H200)
+    first = space[0]
+    bm, bn, bk, w, s = SEEDS[precision][0]
+    assert (first["BLOCK_M"], first["BLOCK_N"], first["BLOCK_K"], first["num_warps"], first["num_stages"]) \
+        == (bm, bn, bk, w, s)
+    assert all(c["BLOCK_M"] * c["BLOCK_N"] >= 64 * 128 for c in space[:4])
+
+
+def test_small_n_gets_narrow_tiles():
+    space = conv_space(M=32 * 56 * 56, N=24, K=16 * 9, channels=16, precision="tf32", elem_bytes=4, spec=H200)
+    assert all(c["BLOCK_N"] <= 32 for c in space)
+    assert space[0]["BLOCK_N"] == 32 and space[0]["BLOCK_M"] >= 128  # the seed's pixel tile kept
+    assert all(c["BLOCK_K"] == 16 for c in space)
+
+
+def test_enough_programs_for_the_sms():
+    spec = _fake(227, sms=132)
+    M, N = 16 * 16 * 2, 64  # 512 pixels: 128 x 64 tiles make 4 programs
+    space = conv_space(M=M, N=N, K=64 * 9, channels=64, precision="tf32", elem_bytes=4, spec=spec)
+    best = max(programs(c, M, N) for c in space)
+    assert all(programs(c, M, N) >= best for c in space[:4])
+    # the groups run side by side: with 64 of them, big tiles fill the SMs again
+    grouped = conv_space(M=M, N=N, K=64 * 9, channels=64, precision="tf32", elem_bytes=4, spec=spec, groups=64)
+    assert all(programs(c, M, N, 64) >= spec.sms for c in grouped)
+    assert grouped[0]["BLOCK_M"] == 128
+
+
+def test_fp32_shallow_pipelines_and_unknown_precision():
+    assert all(c["num_stages"] <= 3 for c in conv_space(**RESNET, precision="ieee", elem_bytes=4, spec=H200))
+    with pytest.raises(ValueError, match="precision"):
+        conv_space(**RESNET, precision="fp8", elem_bytes=1, spec=H200)
+
+
+def test_tiny_problem_still_has_a_config():
+    space = conv_space(M=1, N=1, K=1, precision="bf16", elem_bytes=2, spec=_fake(16, sms=1))
+    assert space and all(c["BLOCK_M"] >= 16 and c["BLOCK_N"] >= 16 and c["BLOCK_K"] >= 16 for c in space)
