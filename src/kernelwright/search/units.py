@@ -422,14 +422,15 @@ class ConvTuner(KernelTuner):
         super().__init__(graph, nodes, ins, [(f.out, None)], env, policy, device, cache_dir, timed)
         self.absorbs, self.result = list(f.absorbed_nodes), f.out
         M, N, K = f.gemm
+        groups = int(f.conv.args[8])
         bf16 = f.cast_bf16 or graph.meta(f.w).dtype == "bfloat16"
         precision = "bf16" if bf16 else policy.name
+        cin = f.weight_shape[0] // groups if f.transposed else f.weight_shape[1]
         self.space = [Config.make("triton.conv", **c) for c in
-                      conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=2 if bf16 else 4,
-                                 spec=spec or device_spec())]
+                      conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=graph.meta(f.x).itemsize,
+                                 spec=spec or device_spec(), channels=cin, groups=groups)]
         self.seeds = self.space[:4]
         self.default = self.space[0]
-        groups = int(f.conv.args[8])
         self.features = {"log2_M": math.log2(max(M, 1)), "log2_N": math.log2(max(N, 1)), "log2_K": math.log2(max(K, 1)),
                          "log2_groups": math.log2(groups), "n_operands": len(f.operands),
                          "transposed": float(f.transposed), "spatial": len(f.out_shape) - 2,
