@@ -1,0 +1,118 @@
+"""Worker for test_conv_target_compile.py, run in a fresh process without TRITON_INTERPRET (Triton
+modules imported in interpreter mode cannot compile later): compiles the convolution template with
+the first configs of conv_space for sm_90, at real problem sizes on meta tensors, and writes
+{case: [{"config", "kernel", "error", "shared"}]} as JSON.
+
+usage: python tests/kernels/conv_target_compile_worker.py OUT.json
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from kernelwright.analyze.device import H200
+from kernelwright.build.triton_target import compile_source_for_target, meta_tensor
+from kernelwright.codegen.epilogue import Epilogue, EpilogueOperand
+from kernelwright.codegen.triton_conv import render_conv
+from kernelwright.space.conv_space import conv_space
+
+EPI = Epilogue(
+    (EpilogueOperand("e0", "col"), EpilogueOperand("e1", "full"), EpilogueOperand("e2", "scalar")),
+    "acc = (acc + e0) * e2 + e1\nacc = kw_tanh(acc)",
+)
+
+# name: (transposed, x shape, weight shape, conv args, policy, layout, epilogue, configs)
+# policy: fp32 / tf32 / bf16 (float32 tensors rounded in the kernel) / bf16-tensors
+CASES = {
+    "resnet3x3-cl-tf32": (False, (32, 256, 56, 56), (256, 256, 3, 3), dict(padding=1), "tf32", "cl", False, 4),
+    "resnet3x3-nchw-fp32": (False, (32, 256, 56, 56), (256, 256, 3, 3), dict(padding=1), "fp32", "nchw", False, 2),
+    "conv2d-bf16-cast-epi": (False, (32, 64, 224, 224), (128, 64, 3, 3), dict(padding=1), "bf16", "cl", True, 2),
+    "conv2d-bf16-tensors": (False, (8, 128, 64, 64), (128, 128, 1, 1), {}, "bf16-tensors", "cl", False, 2),
+    "conv3d-cl-tf32-epi": (False, (4, 64, 32, 32, 32), (64, 64, 3, 3, 3), dict(padding=1), "tf32", "cl", True, 2),
+    "conv1d-cin3-fold": (False, (16, 3, 4096), (64, 3, 7), dict(stride=2, padding=3), "tf32", "nchw", False, 1),
+    "grouped4": (False, (16, 128, 28, 28), (128, 32, 3, 3), dict(padding=1, groups=4), "tf32", "cl", False, 1),
+    "depthwise": (False, (16, 64, 56, 56), (64, 1, 3, 3), dict(padding=1, groups=64), "fp32", "nchw", False, 1),
+    "convT2d-s2-tf32-epi": (True, (16, 128, 32, 32), (128, 64, 4, 4), dict(stride=2, padding=1), "tf32", "cl", True, 3),
+    "convT3d-s2-op1-bf16": (True, (4, 64, 16, 16, 16), (64, 32, 3, 3, 3),
+                            dict(stride=2, padding=1, output_padding=1), "bf16-tensors", "cl", False, 2),
+    "convT1d-s3-dil2": (True, (8, 32, 500), (32, 16, 5), dict(stride=3, dilation=2, padding=2, output_padding=1),
+                        "fp32", "nchw", False, 1),
+}
+
+
+def _strides(shape, layout):
+    """Contiguous strides, or channels-last ones ([N, *spatial, C] memory)."""
+    order = list(range(len(shape))) if layout == "nchw" else [0] + list(range(2, len(shape))) + [1]
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= shape[d]
+    return strides
+
+
+def _out_shape(transposed, x, w, args):
+    nd = len(x) - 2
+    per = lambda k: [args.get(k, 1 if k in ("stride", "dilation") else 0)] * nd  # noqa: E731
+    st, pad, dil, op = per("stride"), per("padding"), per("dilation"), per("output_padding")
+    g = args.get("groups", 1)
+    if transposed:
+        sp = [(i - 1) * s - 2 * p + d * (k - 1) + o + 1 for i, k, s, p, d, o in zip(x[2:], w[2:], st, pad, dil, op)]
+        return (x[0], w[1] * g, *sp)
+    return (x[0], w[0], *[(i + 2 * p - d * (k - 1) - 1) // s + 1 for i, k, s, p, d in zip(x[2:], w[2:], st, pad, dil)])
+
+
+def check(case, cache):
+    transposed, xs, ws, args, policy, layout, epi, n_configs = CASES[case]
+    dtype = torch.bfloat16 if policy == "bf16-tensors" else torch.float32
+    out = _out_shape(transposed, xs, ws, args)
+    groups = args.get("groups", 1)
+    cin_g = xs[1] // groups
+    M, N, K = out[0] * math.prod(out[2:]), out[1] // groups, cin_g * math.prod(ws[2:])
+    precision = "bf16" if policy.startswith("bf16") else policy
+    configs = conv_space(M=M, N=N, K=K, channels=cin_g, groups=groups, precision=precision,
+                         elem_bytes=2 if dtype == torch.bfloat16 else 4, spec=H200)[:n_configs]
+    text = render_conv(EPI if epi else Epilogue(), name=f"kw_conv_{case.replace('-', '_')}", transposed=transposed)
+    x = meta_tensor(xs, _strides(xs, layout), dtype)
+    w = meta_tensor(ws, _strides(ws, layout), dtype)
+    operands = []
+    if epi:
+        operands = [meta_tensor((out[1],), (1,), torch.float32),
+                    meta_tensor(out, [0] + _strides(out, layout)[1:], torch.float32),  # broadcast over batch
+                    meta_tensor((), (), torch.float32)]
+    precision_kw = dict(CAST_BF16=True) if policy == "bf16" else dict(INPUT_PRECISION="tf32") if policy == "tf32" else {}
+    rows = []
+    for cfg in configs:
+        kw = dict(args, **cfg, **precision_kw, out_channels_last=layout == "cl")
+        try:
+            builds = _compile(text, case, [x, w, *operands], kw, cache)
+        except Exception as e:  # noqa: BLE001 - reported per config
+            rows.append(dict(config=cfg, kernel=None, error=f"{type(e).__name__}: {e}", shared=None))
+            continue
+        if not builds:
+            rows.append(dict(config=cfg, kernel=None, error="the launcher launched no kernel", shared=None))
+        rows += [dict(config=cfg, kernel=b.kernel, error=b.error, shared=b.shared_bytes) for b in builds]
+    return rows
+
+
+def _compile(text, case, args, kw, cache):
+    """compile_source_for_target on a module whose launch() takes `args` and adds `kw`."""
+    wrapped = text + f"\n\n_conv_launch = launch\n\n\ndef launch(*args):\n    return _conv_launch(*args, **{kw!r})\n"
+    return compile_source_for_target(wrapped, case.replace("-", "_"), args, cache)
+
+
+if __name__ == "__main__":
+    assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run without TRITON_INTERPRET"
+    cache = Path(tempfile.mkdtemp(prefix="kw_conv_sm90_"))
+    results = {}
+    for case in CASES:
+        try:
+            results[case] = check(case, cache)
+        except Exception as e:  # noqa: BLE001 - reported per case
+            results[case] = [dict(config=None, kernel=None, error=f"worker error: {type(e).__name__}: {e}", shared=None)]
+    Path(sys.argv[1]).write_text(json.dumps(results))

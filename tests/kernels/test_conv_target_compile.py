@@ -1,0 +1,43 @@
+"""The convolution template compiles for sm_90 (no GPU needed) with the first configs of its space:
+dense, grouped, depthwise and transposed convolutions with 1-3 spatial dims, float32 (IEEE and
+TF32), bf16 casts and bf16 tensors, NCHW and channels-last, with and without a fused epilogue, at
+real problem sizes. The interpreter tests never lower a kernel; this catches what only the
+compiler sees, and checks that each build's shared memory fits the H200's per-block budget (the
+space's shared-memory model). The compiling runs in one fresh worker process
+(tests/kernels/conv_target_compile_worker.py): the interpreter tests put Triton into interpreter
+mode for this whole process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelwright.analyze.device import H200
+
+sys.path.insert(0, str(Path(__file__).parent))
+from conv_target_compile_worker import CASES  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("conv_sm90") / "results.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    worker = Path(__file__).with_name("conv_target_compile_worker.py")
+    proc = subprocess.run([sys.executable, str(worker), str(out)], env=env, capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_conv_configs_compile_for_sm90(results, case):
+    rows = results[case]
+    assert rows
+    failures = [f"{r['config']} {r['kernel']}: {r['error']}" for r in rows if r["error"]]
+    assert not failures, "\n".join(failures)
+    for r in rows:
+        assert r["shared"] is not None and r["shared"] <= H200.smem_per_block, r
