@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
+from kernelwright.capture.shapes import channels_last_strides
 from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
 from kernelwright.codegen.triton_conv import render_conv
@@ -138,26 +139,10 @@ def _output_view(strides: tuple, domain: tuple, shape: tuple) -> tuple[int, ...]
     return tuple(0 if shape[i] == 1 else s for i, s in enumerate(out))
 
 
-def _channels_last(shape: tuple, strides: tuple) -> bool:
-    """Whether `strides` are the channels-last(-3d) layout of `shape` ([N, C, *spatial])."""
-    if len(shape) < 4:
-        return False
-    order = [1] + list(range(len(shape) - 1, 1, -1)) + [0]  # innermost first: C, then spatial, then N
-    expect = 1
-    for d in order:
-        if shape[d] != 1 and strides[d] != expect:
-            return False
-        expect *= shape[d]
-    return True
-
-
-def _contiguous(shape: tuple, strides: tuple) -> bool:
-    expect = 1
-    for d in range(len(shape) - 1, -1, -1):
-        if shape[d] != 1 and strides[d] != expect:
-            return False
-        expect *= shape[d]
-    return True
+def _channels_last(meta: TensorMeta) -> bool:
+    """Whether `meta` ([N, C, *spatial]) is stored channels-last(-3d)."""
+    return len(meta.shape) >= 4 and all(sh == 1 or st == e for sh, st, e in
+                                        zip(meta.shape, meta.stride, channels_last_strides(meta.shape)))
 
 
 def fusable(graph: Graph, conv: OpNode, group: Group) -> str | None:
@@ -180,7 +165,7 @@ def fusable(graph: Graph, conv: OpNode, group: Group) -> str | None:
         return "the group's output does not have the convolution's shape"
     if out.dtype not in ("float32", "bfloat16"):
         return "float32 or bf16 outputs only"
-    if not (_contiguous(out.shape, out.stride) or _channels_last(out.shape, out.stride)):
+    if not (out.contiguous or _channels_last(out)):
         return "the group's output is neither contiguous nor channels-last"
     return None
 
@@ -244,7 +229,7 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     w = conv.args[1].name
     widen = cast and graph.meta(w).dtype == "bfloat16"
     return ConvEpilogue(conv, group, Epilogue(tuple(ops), "\n".join(code)) if code else IDENTITY, x, w, values, views,
-                        out, shape, meta.dtype, _channels_last(shape, meta.stride), cast,
+                        out, shape, meta.dtype, _channels_last(meta), cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen)
 
 

@@ -197,13 +197,12 @@ def _tuners(job: _Job, plan, unit, template) -> tuple[UnitResult, list[Callable[
         return row, cuda, "" if cuda else why
     node = graph.node(unit.node)
     row = UnitResult(node.name, "node", [node.op])
+    makers = [] if template is None else [
+        lambda: NodeTuner(graph, node, template, job.env, job.policy, job.device, job.cache_dir, job.timed)]
     if job.backend == "cuda":
         if template is None or template.name.startswith("triton."):
             return row, [], "the node's templates are Triton templates (--backend cuda)"
-        return row, [lambda: NodeTuner(graph, node, template, job.env, job.policy, job.device, job.cache_dir,
-                                       job.timed)], ""
-    makers = [] if template is None else [
-        lambda: NodeTuner(graph, node, template, job.env, job.policy, job.device, job.cache_dir, job.timed)]
+        return row, makers, ""
     if _conv(graph, node.name):  # the implicit-GEMM convolution, its bias fused
         makers.append(lambda: ConvTuner(graph, conv_epilogue.build(graph, node, None, plan.groups), None, job.env,
                                         job.policy, job.device, job.cache_dir, job.timed, job.spec))
