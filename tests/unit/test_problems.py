@@ -42,7 +42,13 @@ def test_suite_is_complete():
     by_level = {lvl: [p for p in PROBLEM_FILES if p.parent.name == f"level{lvl}"] for lvl in (1, 2, 3)}
     assert len(by_level[1]) >= 32
     assert len(by_level[2]) >= 14
-    assert len(by_level[3]) >= 6
+    assert len(by_level[3]) >= 15
+    # level 2's convolution problems cover what KernelBench's do: 3-D, transposed and 1-D convolutions
+    conv = [p.stem for p in by_level[2] if "conv" in p.stem]
+    assert len(conv) >= 25
+    assert sum(n.startswith(("conv3d", "conv_transpose3d")) for n in conv) >= 8
+    assert sum(n.startswith("conv_transpose2d") for n in conv) >= 5
+    assert sum(n.startswith("conv1d") for n in conv) >= 2
     names = [p.stem for p in PROBLEM_FILES]
     assert len(names) == len(set(names)), "problem names must be unique across levels"
 
