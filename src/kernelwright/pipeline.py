@@ -22,20 +22,23 @@ from typing import Callable
 
 import torch
 
-from kernelwright.analyze.coverage import coverage, generated_nodes
+from kernelwright.analyze.coverage import plan_coverage
 from kernelwright.capture import CaptureError, capture
 from kernelwright.capture.modes import training_modes
 from kernelwright.emit.module import (ModeForward, import_model_new, model_new_like, module_files, render_model_new,
                                     write_module)
+from kernelwright.emit.report import write_report
 from kernelwright.measure import watchdog
-from kernelwright.measure.final import PLAIN, final_checks, not_shipped
+from kernelwright.measure.baselines import baseline_output_dtypes
+from kernelwright.measure.final import OWN_FORWARD, final_checks, graphs_in_every_mode, not_shipped
 from kernelwright.measure.memory import MemoryPeak
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
-from kernelwright.problem.load import eager_under
 from kernelwright.search.plan_search import tune_plan
+
+__all__ = ["Options", "optimize_problem", "baseline_output_dtypes"]
 
 
 @dataclass
@@ -51,10 +54,17 @@ class Options:
     compile_mode: str = "default"  # torch.compile mode of the baseline the final timing compares with
     mode: str = "both"  # training modes to generate forwards for: train | eval | both (see optimize_problem)
     timed: bool = True  # on a GPU, tune by timing and time the result; False: verify only (configs untimed)
-    # every unit that has a generated strategy uses it, even where the library call measures faster
-    # (for CPU tests and for KernelBench-style comparisons without library kernels)
+    # every unit that has a generated strategy uses it, even when the library call measures faster; for CPU
+    # tests and for KernelBench-style comparisons without library kernels (search/plan_search.py reads it)
     no_library: bool = False
     log: Callable[[str], None] = print
+
+    def mode_share(self, i: int, n: int) -> Options:
+        """The options of the i-th of n training modes: the problem's budget split between them."""
+        if n == 1:
+            return self
+        trials = None if self.budget_trials is None else max(1, (self.budget_trials + n - 1 - i) // n)
+        return replace(self, budget_trials=trials, budget_s=None if self.budget_s is None else self.budget_s / n)
 
 
 def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
@@ -66,31 +76,29 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     and timed in its mode; the emitted module runs the original forward in a mode it has no
     forward for. result.json's top level describes the primary mode (train when tuned), and
     result["modes"] every tuned mode."""
-    policy = get_policy(opts.precision)
-    device = torch.device(opts.device)
+    policy, device, log, started = get_policy(opts.precision), torch.device(opts.device), opts.log, time.time()
     timed = device.type == "cuda" and opts.timed
     watchdog.limit_seconds()  # a bad $KERNELWRIGHT_HANG_S is bad input, before any work
-    log = opts.log
-    started = time.time()
     memory = MemoryPeak(device)
     out_dtypes = baseline_output_dtypes(problem, policy, device)  # eager runs here, before anything is written
     memory.mark("eager")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
+    # capture, rewrite, plan and search, per training mode whose graph differs
     sensitive, modes, keys, graphs = training_modes(problem, opts.mode)
     log(f"modes: {', '.join(modes)}" + (f" (mode-dependent: {', '.join(n or 'the model' for n in sensitive)})"
                                          if sensitive else " (the result does not depend on the training mode)"))
     results: dict[str, dict] = {}
     forwards: dict[str, ModeForward] = {}
     for i, mode in enumerate(modes):
-        mode_opts = _mode_share(opts, i, len(modes))
         forward, results[mode] = _generate(_in_mode(problem, mode), mode, policy, device, timed,
-                                           out_dir / ".build" / mode, mode_opts, out_dtypes, keys[mode],
-                                           graphs.get(mode))
+                                           out_dir / ".build" / mode, opts.mode_share(i, len(modes)), out_dtypes,
+                                           keys[mode], graphs.get(mode))
         if forward is not None:
             forwards[mode] = forward
     memory.mark("tune")
+    # emit, then check every mode: a generated forward that fails (or is slower than eager) is not shipped
+    overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
     notes: list[str] = []
 
     def emit(cuda_graphs=False) -> Path:
@@ -101,56 +109,36 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     path = emit()
     log(f"wrote {path}")
     for mode in modes:
-        r = results[mode]
-        p = _in_mode(problem, mode)
-        if mode not in forwards:
-            r["verify"], r["timing"] = _original_checks(p, path, policy, device, timed, log, opts)
-            continue
-        r["verify"], r["timing"] = _final_checks(p, path, policy, device, timed, log, cuda_graphs=opts.cuda_graphs,
-                                                 compile_mode=opts.compile_mode, what=f"{mode} mode", memory=memory)
-        why = not_shipped(r)
-        if why is not None:  # the original forward runs in this mode instead
+        r, p = results[mode], _in_mode(problem, mode)
+        if mode in forwards:
+            r["verify"], r["timing"] = _final_checks(p, path, policy, device, timed, log, opts.cuda_graphs,
+                                                     opts.compile_mode, what=f"{mode} mode", memory=memory)
+            why = not_shipped(r)
+            if why is None:
+                continue
             log(f"{mode} mode: {why}: ModelNew keeps the original forward there")
             notes.append(("" if mode == "any" else f"{mode}: ") + f"original forward kept ({why})")
             del forwards[mode]
             path = emit()
-            r["verify"], r["timing"] = _original_checks(p, path, policy, device, timed, log, opts)
-    graphed = [m for m in forwards if (results[m]["timing"] or {}).get("cuda_graphs")]
-    if forwards and len(graphed) == len(forwards):  # measured faster replayed in every mode
+        r["verify"], r["timing"] = _original_checks(p, path, policy, device, timed, log, opts.compile_mode)
+    if forwards and graphs_in_every_mode([results[m]["timing"] for m in forwards]):
         path = emit(cuda_graphs=True)
-    elif graphed:
-        for m in graphed:  # (the plain forward ships: it timed so)
-            results[m]["timing"]["kernelwright"] = results[m]["timing"].get(PLAIN, results[m]["timing"]["kernelwright"])
-            results[m]["timing"]["cuda_graphs"], results[m]["timing"]["cuda_graphs_why"] = False, "not faster in every mode"
+    # result.json (the primary mode at the top level, every mode under "modes") and report.md
+    plans = {m: results[m].pop("plan", None) for m in modes}
     primary = next(m for m in ("any", "train", "eval") if m in modes)
     result: dict = {"problem": problem.name, "path": str(problem.path) if problem.path else None,
                     "precision": policy.name, "device": str(device), "small": opts.small, **results[primary],
-                    "mode": primary, "mode_modules": sensitive,
-                    "modes": {m: {k: v for k, v in results[m].items() if k != "plan"} for m in modes},
-                    "untuned_modes": [m for m in ("train", "eval") if sensitive and "any" not in modes and m not in modes]}
-    result.pop("plan", None)
-    plan = results[primary].get("plan")
-    result["analysis"] = coverage(plan.graph if plan else None, generated_nodes(plan, result["groups"]))
-    result["seconds"] = round(time.time() - started, 2)
-    result["memory"] = memory.report()
+                    "mode": primary, "mode_modules": sensitive, "modes": {m: dict(results[m]) for m in modes},
+                    "untuned_modes": [m for m in ("train", "eval") if sensitive and "any" not in modes and m not in modes],
+                    "analysis": plan_coverage(plans[primary], results[primary]["groups"]),
+                    "seconds": round(time.time() - started, 2), "memory": memory.report()}
     (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
-    from kernelwright.emit.report import write_report
-
     write_report(out_dir, result)
     return result
 
 
 def _in_mode(problem: Problem, mode: str) -> Problem:
     return problem if mode == "any" else problem.in_mode(mode == "train")
-
-
-def _mode_share(opts: Options, i: int, n: int) -> Options:
-    """The options of the i-th of n modes: the problem's budget split between them."""
-    if n == 1:
-        return opts
-    trials = None if opts.budget_trials is None else max(1, (opts.budget_trials + n - 1 - i) // n)
-    seconds = None if opts.budget_s is None else opts.budget_s / n
-    return replace(opts, budget_trials=trials, budget_s=seconds)
 
 
 def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Path, opts: Options, out_dtypes,
@@ -173,34 +161,9 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
     return ModeForward(mode, plan, tuned.kernels, tuned.sources, tuned.summary, tuned.support, keys), record
 
 
-def baseline_output_dtypes(problem: Problem, policy, device) -> list | None:
-    """Run eager once on `device` under the policy, before any work: a model that cannot run there
-    is a ProblemError, in one line (oneDNN has no bf16 LSTM on the CPU; a model that builds CPU
-    index tensors in its forward fails on a GPU; a data-dependent error the meta-device check
-    cannot see). Returns the dtypes eager returns under the policy's autocast (bf16), output by
-    output; None for the other policies."""
-    with eager_under(policy, problem.where, device):
-        outs = problem.make_model(device)(*problem.make_inputs(0, device))
-    if policy.autocast_dtype is None:
-        return None
-    outs = outs if isinstance(outs, (tuple, list)) else [outs]
-    return [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
-
-
-def _original_checks(problem, path, policy, device, timed, log, opts):
-    """The checks of a module that runs the model's own forward (nothing generated, or a generated
-    program not shipped). A KernelBench file's ModelNew is verified and timed as any module; a live
-    module's attach() keeps the module's own forward, which verification would only flag for
-    calling the reference, so there is nothing to verify or time."""
-    if problem.source:
-        return _final_checks(problem, path, policy, device, timed, log, compile_mode=opts.compile_mode)
-    log("verify: skipped (the module keeps its own forward)")
-    return {"passed": True, "skipped": "the module keeps its own forward: nothing generated to verify"}, None
-
-
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default", what=None,
                   memory=None):
-    """measure.final_checks on the module written at `path`."""
+    """measure.final_checks on the module written at `path`, its ModelNew built with the reference's weights."""
     mod = import_model_new(path)
 
     def build(reference, graphs=False):
@@ -209,3 +172,13 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
         return m
 
     return final_checks(problem, mod, build, policy, device, timed, log, cuda_graphs, compile_mode, what, memory)
+
+
+def _original_checks(problem, path, policy, device, timed, log, compile_mode):
+    """The checks of a module that runs the model's own forward (nothing generated, or a generated
+    program not shipped): a KernelBench file's ModelNew is verified and timed as any module; a live
+    module's attach() keeps the module's own forward (measure.final.OWN_FORWARD: nothing to verify)."""
+    if problem.source:
+        return _final_checks(problem, path, policy, device, timed, log, compile_mode=compile_mode)
+    log("verify: skipped (the module keeps its own forward)")
+    return dict(OWN_FORWARD), None

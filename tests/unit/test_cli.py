@@ -465,3 +465,47 @@ def test_both_failed_is_one_line_exit_1(run, tmp_path, monkeypatch):
     fake_pipeline(monkeypatch, result={**PASSED, "verify": {"passed": False}, "verify_fallback": {"passed": False}})
     line = _one_line(run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu"), 1, "emitted module FAILED")
     assert "original forward was kept" not in line
+
+
+# -- --no-library ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", [[], ["--no-library"]])
+def test_optimize_no_library_sets_the_option(run, tmp_path, monkeypatch, flag):
+    fake_pipeline(monkeypatch)
+    fake, seen = pipeline.optimize_problem, []
+
+    def optimize_problem(problem, out_dir, opts):
+        seen.append(opts)
+        return fake(problem, out_dir, opts)
+
+    monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
+    p = run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu", *flag)
+    assert p.returncode == 0, p.stderr
+    assert [o.no_library for o in seen] == [bool(flag)]
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-library"]])
+def test_bench_no_library_reaches_each_problems_options(run, tmp_path, monkeypatch, flag):
+    """bench --no-library: run_bench gets it, and each problem's optimize runs with Options.no_library."""
+    from kernelwright.bench import runner
+
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    monkeypatch.setattr(runner, "run_bench", lambda *a, **kw: calls.append(kw))
+    p = run("bench", RELU, *flag)
+    assert p.returncode == 0, p.stderr
+    assert [kw["no_library"] for kw in calls] == [bool(flag)]
+
+    seen = []
+
+    def optimize_problem(problem, out_dir, opts):
+        seen.append(opts)
+        return dict(PASSED)
+
+    monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
+    opts = dict(baseline_only=False, precision="fp32", trials=1, seconds=None, out_dir="unused", small=True,
+                compile_mode="default", no_library=calls[0]["no_library"])
+    row = runner._one(str(RELU), opts)
+    assert "error" not in row, row
+    assert [o.no_library for o in seen] == [bool(flag)]

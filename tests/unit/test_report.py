@@ -16,3 +16,21 @@ def test_each_units_choices_are_listed_with_what_they_measured():
 def test_units_without_choices_add_no_section():
     text = render_report({"problem": "p", "precision": "fp32", "device": "cpu", "capture": "ok", "groups": []})
     assert "Choices per unit" not in text
+
+
+def test_the_units_left_to_a_library_are_listed_in_one_line():
+    """One line names the searched units whose chosen implementation is the library call (with their
+    ops), or says there is none."""
+    def row(gid, ops, strategy):
+        return {"id": gid, "kind": "conv", "ops": ops, "strategy": strategy, "config": {}, "time_ms": 0.1,
+                "library_ms": 0.1, "resources": {}, "excess": 0.0, "eager_excess": 0.0}
+
+    def report(*groups):
+        return render_report({"problem": "p", "precision": "fp32", "device": "cpu", "capture": "ok",
+                              "groups": list(groups)}).splitlines()
+
+    lines = report(row("conv_3", ["aten.convolution"], "library"), row("g1", ["aten.add", "aten.relu"], "triton"),
+                   row("g2", ["aten.mul", "aten.tanh"], "library"))
+    assert "Library units: conv_3 (aten.convolution), g2 (aten.mul+aten.tanh)" in lines
+    assert "Library units: none" in report(row("g1", ["aten.relu"], "triton"), row("g2", ["aten.sum"], "cuda"))
+    assert not [ln for ln in report() if ln.startswith("Library units")]  # nothing was searched

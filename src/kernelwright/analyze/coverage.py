@@ -34,3 +34,9 @@ def generated_nodes(plan, rows: list[dict]) -> set[str]:
     groups = {g.id: g for g in plan.groups}
     return {n for r in rows if r["strategy"] in ("triton", "cuda", "absorbed")
             for part in r["id"].split("+") for n in (groups[part].nodes if part in groups else [part])}
+
+
+def plan_coverage(plan, rows: list[dict]) -> dict:
+    """coverage() of `plan`'s graph with the nodes its searched units' `rows` (result.json's "groups")
+    run in generated kernels; a mode without a plan (its capture failed) has none."""
+    return coverage(plan.graph if plan else None, generated_nodes(plan, rows))

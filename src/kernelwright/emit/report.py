@@ -60,6 +60,13 @@ def _choice(c: dict) -> str:
     return f"{c['choice']} {t}{tried}"
 
 
+def library_units(groups: list[dict]) -> str:
+    """The line naming the searched units (result.json's "groups") whose chosen implementation is the
+    library call, each with its ops: "Library units: conv_3 (aten.convolution), ..." or "... none"."""
+    names = [f"{g['id']} ({'+'.join(g['ops'])})" for g in groups if g.get("strategy") == "library"]
+    return "Library units: " + (", ".join(names) or "none")
+
+
 def render_report(result: dict) -> str:
     from kernelwright.analyze import device_spec
 
@@ -145,9 +152,8 @@ def render_report(result: dict) -> str:
         lines[-1] += f"{r.get('registers', '-')} | {r.get('spills', '-')} | {r.get('shared_bytes', '-')} | {g.get('excess')} | {g.get('eager_excess')} |"
         if g.get("note"):
             lines.append(f"|  | | {g['note']} | | | | | | | | | | | |")
-    library = [f"{g['id']} ({' '.join(g['ops'])})" for g in result.get("groups", []) if g.get("strategy") == "library"]
     if result.get("groups"):
-        lines += ["", "Searched units that run a library implementation: " + (", ".join(library) or "none")]
+        lines += ["", library_units(result["groups"])]
     choices = [(g["id"], g["choices"]) for g in result.get("groups", []) if g.get("choices")]
     if choices:
         lines += ["", "## Choices per unit (every implementation, timed alike)", ""]

@@ -10,8 +10,23 @@ from typing import Any, Callable
 import torch
 
 from kernelwright.measure.timer import require_gpu, time_interleaved
+from kernelwright.problem.load import eager_under
 
-__all__ = ["Baselines", "Timings", "make_baselines", "time_problem"]
+__all__ = ["Baselines", "Timings", "baseline_output_dtypes", "make_baselines", "time_problem"]
+
+
+def baseline_output_dtypes(problem, policy, device) -> list | None:
+    """Run eager once on `device` under the policy, before any work: a model that cannot run there
+    is a ProblemError, in one line (oneDNN has no bf16 LSTM on the CPU; a model that builds CPU
+    index tensors in its forward fails on a GPU; a data-dependent error the meta-device check
+    cannot see). Returns the dtypes eager returns under the policy's autocast (bf16), output by
+    output; None for the other policies."""
+    with eager_under(policy, problem.where, device):
+        outs = problem.make_model(device)(*problem.make_inputs(0, device))
+    if policy.autocast_dtype is None:
+        return None
+    outs = outs if isinstance(outs, (tuple, list)) else [outs]
+    return [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
 
 
 class Baselines(dict):

@@ -14,6 +14,10 @@ GRAPHS = "kernelwright:graphs"  # the emitted forward replayed as CUDA graphs, t
 
 PLAIN = "kernelwright:plain"
 
+# The verification record of a live module handed back with its own forward (the Python API's attach()
+# keeps it): verification would only flag that forward for calling the reference.
+OWN_FORWARD = {"passed": True, "skipped": "the module keeps its own forward: nothing generated to verify"}
+
 
 def pick_forward(timing: dict, gain: float = 0.98, host_share: float = 0.5) -> bool:
     """Choose between the plain forward (timing["kernelwright"]) and its CUDA-graph replay
@@ -44,6 +48,20 @@ def pick_forward(timing: dict, gain: float = 0.98, host_share: float = 0.5) -> b
         timing["cuda_graphs"], timing["cuda_graphs_why"] = False, "not faster"
     timing["kernelwright"] = graphs if timing["cuda_graphs"] else plain
     return timing["cuda_graphs"]
+
+
+def graphs_in_every_mode(timings: list[dict | None]) -> bool:
+    """Whether the emitted module replays its forwards as CUDA graphs: one module serves every
+    training mode, so only when the replay won (pick_forward) in each of `timings` (one per shipped
+    generated forward). Otherwise the timings where it won are set back to their plain forward's
+    (the one that ships), with the reason."""
+    graphed = [t for t in timings if (t or {}).get("cuda_graphs")]
+    if timings and len(graphed) == len(timings):
+        return True
+    for t in graphed:
+        t["kernelwright"] = t.get(PLAIN, t["kernelwright"])
+        t["cuda_graphs"], t["cuda_graphs_why"] = False, "not faster in every mode"
+    return False
 
 
 def replay_paths(graphs: dict) -> list[dict]:

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import TYPE_CHECKING, TypedDict
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "SPLIT_K")
 
@@ -137,23 +141,37 @@ def _tile_space(
     return out
 
 
-def gemm_space(
-    precision: str = "tf32",
-    *,
-    M: int | None = None,
-    N: int | None = None,
-    K: int | None = None,
-    elem_bytes: int | None = None,
-    max_configs: int = 60,
-    tma: bool = False,
-    kmajor_copy: bool = False,
-    persistent: bool = True,
-    spec: DeviceSpec | None = None,
-) -> list[dict]:
+class GemmShape(TypedDict, total=False):
+    """The problem keywords of the GEMM spaces (each may be left out or None): the GEMM's M, N and K
+    (tiles are limited to them; without them the space is shape-free), `elem_bytes` (operand bytes as
+    loaded: default 2 for bf16, else 4; pass 4 for float32 tensors cast to bf16 in the kernel) and
+    `spec` (the device: shared memory per block, SMs; default `device_spec()`)."""
+
+    M: int | None
+    N: int | None
+    K: int | None
+    elem_bytes: int | None
+    spec: DeviceSpec | None
+
+
+def _shape_tiles(precision: str, shape: GemmShape, *, max_configs: int, split_k: bool,
+                 group_m: tuple[int, ...] = (8,)) -> tuple[list[dict], DeviceSpec]:
+    """The tile configs of `shape` on its device (`_tile_space`), and that device."""
+    unknown = set(shape) - GemmShape.__optional_keys__
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}")
+    spec = shape.get("spec") or device_spec()
+    tiles = _tile_space(precision, M=shape.get("M"), N=shape.get("N"), K=shape.get("K"),
+                        elem_bytes=shape.get("elem_bytes"), max_configs=max_configs, split_k=split_k,
+                        smem_limit=spec.smem_per_block, num_sms=spec.sms, group_m=group_m)
+    return tiles, spec
+
+
+def gemm_space(precision: str = "tf32", *, max_configs: int = 60, tma: bool = False, kmajor_copy: bool = False,
+               persistent: bool = True, **shape: Unpack[GemmShape]) -> list[dict]:
     """Candidate GEMM configs for a precision policy (fp32 / tf32 / bf16) and, optionally, a
-    problem shape (limits tiles to the shape, enables split-K when the output has too few tiles
-    to fill the GPU's SMs). elem_bytes: operand bytes as loaded (default 2 for bf16, else 4; pass 4
-    for float32 tensors cast to bf16 in the kernel). tma: the operands are K-major, so each tile
+    problem shape (`GemmShape`: limits tiles to the shape, enables split-K when the output has too
+    few tiles to fill the GPU's SMs). tma: the operands are K-major, so each tile
     config is offered with TMA loads first, then with pointer loads. kmajor_copy: they are not,
     but TF32 wgmma wants them so: each tile is offered first with the operands copied K-major in
     the launcher (a tiled transpose) and TMA loads, then with strided pointer loads. A tile config
@@ -164,13 +182,11 @@ def gemm_space(
     measurements behind them"); `persistent=False` leaves it out.
     Warp specialization (the template's WARP_SPECIALIZE) is not offered:
     it moved times by -2..+2% there, and a bf16 bench never returned from a fused GEMM search
-    (in-kernel operand cast + bias/ReLU epilogue) whose first candidate was warp-specialized.
-    `spec`: the device (shared memory per block, SMs); default `device_spec()`."""
-    spec = spec or device_spec()
-    space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=max_configs,
-                        split_k=True, smem_limit=spec.smem_per_block, num_sms=spec.sms)
+    (in-kernel operand cast + bias/ReLU epilogue) whose first candidate was warp-specialized."""
+    space, spec = _shape_tiles(precision, shape, max_configs=max_configs, split_k=True)
     if not (tma or kmajor_copy):
         return space
+    M, N = shape.get("M"), shape.get("N")
     first = dict(TMA=True, KMAJOR=True) if kmajor_copy else dict(TMA=True)
 
     def variants(c):
@@ -189,18 +205,8 @@ def whole_row_block_n(N: int) -> int:
     return max(16, _p2(N))
 
 
-def rowreduce_space(
-    precision: str = "tf32",
-    *,
-    M: int | None = None,
-    N: int | None = None,
-    K: int | None = None,
-    elem_bytes: int | None = None,
-    reduce: str = "sum",
-    max_configs: int = 40,
-    tma: bool = False,
-    spec: DeviceSpec | None = None,
-) -> list[dict]:
+def rowreduce_space(precision: str = "tf32", *, reduce: str = "sum", max_configs: int = 40, tma: bool = False,
+                    **shape: Unpack[GemmShape]) -> list[dict]:
     """Configs for the GEMM + row-reduction template (GROUP_M and SPLIT_K fixed at 1; where a
     whole row must fit one tile, WHOLE_ROW, BLOCK_N is the next power of two >= N). One program
     owns BLOCK_M whole rows, so the grid is M / BLOCK_M programs: configs that fill the GPU's SMs
@@ -209,11 +215,10 @@ def rowreduce_space(
     where they can. With `tma` (both operands K-major) each tile also comes with TMA loads: the
     fourth seed is the first tile's (on the H200 TMA tiles ran 2-5% faster than the same tiles
     without; `d9d9823`, docs/benchmarks.md, "Design choices and the measurements behind them").
-    `spec`: the device (shared memory per block, SMs); default `device_spec()`."""
-    spec = spec or device_spec()
+    The problem keywords are `GemmShape`'s."""
+    space, spec = _shape_tiles(precision, shape, max_configs=1000, split_k=False, group_m=(1,))
     sms = spec.sms
-    space = _tile_space(precision, M=M, N=N, K=K, elem_bytes=elem_bytes, max_configs=1000,
-                        split_k=False, smem_limit=spec.smem_per_block, num_sms=sms, group_m=(1,))
+    M, N = shape.get("M"), shape.get("N")
     if reduce in WHOLE_ROW and N:
         bn = whole_row_block_n(N)
         out = []
@@ -228,7 +233,8 @@ def rowreduce_space(
             programs = -(-M // c["BLOCK_M"])
             return programs / (-(-programs // sms) * sms)
         space = sorted(space, key=lambda c: -round(waves(c), 1))  # stable: expert order within
-    seen, first = set(), []
+    seen: set[tuple[int, int]] = set()
+    first: list[dict] = []
     for c in space:
         if len(first) < 4 and (c["BLOCK_M"], c["num_warps"]) not in seen:
             seen.add((c["BLOCK_M"], c["num_warps"]))
@@ -305,6 +311,6 @@ def depthwise_rows_space(*, C: int | None = None, OW: int | None = None, KH: int
 
 
 __all__ = [
-    "CONFIG_KEYS", "ROW_REDUCE_MODES", "ROW_NORMALIZATIONS", "WHOLE_ROW", "gemm_space", "rowreduce_space",
+    "CONFIG_KEYS", "ROW_REDUCE_MODES", "ROW_NORMALIZATIONS", "WHOLE_ROW", "GemmShape", "gemm_space", "rowreduce_space",
     "conv_space", "depthwise_space", "depthwise_rows_space", "whole_row_block_n",
 ]

@@ -78,6 +78,23 @@ __device__ __forceinline__ float kw_group_fold(float v, float* buf, float identi
 
 __device__ __forceinline__ float kw_group_sum(float v, float* buf) { return kw_group_fold(v, buf, 0.0f, KwAdd()); }
 
+// f(k, c) for each vector c of this thread's share of a row of nv vectors (c = g, g + KW_GROUP, ...),
+// k its step. With REG_ITEMS > 0 the share is at most REG_ITEMS vectors (the launcher checks), the
+// steps are unrolled fully and k indexes the registers kw_load_row fills; otherwise it is a loop.
+template <class F>
+__device__ __forceinline__ void kw_row_steps(int g, kw_i64 nv, F f) {
+#if REG_ITEMS > 0
+#pragma unroll
+    for (int k = 0; k < REG_ITEMS; ++k) {
+        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
+        if (c < nv) f(k, c);
+    }
+#else
+#pragma unroll 4
+    for (kw_i64 c = g; c < nv; c += KW_GROUP) f(0, c);
+#endif
+}
+
 #if REG_ITEMS > 0
 // This thread's REG_ITEMS vectors of the row `xr` (nv vectors long) into registers; `pad` past its end.
 __device__ __forceinline__ void kw_load_row(KwVec (&r)[REG_ITEMS], const KwVec* __restrict__ xr, int g, kw_i64 nv,

@@ -114,99 +114,61 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
 #if REG_ITEMS > 0
     KwVec r[REG_ITEMS];
     kw_load_row(r, xr, g, nv, 0.0f);
+    const auto row_vec = [&](int k, kw_i64) { return r[k]; };  // the row from registers: read once
+#else
+    const auto row_vec = [&](int, kw_i64 c) { return xr[c]; };  // the row from memory, on each pass
 #endif
 #if WELFORD
     KwStat st = {0.0f, 0.0f, 0.0f};
-#if REG_ITEMS > 0
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) {
-        if (g + (kw_i64)k * KW_GROUP < nv) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) kw_stat_push(st, r[k].v[j]);
-        }
-    }
-#else
-#pragma unroll 4
-    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
-        const KwVec q = xr[c];
+    kw_row_steps(g, nv, [&](int k, kw_i64 c) {
+        const KwVec q = row_vec(k, c);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) kw_stat_push(st, q.v[j]);
-    }
-#endif
+    });
     kw_group_stat(st, kw_red);
     mean = st.mean;
     var = st.m2 * inv_n;
 #else
     // Two passes: the mean, then the mean of squared deviations (no cancellation).
     float s = 0.0f;
-#if REG_ITEMS > 0
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) s += r[k].v[j];  // padding is 0
-#else
-#pragma unroll 4
-    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
-        const KwVec q = xr[c];
+    kw_row_steps(g, nv, [&](int k, kw_i64 c) {
+        const KwVec q = row_vec(k, c);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) s += q.v[j];
-    }
-#endif
+    });
     mean = kw_group_sum(s, kw_red[0]) * inv_n;
     float q2 = 0.0f;
-#if REG_ITEMS > 0
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) {
-        if (g + (kw_i64)k * KW_GROUP < nv) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) { const float d = r[k].v[j] - mean; q2 += d * d; }
-        }
-    }
-#else
-#pragma unroll 4
-    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
-        const KwVec q = xr[c];
+    kw_row_steps(g, nv, [&](int k, kw_i64 c) {
+        const KwVec q = row_vec(k, c);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) { const float d = q.v[j] - mean; q2 += d * d; }
-    }
-#endif
+    });
     var = kw_group_sum(q2, kw_red[1]) * inv_n;
 #endif
     const float rstd = 1.0f / sqrtf(fmaxf(var, 0.0f) + eps);
 
-#if REG_ITEMS > 0
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) {
-        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
-        if (c < nv) {
-            const KwVec q = r[k];
-#else
-#pragma unroll 4
-    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
-        {
-            const KwVec q = xr[c];
-#endif
+    kw_row_steps(g, nv, [&](int k, kw_i64 c) {
+        const KwVec q = row_vec(k, c);
 #if HAS_WEIGHT
-            const KwVec w = wv[c];
+        const KwVec w = wv[c];
 #endif
 #if HAS_BIAS
-            const KwVec b = bv[c];
+        const KwVec b = bv[c];
 #endif
-            KwVec o;
+        KwVec o;
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                float t = (q.v[j] - mean) * rstd;
+        for (int j = 0; j < VEC; ++j) {
+            float t = (q.v[j] - mean) * rstd;
 #if HAS_WEIGHT
-                t *= w.v[j];
+            t *= w.v[j];
 #endif
 #if HAS_BIAS
-                t += b.v[j];
+            t += b.v[j];
 #endif
-                o.v[j] = t;
-            }
-            yr[c] = o;
+            o.v[j] = t;
         }
-    }
+        yr[c] = o;
+    });
 }
 {% else %}
 extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
@@ -222,24 +184,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
     float acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc[j] = KW_IDENTITY;
-#if REG_ITEMS > 0
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) {
-        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
-        if (c < nv) {
-            const KwVec q = xr[c];
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) acc[j] = KW_COMBINE(acc[j], q.v[j]);
-        }
-    }
-#else
-#pragma unroll 4
-    for (kw_i64 c = g; c < nv; c += KW_GROUP) {
+    // REG_ITEMS > 0 bounds this thread's share of the row, so the loop unrolls fully (one read either way).
+    kw_row_steps(g, nv, [&](int, kw_i64 c) {
         const KwVec q = xr[c];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) acc[j] = KW_COMBINE(acc[j], q.v[j]);
-    }
-#endif
+    });
     float a = acc[0];
 #pragma unroll
     for (int j = 1; j < VEC; ++j) a = KW_COMBINE(a, acc[j]);

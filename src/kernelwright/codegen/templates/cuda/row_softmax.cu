@@ -106,46 +106,24 @@ extern "C" __global__ void __launch_bounds__(THREADS) {{ name }}(
     // The row lives in registers: one read, one write.
     KwVec r[REG_ITEMS];
     kw_load_row(r, xr, g, nv, KW_NEG_INF);
-#if ONLINE
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) kw_upd_online(m, s, r[k]);
-    kw_group_ms(m, s, kw_red[0], kw_red[1]);
-#else
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) kw_upd_max(m, r[k]);
-    m = kw_group_fold(m, kw_red[0], KW_NEG_INF, KwFmax());
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) kw_upd_sum(s, m, r[k]);
-    s = kw_group_sum(s, kw_red[1]);
-#endif
+    const auto row_vec = [&](int k, kw_i64) { return r[k]; };
 #else
     // Streaming: the row is read on each pass (ONLINE: 2 reads, else 3), then written once.
+    const auto row_vec = [&](int, kw_i64 c) { return xr[c]; };
+#endif
 #if ONLINE
-#pragma unroll 4
-    for (kw_i64 c = g; c < nv; c += KW_GROUP) kw_upd_online(m, s, xr[c]);
+    kw_row_steps(g, nv, [&](int k, kw_i64 c) { kw_upd_online(m, s, row_vec(k, c)); });
     kw_group_ms(m, s, kw_red[0], kw_red[1]);
 #else
-#pragma unroll 4
-    for (kw_i64 c = g; c < nv; c += KW_GROUP) kw_upd_max(m, xr[c]);
+    kw_row_steps(g, nv, [&](int k, kw_i64 c) { kw_upd_max(m, row_vec(k, c)); });
     m = kw_group_fold(m, kw_red[0], KW_NEG_INF, KwFmax());
-#pragma unroll 4
-    for (kw_i64 c = g; c < nv; c += KW_GROUP) kw_upd_sum(s, m, xr[c]);
+    kw_row_steps(g, nv, [&](int k, kw_i64 c) { kw_upd_sum(s, m, row_vec(k, c)); });
     s = kw_group_sum(s, kw_red[1]);
-#endif
 #endif
 #if LOG
     const float k_out = m + logf(s);
 #else
     const float k_out = 1.0f / s;
 #endif
-#if REG_ITEMS > 0
-#pragma unroll
-    for (int k = 0; k < REG_ITEMS; ++k) {
-        const kw_i64 c = g + (kw_i64)k * KW_GROUP;
-        if (c < nv) yr[c] = kw_out(r[k], m, k_out);
-    }
-#else
-#pragma unroll 4
-    for (kw_i64 c = g; c < nv; c += KW_GROUP) yr[c] = kw_out(xr[c], m, k_out);
-#endif
+    kw_row_steps(g, nv, [&](int k, kw_i64 c) { yr[c] = kw_out(row_vec(k, c), m, k_out); });
 }
