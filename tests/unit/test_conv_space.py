@@ -32,7 +32,7 @@ def test_smaller_budget_drops_big_tiles():
     assert max(smem_bytes(c, 4) for c in big) > 64 * 1024
 
 
-@pytest.mark.parametrize("channels,cap", [(1, 16), (3, 16), (16, 16), (24, 32), (64, 64), (256, 128)])
+@pytest.mark.parametrize("channels,cap", [(1, 16), (3, 32), (8, 64), (16, 16), (24, 32), (64, 64), (256, 128)])
 def test_block_k_cap(channels, cap):
     assert block_k_cap(channels * 9, channels) == cap
     space = conv_space(M=4096, N=64, K=channels * 9, channels=channels, precision="bf16", elem_bytes=2,
@@ -82,3 +82,18 @@ def test_fp32_shallow_pipelines_and_unknown_precision():
 def test_tiny_problem_still_has_a_config():
     space = conv_space(M=1, N=1, K=1, precision="bf16", elem_bytes=2, spec=_fake(16, sms=1))
     assert space and all(c["BLOCK_M"] >= 16 and c["BLOCK_N"] >= 16 and c["BLOCK_K"] >= 16 for c in space)
+
+
+def test_pooling_window_sets_the_smallest_pixel_tile():
+    space = conv_space(M=64 * 30 * 62 * 62, N=16, K=81, channels=3, precision="tf32", elem_bytes=4, spec=H200,
+                       min_block_m=128, max_configs=200)
+    assert space and all(c["BLOCK_M"] >= 128 for c in space)
+    tiny = conv_space(M=40, N=16, K=27, channels=3, precision="tf32", elem_bytes=4, spec=H200, min_block_m=64)
+    assert tiny and all(c["BLOCK_M"] >= 64 for c in tiny)
+
+
+def test_whole_n_tiles_span_every_channel():
+    space = conv_space(M=32 * 56 * 56, N=24, K=16 * 9, channels=16, precision="tf32", elem_bytes=4, spec=H200,
+                       whole_n=True, max_configs=200)
+    assert space and all(c["BLOCK_N"] == 32 for c in space)
+    assert conv_space(M=4096, N=300, K=64, precision="tf32", elem_bytes=4, spec=H200, whole_n=True) == []

@@ -24,7 +24,8 @@ from kernelwright.capture.shapes import channels_last_strides
 from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
 from kernelwright.codegen.triton_conv import render_conv
-from kernelwright.codegen.triton_group import Unsupported, lower
+from kernelwright.codegen.triton_group import Unsupported, lower, reduce_tile_lines
+from kernelwright.codegen.triton_pool import pool_params
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
 
@@ -47,6 +48,14 @@ class ConvEpilogue:
     absorbed: tuple[str, ...] = ()  # units (node names / group ids) the kernel computes too
     absorbed_nodes: tuple[str, ...] = ()  # and their graph nodes
     widen_weight: bool = False  # a bf16 weight beside an absorbed float32 input: widened (exactly) first
+    pool: str | None = None  # "max" | "avg": the result is pooled over `pool_window` (stride = window)
+    pool_window: tuple[int, ...] = ()
+    pools: tuple[str, ...] = ()  # the pooling (and getitem) nodes computed too
+    post: Group | None = None  # the pointwise group applied after the pooling
+    post_epilogue: Epilogue = IDENTITY
+    row_out: bool = False  # the last epilogue reduced over the channels: one value per pixel
+    whole_n: bool = False  # an epilogue reduces over the channels: one tile must hold them all
+    out_meta_shape: tuple[int, ...] = ()  # the shape of `out`
 
     @property
     def args(self) -> dict:
@@ -145,36 +154,66 @@ def _channels_last(meta: TensorMeta) -> bool:
                                         zip(meta.shape, meta.stride, channels_last_strides(meta.shape)))
 
 
-def fusable(graph: Graph, conv: OpNode, group: Group) -> str | None:
-    """None when `conv`'s output feeds only `group` and the group can be its epilogue (pointwise,
-    one output of the convolution's shape); else the reason."""
+def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, ...] = (),
+            post: Group | None = None) -> str | None:
+    """None when `conv`'s output feeds only `group` (or, with no group, the first of `pools`) and the
+    chain can be its epilogue: the group pointwise or reducing over the channels alone, pooling
+    windows as large as their strides, the post group pointwise (or reducing over the channels);
+    one output of the expected shape. Else the reason."""
     why = conv_supported(graph, conv)
     if why:
         return why
-    if group.rdims is not None:
-        return "the group reduces (pooling and norm epilogues are separate kernels)"
     if conv.name in graph.outputs or conv.name in graph.mutations:
         return "the convolution's output itself is a model output"
+    if group is None and not pools:
+        return "nothing to fuse"
+    if group is not None:
+        why = _stage_fusable(graph, group, conv.name, tuple(conv.meta.shape))
+        if why:
+            return why
+    elif any(u.name != pools[0] for u in graph.users(conv.name)):
+        return "the convolution's output has consumers besides its pool"
+    last = group.outputs[0] if group is not None else conv.name
+    if pools:
+        if bool(conv.args[6]):
+            return "pooling is fused into convolutions only (a transposed one's programs own one stride phase class)"
+        last = pools[-1]
+        if post is not None:
+            why = _stage_fusable(graph, post, last, tuple(graph.meta(last).shape))
+            if why:
+                return why
+            last = post.outputs[0]
+    out = graph.meta(last)
+    if out.dtype not in ("float32", "bfloat16"):
+        return "float32 or bf16 outputs only"
+    if not (out.contiguous or _channels_last(out)):
+        return "the fused result is neither contiguous nor channels-last"
+    return None
+
+
+def _stage_fusable(graph: Graph, group: Group, value: str, shape: tuple) -> str | None:
+    """Why `group` cannot be an epilogue stage applied to `value` (of `shape`), or None."""
+    if group.rdims is not None and (tuple(group.domain) != shape or tuple(group.rdims) != (1,)):
+        return "the group reduces over more than the channels (norm and spatial-reduction epilogues are separate kernels)"
     members = set(group.nodes)
-    if any(u.name not in members for u in graph.users(conv.name)):
+    if any(u.name not in members for u in graph.users(value)):
         return "the convolution's output has consumers outside the group"
     if len(group.outputs) != 1:
         return "the group must produce one value"
     out = graph.meta(group.outputs[0])
-    if tuple(out.shape) != tuple(conv.meta.shape):
+    if group.rdims is None and tuple(out.shape) != shape:
         return "the group's output does not have the convolution's shape"
-    if out.dtype not in ("float32", "bfloat16"):
-        return "float32 or bf16 outputs only"
-    if not (out.contiguous or _channels_last(out)):
-        return "the group's output is neither contiguous nor channels-last"
     return None
 
 
-def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] = ()) -> ConvEpilogue:
+def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] = (), pools: tuple[str, ...] = (),
+          post: Group | None = None) -> ConvEpilogue:
     """The epilogue (operands, statements) that applies `group` to `conv`'s accumulator; with the
     plan's `groups`, the input's layout copy or bf16 cast is absorbed (module docstring). With
-    `group` None: the convolution alone (its bias, if it has one, as the epilogue)."""
-    why = fusable(graph, conv, group) if group is not None else conv_supported(graph, conv)
+    `group` None and no pools: the convolution alone (its bias, if it has one, as the epilogue).
+    With `pools` (a plan.Pair's pooling and getitem nodes) the result is pooled in the kernel and
+    `post` applied to the pooled tile."""
+    why = fusable(graph, conv, group, pools, post) if (group is not None or pools) else conv_supported(graph, conv)
     if why:
         raise Unsupported(why)
     shape = tuple(conv.meta.shape)
@@ -182,14 +221,14 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     values: list[str] = []
     views: list[tuple] = []
 
-    def operand(value: str, strides: tuple) -> str:
+    def operand(value: str, strides: tuple, over: tuple) -> str:
         nonzero = [i for i, s in enumerate(strides) if s != 0]
         if not nonzero:
             kind, view = "scalar", ((), ())
         elif nonzero == [1]:
-            kind, view = "col", ((shape[1],), (strides[1],))
+            kind, view = "col", ((over[1],), (strides[1],))
         else:
-            kind, view = "full", (shape, strides)
+            kind, view = "full", (over, strides)
         name = f"e{len(ops)}"
         ops.append(EpilogueOperand(name, kind))
         values.append(value)
@@ -199,43 +238,93 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     code: list[str] = []
     b = conv.args[2]
     if isinstance(b, Ref):
-        code.append(f"acc = acc + {operand(b.name, tuple(1 if i == 1 else 0 for i in range(len(shape))))}")
-    if group is None:
-        out, meta = conv.name, conv.meta
-    else:
-        low = lower(graph, group)
-        for st in low.stmts:
-            if st.kind == "load":
-                o = st.operand
-                strides = _output_view(tuple(o.strides), tuple(group.domain), shape)
-                if o.value == conv.name:
-                    if strides != _output_view(tuple(conv.meta.stride), shape, shape):
-                        raise Unsupported("the group reads the convolution's output through a view")
-                    code.append(f"{st.var} = acc")
-                else:
-                    code.append(f"{st.var} = {operand(o.value, strides)}")
-            elif st.kind == "expr":
-                code.append(f"{st.var} = {st.code}")
-            elif st.kind == "store":
-                code.append(f"acc = {st.deps[0]}")
-            else:
-                raise Unsupported(f"statement {st.kind} {st.op} in a convolution epilogue")
+        code.append(f"acc = acc + {operand(b.name, tuple(1 if i == 1 else 0 for i in range(len(shape))), shape)}")
+    out, meta, row_out, whole_n = conv.name, conv.meta, False, False
+    if group is not None:
+        row_out = _stage(graph, group, conv.name, shape, code, operand)
+        whole_n = group.rdims is not None
         out = group.outputs[0]
         meta = graph.meta(out)
+    pool, window, post_code, pre_n = None, (), [], len(ops)
+    if pools:
+        if row_out:
+            raise Unsupported("pooling a value reduced over the channels")
+        pool, window = _pool_window(graph, [graph.node(n) for n in pools if graph.node(n).target != "getitem"],
+                                    shape)
+        out = pools[-1]
+        meta = graph.meta(out)
+        if post is not None:
+            row_out = _stage(graph, post, out, tuple(meta.shape), post_code, operand)
+            whole_n = whole_n or post.rdims is not None
+            out = post.outputs[0]
+            meta = graph.meta(out)
     x, absorbed, absorbed_nodes, cast = conv.args[0].name, (), (), False
     found = _absorbable_input(graph, conv, list(groups))
     if found is not None:
         x, absorbed, absorbed_nodes, cast = found
     w = conv.args[1].name
     widen = cast and graph.meta(w).dtype == "bfloat16"
-    return ConvEpilogue(conv, group, Epilogue(tuple(ops), "\n".join(code)) if code else IDENTITY, x, w, values, views,
-                        out, shape, meta.dtype, _channels_last(meta), cast,
-                        tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen)
+    pre = Epilogue(tuple(ops[:pre_n]), "\n".join(code)) if code or ops[:pre_n] else IDENTITY
+    return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, _channels_last(meta), cast,
+                        tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,
+                        Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape))
+
+
+def _stage(graph: Graph, group: Group, value: str, shape: tuple, code: list[str], operand) -> bool:
+    """Append to `code` the statements applying `group` to the accumulator, which holds `value`
+    (of `shape`); operands through `operand(value, strides, shape)`. A reduction over the channels
+    (`_stage_fusable`) runs across the tile's columns. Returns whether the result is one value per
+    pixel (the group's output is reduced over the channels)."""
+    low = lower(graph, group)
+    own = _output_view(tuple(graph.meta(value).stride), shape, shape)
+    row = False
+    for st in low.stmts:
+        if st.kind == "load":
+            o = st.operand
+            strides = _output_view(tuple(o.strides), tuple(group.domain), shape)
+            if o.value == value:
+                if strides != own:
+                    raise Unsupported("the group reads the convolution's output through a view")
+                code.append(f"{st.var} = acc")
+            else:
+                code.append(f"{st.var} = {operand(o.value, strides, shape)}")
+        elif st.kind == "expr":
+            code.append(f"{st.var} = {st.code}")
+        elif st.kind == "reduce":
+            code.extend(reduce_tile_lines(st, shape[1], mask="mask", axis=1, index="offs_n[None, :]"))
+        elif st.kind == "store":
+            code.append(f"acc = {st.deps[0]}")
+            row = group.rdims is not None and st.level == "row"
+        else:
+            raise Unsupported(f"statement {st.kind} {st.op} in a convolution epilogue")
+    return row
+
+
+def _pool_window(graph: Graph, pools: list[OpNode], shape: tuple) -> tuple[str, tuple[int, ...]]:
+    """(kind, window) of pooling `pools` one after the other over a convolution output of `shape`,
+    as one pool: each window as large as its stride, unpadded, undilated, floor mode, so a chain of
+    them is one window (the product; floor(floor(o / a) / b) = floor(o / (a * b))). Unsupported
+    otherwise, and for windows whose size is not a power of two (a tile holds whole windows)."""
+    nd = len(shape) - 2
+    window = [1] * nd
+    kind = None
+    for node in pools:
+        p = pool_params(node)
+        if p["nd"] != nd or p["stride"] != p["kernel"] or any(p["padding"]) or any(d != 1 for d in p["dilation"]) \
+                or p["ceil_mode"] or p["divisor_override"] is not None:
+            raise Unsupported("only pools whose window equals their stride, unpadded, in floor mode")
+        kind = p["kind"]
+        window = [a * k for a, k in zip(window, p["kernel"])]
+    size = math.prod(window)
+    if size & (size - 1) or size > 64:
+        raise Unsupported(f"pooling window {window}: its size must be a power of two up to 64")
+    return kind, tuple(window)
 
 
 def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tuple[str, list[str]]:
     """Module text whose `launch(*inputs)` runs the fused convolution with `config`; its inputs."""
-    text = render_conv(fused.epilogue, name=name, transposed=fused.transposed)
+    text = render_conv(fused.epilogue, name=name, transposed=fused.transposed, pool=fused.pool,
+                       post=fused.post_epilogue, row_out=fused.row_out)
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages") if k in config}
@@ -248,10 +337,16 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
     weight = f"{arg[fused.w]}.float()" if fused.widen_weight else arg[fused.w]
     call = ", ".join([arg[fused.x], weight] + views
                      + [f"{k}={v!r}" for k, v in fused.args.items()]
+                     + ([f"pool_window={fused.pool_window!r}"] if fused.pool else [])
                      + [f"out_dtype=torch.{fused.out_dtype}", f"out_channels_last={fused.out_channels_last}"]
                      + [f"{k}={v!r}" for k, v in kw.items()])
+    out_shape = tuple(fused.out_meta_shape)
+    reshape = f".view({list(out_shape)})" if fused.row_out and len(out_shape) == len(fused.out_shape) - 1 else ""
     what = "transposed convolution" if fused.transposed else "convolution"
     epi = f" with group {fused.group.id} fused as its epilogue" if fused.group is not None else ""
+    if fused.pool:
+        epi += f", {fused.pool}-pooled over {list(fused.pool_window)}" + (
+            f", then group {fused.post.id}" if fused.post is not None else "")
     absorbed = "" if not fused.absorbed else f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed)"
     wrapper = f'''
 
@@ -259,9 +354,9 @@ _conv_launch = launch
 
 
 def launch({", ".join(arg[v] for v in ins)}):
-    """{fused.conv.name}: {what} {list(fused.out_shape)}{epi}{absorbed}.
+    """{fused.conv.name}: {what} {list(fused.out_shape)}{epi}{absorbed}: {list(out_shape)}.
 
     Inputs: {", ".join(ins)}. Returns ({fused.out},)."""
-    return (_conv_launch({call}),)
+    return (_conv_launch({call}){reshape},)
 '''
     return text + wrapper, ins

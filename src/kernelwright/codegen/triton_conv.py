@@ -37,25 +37,47 @@ _KIND_DOC = {
 }
 
 
-def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transposed: bool = False) -> str:
+def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transposed: bool = False,
+                pool: str | None = None, post: Epilogue = IDENTITY, row_out: bool = False) -> str:
     """Module text of the convolution template (``transposed``: a transposed convolution, weight
     [Cin, Cout / groups, *kernel]) with `epilogue` fused; ``{name}_kernel`` and ``launch``.
+
+    pool: "max" or "avg": the epilogue's result is pooled over windows as large as their stride
+    (launch's ``pool_window``; no padding, floor mode), then `post` runs on the pooled tile (its
+    operands over the pooled output; names distinct from the epilogue's). Convolutions only: a
+    transposed convolution's programs own one stride phase class, never a whole window.
+    row_out: the last epilogue reduced over the channels (its result is one value per pixel,
+    ``[BLOCK_M, 1]``): y has one channel.
     A "row" operand (per output pixel) is a ValueError: the conv epilogue has no row view."""
     if not name.isidentifier():
         raise ValueError(f"kernel name {name!r} is not a Python identifier")
-    rows = [o.name for o in epilogue.operands if o.kind == "row"]
+    if pool not in (None, "max", "avg"):
+        raise ValueError(f"pool={pool!r}: 'max', 'avg' or None")
+    if pool and transposed:
+        raise ValueError("pooling is fused into convolutions only, not transposed ones")
+    if not pool and not post.empty:
+        raise ValueError("a post-pooling epilogue needs pool")
+    both = Epilogue(epilogue.operands + post.operands, epilogue.code)  # (raises on a repeated name)
+    rows = [o.name for o in both.operands if o.kind == "row"]
     if rows:
         raise ValueError(f"the convolution template takes col, full and scalar epilogue operands, not row ({rows})")
+    stages = [(o.name, o.kind, "pre") for o in epilogue.operands] + [(o.name, o.kind, "post") for o in post.operands]
+    loads = dict(mask_m="m_ok", mask_n="n_ok", full_offsets=_FULL, indent=" " * 4)
     ctx = dict(
         name=name,
         transposed=bool(transposed),
-        epilogue=epilogue,
-        operand_spec=repr(tuple((o.name, o.kind) for o in epilogue.operands)),
-        params=operand_params(epilogue, full_strides=FULL_STRIDES),
-        loads=render_operand_loads(epilogue, "offs_m", "co", "mask", mask_m="m_ok", mask_n="n_ok",
-                                   full_offsets=_FULL, indent=" " * 4),
+        epilogue=both,
+        pool=pool,
+        row_out=bool(row_out),
+        operand_spec=repr(tuple(stages)),
+        params=operand_params(both, full_strides=FULL_STRIDES),
+        loads=render_operand_loads(epilogue, "offs_m", "co", "mask", **loads),
         code=render_code(epilogue, indent=" " * 4),
-        code_doc=render_code(epilogue, indent=" " * 4),
+        post_loads=render_operand_loads(post, "offs_m", "co", "mask", **loads),
+        post_code=render_code(post, indent=" " * 4),
+        code_doc=render_code(epilogue, indent=" " * 4) + (
+            f"\n    then {pool}-pooled, then:\n" + render_code(post, indent=" " * 4) if not post.empty else
+            (f"\n    then {pool}-pooled" if pool else "")),
         kind_doc=_KIND_DOC,
     )
     text = with_helpers(triton_template(TEMPLATE).render(**ctx))

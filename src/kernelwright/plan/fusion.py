@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import contiguous_strides, refine_strides
-from kernelwright.ops import (COMPOSITES, CONVS, EVAL_BN, FLOAT_DTYPES, FREE_VIEWS, GEMMS, NORMS, POINTWISE, REDUCTIONS,
-                              RESHAPES, reduction_spec, row_shapes)
+from kernelwright.ops import (COMPOSITES, CONVS, EVAL_BN, FLOAT_DTYPES, FREE_VIEWS, GEMMS, NORMS, POINTWISE, POOLS,
+                              REDUCTIONS, RESHAPES, reduction_spec, row_shapes)
 
 
 @dataclass
@@ -74,15 +74,30 @@ class Pair:
     """A GEMM or convolution node and the fusion group that alone reads its result: a unit of its
     own whose choices are the two run one after the other (the node's chosen implementation and
     the group's chosen kernel) or one GEMM / convolution template with the group as its epilogue
-    (codegen/gemm_epilogue.py and codegen/conv_epilogue.py say which groups they take)."""
+    (codegen/gemm_epilogue.py and codegen/conv_epilogue.py say which groups they take).
+
+    A convolution pair may go on through pooling: `pools` are the pooling nodes that follow the
+    group (or the convolution itself, with no group) one after the other, each read only through its
+    first output, and `post` the pointwise group that alone reads the last pool. Such a chain is
+    one more choice: the convolution computes it all and writes the pooled result only."""
 
     anchor: str  # the GEMM or convolution node
-    group: Group
+    group: Group | None  # None: a convolution read by its first pool alone
     kind: str = "gemm"  # "gemm" | "conv"
+    pools: tuple[str, ...] = ()  # pooling nodes after the group and the getitems reading them (convolutions only)
+    post: Group | None = None  # the group that alone reads the last pool
+
+    @property
+    def units(self) -> list[str]:
+        """The plan units the pair computes, in program order (a pool's getitem is a unit too)."""
+        first = [self.anchor] + ([self.group.id] if self.group is not None else [])
+        return first + list(self.pools) + ([self.post.id] if self.post else [])
 
     @property
     def name(self) -> str:
-        return f"{self.group.id}+{self.anchor}"
+        last = self.post.id if self.post is not None else self.pools[-1] if self.pools else None
+        head = f"{self.group.id}+{self.anchor}" if self.group is not None else self.anchor
+        return head if last is None else f"{last}+{head}"
 
 
 @dataclass
@@ -97,18 +112,56 @@ class Plan:
 
 
 def anchor_pairs(graph: Graph, units: list[Unit]) -> list[Pair]:
-    """Each GEMM or convolution unit whose every reader is in one fusion group, with that group."""
+    """Each GEMM or convolution unit whose every reader is in one fusion group, with that group;
+    and each convolution whose result (or its group's) goes on through pooling (Pair.pools), as a
+    pair of its own searched after the plain one."""
     groups = [u.group for u in units if u.group]
+
+    def reader_group(value: str) -> Group | None:
+        users = {u.name for u in graph.users(value)}
+        return next((g for g in groups if users and users <= set(g.nodes)), None)
+
     pairs = []
     for unit in units:
         target = graph.node(unit.node).target if unit.node is not None else None
         if target not in GEMMS and target not in CONVS:
             continue
-        users = {u.name for u in graph.users(unit.node)}
-        group = next((g for g in groups if users and users <= set(g.nodes)), None)
+        group = reader_group(unit.node)
         if group is not None:
             pairs.append(Pair(unit.node, group, "gemm" if target in GEMMS else "conv"))
+        if target in CONVS:
+            head = group if group is not None and len(group.outputs) == 1 else None
+            value = head.outputs[0] if head is not None else unit.node if group is None else None
+            pools, value = _pool_chain(graph, value) if value is not None else ((), None)
+            if pools:
+                post = reader_group(value)
+                pairs.append(Pair(unit.node, head, "conv", pools,
+                                  post if post is not None and post.rdims is None else None))
     return pairs
+
+
+def _pool_chain(graph: Graph, value: str) -> tuple[tuple[str, ...], str | None]:
+    """The pooling nodes of one kind that read `value` one after the other, each the only reader
+    of its input and read only through its first output (with those getitem nodes, in program
+    order); and the last one's result."""
+    pools: list[str] = []
+    kind = None
+    while value not in graph.outputs and value not in graph.mutations:
+        users = graph.users(value)
+        if len(users) != 1 or users[0].target not in POOLS or (kind and POOLS[users[0].target][0] != kind):
+            break
+        pool = users[0]
+        kind = POOLS[pool.target][0]
+        if pool.target.endswith("_with_indices.default"):
+            reads = graph.users(pool.name)
+            if len(reads) != 1 or reads[0].target != "getitem" or reads[0].args[1] != 0:
+                break
+            pools += [pool.name, reads[0].name]
+            value = reads[0].name
+        else:
+            pools.append(pool.name)
+            value = pool.name
+    return tuple(pools), (value if pools else None)
 
 
 def _views_domain(shape, domain) -> bool:

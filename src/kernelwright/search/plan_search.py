@@ -325,11 +325,12 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
     implementations run one after the other (with no_library: whenever one is verified)."""
     graph, out = job.graph, job.out
     node, group = graph.node(pair.anchor), pair.group
-    fusable = gemm_epilogue.fusable if pair.kind == "gemm" else conv_epilogue.fusable
-    if fusable(graph, node, group):
+    if (gemm_epilogue.fusable(graph, node, group) if pair.kind == "gemm"
+            else conv_epilogue.fusable(graph, node, group, pair.pools, pair.post)):
         return
-    kind = "conv_epilogue" if pair.kind == "conv" else "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
-    row = UnitResult(pair.name, kind, [node.op] + [graph.node(n).op for n in group.nodes])
+    kind = ("conv_pool" if pair.pools else "conv_epilogue") if pair.kind == "conv" \
+        else "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
+    row = UnitResult(pair.name, kind, [graph.node(n).op for u in pair.units for n in _unit_nodes(plan, u)])
     job.rows.append(row)
     try:
         if pair.kind == "gemm":
@@ -339,9 +340,9 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
             tuner = GemmTuner(graph, fused, impls, job.env, job.policy, job.device, job.cache_dir, job.timed)
             absorbed = [g.id for g in fused.prologue]  # the bf16 operand casts, tile by tile
         else:
-            fused = conv_epilogue.build(graph, node, group, plan.groups)
+            fused = conv_epilogue.build(graph, node, group, plan.groups, pair.pools, pair.post)
             absorbed = list(fused.absorbed)
-            impls = [_unit_impl(job, plan, u) for u in absorbed + [node.name, group.id]]
+            impls = [_unit_impl(job, plan, u) for u in absorbed + pair.units]
             tuner = ConvTuner(graph, fused, impls, job.env, job.policy, job.device, job.cache_dir, job.timed, job.spec)
     except Unsupported as e:
         row.note = f"no template: {e}"
@@ -350,7 +351,9 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
         row.id = "+".join(absorbed + [row.id])
         row.ops = [graph.node(n).op for u in absorbed for n in _unit_nodes(plan, u)] + row.ops
     row.eager_excess = tuner.eager_excess
-    row.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + group.outputs)
+    last = pair.units[-1]  # the unit whose result the pair produces
+    outputs = list(group.outputs) if pair.kind == "gemm" else [fused.out]
+    row.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + outputs)
     if not job.timed and not job.no_library:
         row.note = "untimed: the library node + epilogue kernel is kept"
         return
@@ -371,12 +374,15 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
             best = None
     if best is not None:
         text, ins = tuner.render(best.config)
-        name = f"{group.id}_{pair.kind}"
-        for u in [group.id, node.name] + absorbed:
+        name = f"{last}_{pair.kind}"
+        for u in pair.units + absorbed:
+            chosen = out.kernels.get(u)
             out.sources.pop(u, None)
+            if chosen is not None:
+                out.sources.pop(chosen.kernel, None)
             out.kernels[u] = None  # the fused kernel computes them
         out.sources[name] = text
-        out.kernels[group.id] = Chosen(name, ins, list(group.outputs))
+        out.kernels[last] = Chosen(name, ins, outputs)
         row.strategy = "triton" if best.config.template.startswith("triton.") else "torch"
         row.config, row.time_ms, row.excess = best.config.as_dict(), best.time_ms, best.excess
         M, N, K = (fused.M, fused.N, fused.K) if pair.kind == "gemm" else fused.gemm

@@ -19,7 +19,8 @@ from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
 from kernelwright.codegen import conv_epilogue, gemm_epilogue, library_epilogue, node_kernels
 from kernelwright.codegen.node_kernels import used_outputs
-from kernelwright.codegen.triton_group import extent, lower, render_group, tiled_apply_dims, transposed_walk
+from kernelwright.codegen.triton_group import (Unsupported, extent, lower, render_group, tiled_apply_dims,
+                                              transposed_walk)
 from kernelwright.measure import watchdog
 from kernelwright.policy import Policy
 from kernelwright.search.result import RunResult
@@ -413,11 +414,14 @@ class ConvTuner(KernelTuner):
     def __init__(self, graph, fused: conv_epilogue.ConvEpilogue, impls, env, policy, device, cache_dir, timed,
                  spec: DeviceSpec | None = None):
         self.fused = f = fused
-        self.name = f"{f.group.id}_conv" if f.group is not None else f"{f.conv.name}_conv"
+        last = f.post or (f.pools[-1] if f.pools else None) or f.group
+        self.name = f"{getattr(last, 'id', last)}_conv" if last is not None else f"{f.conv.name}_conv"
         self.impls = impls
-        nodes = list(f.absorbed_nodes) + [f.conv.name] + (list(f.group.nodes) if f.group is not None else [])
+        stages = [s for s in (f.group, f.post) if s is not None]
+        nodes = (list(f.absorbed_nodes) + [f.conv.name] + (list(f.group.nodes) if f.group is not None else [])
+                 + list(f.pools) + (list(f.post.nodes) if f.post is not None else []))
         inner = set(nodes)
-        ins = [v for v in dict.fromkeys([f.x, f.w] + f.conv.inputs + (f.group.inputs if f.group else []))
+        ins = [v for v in dict.fromkeys([f.x, f.w] + f.conv.inputs + [v for s in stages for v in s.inputs])
                if v not in inner]
         super().__init__(graph, nodes, ins, [(f.out, None)], env, policy, device, cache_dir, timed)
         self.absorbs, self.result = list(f.absorbed_nodes), f.out
@@ -428,15 +432,20 @@ class ConvTuner(KernelTuner):
         cin = f.weight_shape[0] // groups if f.transposed else f.weight_shape[1]
         self.space = [Config.make("triton.conv", **c) for c in
                       conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=graph.meta(f.x).itemsize,
-                                 spec=spec or device_spec(), channels=cin, groups=groups)]
+                                 spec=spec or device_spec(), channels=cin, groups=groups,
+                                 min_block_m=2 * math.prod(f.pool_window) if f.pool else 1, whole_n=f.whole_n)]
+        if not self.space:
+            raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over")
         self.seeds = self.space[:4]
         self.default = self.space[0]
         self.features = {"log2_M": math.log2(max(M, 1)), "log2_N": math.log2(max(N, 1)), "log2_K": math.log2(max(K, 1)),
                          "log2_groups": math.log2(groups), "n_operands": len(f.operands),
                          "transposed": float(f.transposed), "spatial": len(f.out_shape) - 2,
-                         "kind": "conv_epilogue" if f.group is not None else "conv"}
+                         "kind": "conv_pool" if f.pool else "conv_epilogue" if f.group is not None else "conv",
+                         "pool_window": float(math.prod(f.pool_window)) if f.pool else 1.0}
         self.task = (f"conv{len(f.out_shape) - 2}d{'T' if f.transposed else ''}/{M}x{N}x{K}/g{groups}"
-                     + (f"/{f.group.id}" if f.group is not None else ""))
+                     + (f"/{f.group.id}" if f.group is not None else "")
+                     + (f"/{f.pool}{list(f.pool_window)}" + (f"/{f.post.id}" if f.post else "") if f.pool else ""))
 
     def library_fn(self):
         if self.impls is None:

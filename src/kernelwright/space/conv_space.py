@@ -56,10 +56,12 @@ def smem_bytes(cfg: dict, elem_bytes: int) -> int:
 
 def block_k_cap(K: int | None, channels: int | None) -> int:
     """The largest BLOCK_K worth trying: the group's input channels (one tap's K run) rounded up to a
-    power of two, at least 16 (tl.dot's minimum), and at most K rounded so."""
+    power of two, at least 16 (tl.dot's minimum), and at most K rounded so. Fewer than 16 channels
+    always fold taps into K (flat (tap, channel) steps), where up to 64 K elements per step cut the
+    loop's trips."""
     cap = 128
     if channels:
-        cap = min(cap, max(16, _p2(channels)))
+        cap = min(cap, max(16, _p2(channels)) if channels >= 16 else 64)
     if K:
         cap = min(cap, max(16, _p2(K)))
     return cap
@@ -81,6 +83,8 @@ def conv_space(
     max_configs: int = 40,
     channels: int | None = None,
     groups: int = 1,
+    min_block_m: int = 1,
+    whole_n: bool = False,
 ) -> list[dict]:
     """Configs for the convolution template, seeds first.
 
@@ -89,7 +93,12 @@ def conv_space(
     elem_bytes: operand bytes as loaded (default 2 for bf16, else 4; pass 4 for float32 tensors the
     kernel rounds to bf16). spec: the device (shared memory per block, SMs; None: `device_spec()`).
     channels: input channels per group, which cap BLOCK_K (`block_k_cap`); groups: the number of
-    groups, programs run side by side (both optional)."""
+    groups, programs run side by side (both optional). min_block_m: the smallest BLOCK_M (a fused
+    pooling window's size, so that a tile holds whole windows). whole_n: one tile spans all N channels
+    (an epilogue that reduces over them): BLOCK_N is N rounded up to a power of two, and there is no
+    config when that exceeds 256."""
+    if whole_n and N and N > AXES["BLOCK_N"][-1]:
+        return []
     prec = PRECISIONS.get(precision)
     if prec is None:
         raise ValueError(f"unknown precision {precision!r}; one of {sorted(PRECISIONS)}")
@@ -102,7 +111,9 @@ def conv_space(
 
     def ok(c: dict) -> bool:
         bm, bn, bk, w, s = (c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"))
-        if bm > cap_m or bn > cap_n or bk > cap_k:
+        if bm > max(cap_m, min_block_m) or bn > cap_n or bk > cap_k or bm < min_block_m:
+            return False
+        if whole_n and bn != cap_n:
             return False
         if bk * eb > 256 or smem_bytes(c, eb) > spec.smem_per_block:
             return False
@@ -131,7 +142,7 @@ def conv_space(
 
     seeds = []
     for bm, bn, bk, w, s in SEEDS[prec]:
-        bn, bk = min(bn, cap_n), min(bk, cap_k)
+        bm, bn, bk = max(bm, min_block_m), cap_n if whole_n else min(bn, cap_n), min(bk, cap_k)
         if w == 8 and bm * bn < 128 * 128:
             w = 4
         c = cfg(bm, bn, bk, w, s)
@@ -145,7 +156,7 @@ def conv_space(
         filled = [c for c in out if programs(c, M, N, groups) >= want]
         out = filled + [c for c in out if c not in filled] if len(filled) < 4 else filled
     if not out:  # tiny or odd problem: the smallest legal tile
-        out = [cfg(32, 16, 16, 4, 2)]
+        out = [cfg(max(32, _p2(min_block_m)), cap_n if whole_n else 16, 16, 4, 2)]
     return out[:max_configs]
 
 
