@@ -112,7 +112,7 @@ def test_log_softmax_read_elsewhere_is_kept():
 
 # --- channels-last convolutions (tf32 / bf16 policies) -----------------------------------------
 
-from kernelwright.capture.shapes import channels_last_strides  # noqa: E402
+from kernelwright.capture.shapes import channels_last_strides, contiguous_strides  # noqa: E402
 
 
 class ConvAct(nn.Module):
@@ -168,34 +168,48 @@ def test_convs_feeding_a_norm_run_channels_last_and_the_returned_value_keeps_eag
 
 
 class ConvViews(nn.Module):
-    """Instance norm views a conv's [N, C, H, W] result as [1, N * C, H, W] (no view of the
-    channels-last tensor has that shape); flattening H and W is a view in both layouts."""
+    """Instance norm views a [N, C, H, W] value as [1, N * C, H, W] (no view of the channels-last
+    tensor has that shape); flattening H and W is a view in both layouts. With `pool`, the norm
+    reads a max pool of the conv's result, else the result itself."""
 
-    def __init__(self):
+    def __init__(self, pool=False):
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 3)
         self.norm = nn.InstanceNorm2d(8)
+        self.pool = nn.MaxPool2d(2) if pool else nn.Identity()
 
     def forward(self, x):
         y = torch.relu(self.conv(x))
-        return self.norm(y) / 2.0, y.view(2, 8, -1).sum(-1)
+        return self.norm(self.pool(y)) / 2.0, y.view(2, 8, -1).sum(-1)
 
 
-def test_views_of_a_channels_last_conv_result_get_its_strides_or_a_copy_back():
+def test_a_conv_whose_result_is_viewed_as_nchw_stays_nchw():
+    """Instance norm's view of the conv's (elementwise) result: the conv keeps eager's layout rather
+    than writing channels-last and copying the whole result back."""
     model, x = ConvViews(), torch.randn(2, 3, 7, 7)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g, "tf32")
+    conv = next(n for n in s.nodes if n.target == "aten.convolution.default")
+    assert conv.meta.stride == contiguous_strides(conv.meta.shape) and conv.args[0].name == "x"
+    assert any("kept NCHW" in n for n in notes)
+    assert not any(n.target == "aten.clone.default" for n in s.nodes)
+    _close(g, s, model, [x])
+
+
+def test_views_of_a_channels_last_pooled_value_get_its_strides_or_a_copy_back():
+    model, x = ConvViews(pool=True), torch.randn(2, 3, 9, 9)
     g = capture(from_module(model, [x]))
     s, notes = rewrite(g, "tf32")
     relu = next(n for n in s.nodes if n.target == "aten.relu.default")
     assert relu.meta.stride == channels_last_strides(relu.meta.shape)
-    views = [n for n in s.nodes if n.target == "aten.view.default" and s.meta(n.args[0].name).shape == (2, 8, 5, 5)]
-    merged = next(v for v in views if v.meta.shape == (1, 16, 5, 5))
-    back = s.node(merged.args[0].name)  # instance norm's view reads a contiguous copy of the result
-    assert back.target == "aten.clone.default" and back.args[0].name == relu.name
-    assert back.meta.stride == (200, 25, 5, 1) and any("copied back to the contiguous layout" in n for n in notes)
-    flat = next(v for v in views if v.meta.shape == (2, 8, 25))  # a view of the channels-last tensor itself
-    assert flat.args[0].name == relu.name and flat.meta.stride == (200, 1, 8)
+    pooled = next(n for n in s.nodes if n.target == "getitem" and s.node(n.args[0].name).target.startswith("aten.max_pool"))
+    merged = next(v for v in s.nodes if v.target == "aten.view.default" and v.meta.shape == (1, 16, 3, 3))
+    back = s.node(merged.args[0].name)  # instance norm's view reads a contiguous copy of the pooled value
+    assert back.target == "aten.clone.default" and back.args[0].name == pooled.name
+    assert back.meta.stride == (72, 9, 3, 1) and any("copied back to the contiguous layout" in n for n in notes)
+    flat = next(v for v in s.nodes if v.target == "aten.view.default" and v.meta.shape == (2, 8, 49))
+    assert flat.args[0].name == relu.name and flat.meta.stride == (392, 1, 8)  # a view of the channels-last tensor
     assert any("convolution run channels-last" in n for n in notes)
-    assert any("kept through 2 elementwise" in n for n in notes)  # the split-off bias add and the ReLU
     with torch.no_grad():
         ref, env = run_graph(g, model, [x]), run_graph(s, model, [x], keep=True)
     for a, b in zip(ref, [env[o] for o in s.outputs]):

@@ -575,6 +575,23 @@ def _view_of_channels_last(graph: Graph, n: OpNode, names: set[str], nodes: list
     return OpNode(n.name, n.target, (Ref(restored[src]), *n.args[1:]), dict(n.kwargs), n.outs, n.fx)
 
 
+def _viewed_as_nchw(graph: Graph, conv: OpNode) -> str | None:
+    """The first view no channels-last strides can express (instance norm's [1, N * C, H, W]) of
+    `conv`'s result or of an elementwise value of its shape computed from it; None if there is none."""
+    shape, todo, seen = tuple(conv.meta.shape), [conv.name], {conv.name}
+    cl = channels_last_strides(shape)
+    while todo:
+        for u in graph.users(todo.pop()):
+            if u.name in seen or u.meta is None:
+                continue
+            seen.add(u.name)
+            if u.target in _VIEWS and refine_strides(shape, cl, tuple(u.meta.shape)) is None:
+                return u.name
+            if (u.target in POINTWISE or u.target == EVAL_BN) and tuple(u.meta.shape) == shape:
+                todo.append(u.name)
+    return None
+
+
 def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     """Run float32 (or bf16) 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
@@ -584,7 +601,9 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     On the H200 cuDNN's TF32 tensor-core convolutions are ~1.7x faster on NHWC operands
     (conv_layout_probe in docs/benchmarks.md). The input and weight get one explicit
     channels-last copy each; values the model returns keep eager's layout (the kernel that computes
-    them writes NCHW), so the module stays a drop-in replacement, as torch.compile's does."""
+    them writes NCHW), so the module stays a drop-in replacement, as torch.compile's does. A
+    convolution whose result is viewed in a way channels-last strides cannot express (instance
+    norm's [1, N * C, H, W]) stays NCHW: its channels-last result would need a full copy back."""
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     fmt = {4: torch.channels_last, 5: torch.channels_last_3d}
     nodes, notes = [], []
@@ -599,6 +618,11 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
                 and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1 \
                 and all(graph.meta(a.name) is not None and len(graph.meta(a.name).shape) == len(n.meta.shape)
                         for a in n.args[:2]):
+            view = _viewed_as_nchw(graph, n)
+            if view is not None:
+                notes.append(f"{n.name}: kept NCHW ({view} views its result as channels-last strides cannot)")
+                nodes.append(n)
+                continue
             args = list(n.args)
             for k in (0, 1):
                 src = args[k].name
@@ -648,8 +672,8 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
             n = OpNode(n.name, n.target, n.args, dict(n.kwargs), outs, n.fx)
             cl.add(n.name)
         nodes.append(n)
-    if not notes:
-        return graph, []
+    if not n_conv:
+        return graph, notes
     nodes = [n for n in nodes if n.name not in dead]
     notes.append(f"channels-last layout kept through {len(cl) - n_conv} elementwise and pooling values after the "
                  "convolutions")
