@@ -469,11 +469,14 @@ def unit_impl(graph, nodes: list[str], kernel, cache_dir, source, device, name: 
     `source` its module text) if one was chosen, else the ATen ops of `nodes`."""
     if kernel is not None and source is not None:
         mod = load_module_from_source(source, name, cache_dir)
-        ins, outs = kernel[1], kernel[2]
+        ins, outs, unpack = kernel[1], kernel[2], kernel[3]
 
         def run_kernel(local):
             res = mod.launch(*[local[v] for v in ins])
-            local.update(zip(outs, res))
+            if unpack:  # launch returned the node's whole tuple (a pool's values and indices)
+                local[outs[0]] = tuple(res)
+            else:
+                local.update(zip(outs, res))
             return local
 
         return run_kernel
