@@ -2,6 +2,7 @@
 result fold into the implicit-GEMM convolution, how operands are viewed over the output's dims,
 the input copies and casts it absorbs, and the fused kernels against the graph's values in the
 Triton interpreter (1-, 2- and 3-D, grouped, transposed; fp32, tf32 and bf16 policies)."""
+import math
 import os
 
 import pytest
@@ -156,3 +157,107 @@ def test_output_view_splits_merged_domain_dims():
     assert conv_epilogue._output_view((144, 36, 1), (2, 4, 36), (2, 4, 6, 6)) == (144, 36, 6, 1)
     with pytest.raises(Unsupported):
         conv_epilogue._output_view((1, 1), (3, 96), (2, 4, 6, 6))
+
+
+class ConvPool(nn.Module):
+    """conv -> pre (pointwise or a channel softmax) -> pools -> post (pointwise)."""
+
+    def __init__(self, conv, pools, pre="act", post=True):
+        super().__init__()
+        self.conv, self.pools, self.pre, self.post = conv, nn.ModuleList(pools), pre, post
+        self.bias = nn.Parameter(torch.randn(conv.out_channels, *([1] * (conv.weight.dim() - 2))))
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.pre == "act":
+            y = torch.tanh(y) * 2.0
+        elif self.pre == "softmax":
+            y = torch.softmax(y, dim=1)
+        for p in self.pools:
+            y = p(y)
+        return F.hardswish(y + self.bias) if self.post else y
+
+
+POOL_CASES = [
+    ("max2d_post", lambda: ConvPool(nn.Conv2d(3, 6, 3, padding=1), [nn.MaxPool2d(2)], pre=None), (2, 3, 9, 10)),
+    ("act_max2d_post", lambda: ConvPool(nn.Conv2d(3, 5, (3, 2), stride=(1, 2)), [nn.MaxPool2d((2, 4))]), (2, 3, 10, 17)),
+    ("avg2d", lambda: ConvPool(nn.Conv2d(4, 6, 3, groups=2), [nn.AvgPool2d(2)], post=False), (1, 4, 9, 9)),
+    ("softmax_max3d_twice", lambda: ConvPool(nn.Conv3d(3, 6, 3), [nn.MaxPool3d(2), nn.MaxPool3d(2)], pre="softmax",
+                                             post=False), (2, 3, 11, 10, 11)),
+]
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+@pytest.mark.parametrize("name,make,shape", POOL_CASES, ids=[c[0] for c in POOL_CASES])
+def test_conv_pool_chain_matches_graph(name, make, shape, policy):
+    """The chain pair (conv, its group, the pools, the group after them) as one kernel writing only
+    the pooled result; windows of several pools compose into one (2 then 2 = 4)."""
+    torch.manual_seed(0)
+    model, x = make().eval(), torch.randn(*shape)
+    g = rewrite(capture(from_module(model, [x])), policy)[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.pools]
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups, pair.pools, pair.post)
+    assert fused.pool == ("avg" if name == "avg2d" else "max")
+    assert math.prod(fused.pool_window) == (64 if "twice" in name else 8 if name == "act_max2d_post" else 4)
+    assert fused.whole_n == ("softmax" in name)
+    tile = dict(TILE, BLOCK_M=max(16, 2 * math.prod(fused.pool_window)))
+    text, ins = conv_epilogue.render(fused, tile, policy, f"conv_pool_{name}_{policy}")
+    mod = load_module_from_source(text, f"conv_pool_{name}_{policy}", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        (res,) = mod.launch(*[env[v] for v in ins])
+        want = model(x)
+    assert fused.out == g.outputs[0] and res.shape == want.shape
+    tol = 1e-4 if policy == "fp32" else 2e-2
+    torch.testing.assert_close(res, want, rtol=tol, atol=tol)
+
+
+def test_channel_reduction_writes_one_value_per_pixel():
+    """A group reducing over the channels (here a sum, then a pointwise op) runs across one tile
+    holding every channel and writes [N, *spatial]; a tile narrower than the channels is refused."""
+
+    class SumC(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 20, 3, dilation=2)
+
+        def forward(self, x):
+            return torch.sigmoid(torch.relu(self.conv(x)).sum(dim=1) * 0.1)
+
+    torch.manual_seed(0)
+    model, x = SumC().eval(), torch.randn(2, 3, 9, 8)
+    g, plan, pair = _pair(model, x, "fp32")
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+    assert fused.row_out and fused.whole_n
+    text, ins = conv_epilogue.render(fused, dict(TILE, BLOCK_N=32), "fp32", "conv_sum_c")
+    mod = load_module_from_source(text, "conv_sum_c", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        (res,) = mod.launch(*[env[v] for v in ins])
+        torch.testing.assert_close(res, model(x), rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError, match="BLOCK_N"):
+            mod._conv_launch(*[env[v] for v in ins], dilation=2, BLOCK_N=16)
+
+
+@pytest.mark.parametrize("pool,word", [
+    (lambda: nn.MaxPool2d(3, stride=2), "window equals their stride"),
+    (lambda: nn.MaxPool2d(3), "power of two"),
+    (lambda: nn.MaxPool2d(2, ceil_mode=True), "floor mode"),
+    (lambda: nn.AvgPool2d(2, padding=1), "unpadded"),
+])
+def test_pools_it_refuses(pool, word):
+    model, x = ConvPool(nn.Conv2d(3, 4, 3), [pool()]).eval(), torch.randn(1, 3, 12, 12)
+    g = rewrite(capture(from_module(model, [x])), "fp32")[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.pools]
+    with pytest.raises(Unsupported, match=word):
+        conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups, pair.pools, pair.post)
+
+
+def test_transposed_conv_pool_is_refused():
+    model, x = ConvPool(nn.ConvTranspose2d(3, 4, 4, stride=2, padding=1), [nn.MaxPool2d(2)]).eval(), torch.randn(1, 3, 5, 5)
+    g = rewrite(capture(from_module(model, [x])), "fp32")[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.pools]
+    assert "transposed" in conv_epilogue.fusable(g, g.node(pair.anchor), pair.group, pair.pools, pair.post)
