@@ -9,9 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn as nn
 
 from kernelwright.pipeline import Options, optimize_problem
-from kernelwright.problem import load_problem
+from kernelwright.problem import from_module, load_problem
 
 pytestmark = pytest.mark.interpreter
 
@@ -104,3 +106,26 @@ def test_no_library_ships_the_generated_convolution(name, policy, kind, tmp_path
     kernels = (tmp_path / "out" / "kernels").glob("*.py")
     assert any("implicit" in k.read_text() and "_conv_launch" in k.read_text() for k in kernels)
     assert "Library units: " in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_two_convolutions_read_by_one_group_fuse_one_of_them(tmp_path):
+    """A residual add of two convolutions makes two pairs around one group: once the first fuses
+    the group, the second (whose fused kernel would read the first's never-written result) is not
+    searched, and the emitted module runs the generated forward."""
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1)
+
+        def forward(self, x):
+            return torch.relu(self.a(x) + self.b(x))
+
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(Two(), [torch.randn(2, 3, 8, 8)]), out,
+                              Options(device="cpu", budget_trials=1, precision="fp32", no_library=True, mode="eval",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"]
+    pairs = [g for g in result["groups"] if g["kind"] == "conv_epilogue"]
+    assert len(pairs) == 1 and pairs[0]["strategy"] == "triton", result["groups"]
+    assert "original forward kept" not in (out / "model_new.py").read_text()

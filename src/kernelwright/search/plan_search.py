@@ -115,6 +115,9 @@ class _Job:
     out: Tuned
     spec: DeviceSpec  # the device the configs are for, read once per job
     no_library: bool = False  # a verified generated kernel is chosen even when the library is faster
+    # unit name -> the anchor of the pair whose kernel computes it (two convolutions read by one
+    # group, a residual add, make two pairs: the second must not fuse a unit the first already did)
+    fused_into: dict = field(default_factory=dict)
 
     def common(self, row: UnitResult, tuner: KernelTuner) -> dict:
         task = dict(db=self.db, task_key=f"{self.problem.name}/{row.id}/{tuner.task}", task_features=tuner.features,
@@ -328,6 +331,8 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
     if (gemm_epilogue.fusable(graph, node, group) if pair.kind == "gemm"
             else conv_epilogue.fusable(graph, node, group, pair.pools, pair.post)):
         return
+    if any(job.fused_into.get(u, pair.anchor) != pair.anchor for u in pair.units):
+        return  # another pair's kernel computes one of its units (and reads this anchor's result)
     kind = ("conv_pool" if pair.pools else "conv_epilogue") if pair.kind == "conv" \
         else "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
     row = UnitResult(pair.name, kind, [graph.node(n).op for u in pair.units for n in _unit_nodes(plan, u)])
@@ -381,6 +386,7 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
             if chosen is not None:
                 out.sources.pop(chosen.kernel, None)
             out.kernels[u] = None  # the fused kernel computes them
+            job.fused_into[u] = pair.anchor
         out.sources[name] = text
         out.kernels[last] = Chosen(name, ins, outputs)
         row.strategy = "triton" if best.config.template.startswith("triton.") else "torch"
