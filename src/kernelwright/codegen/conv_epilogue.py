@@ -304,7 +304,8 @@ def _pool_window(graph: Graph, pools: list[OpNode], shape: tuple) -> tuple[str, 
     """(kind, window) of pooling `pools` one after the other over a convolution output of `shape`,
     as one pool: each window as large as its stride, unpadded, undilated, floor mode, so a chain of
     them is one window (the product; floor(floor(o / a) / b) = floor(o / (a * b))). Unsupported
-    otherwise, and for windows whose size is not a power of two (a tile holds whole windows)."""
+    otherwise, and for windows of more than 64 pixels (a tile holds whole windows, each padded to a
+    power of two)."""
     nd = len(shape) - 2
     window = [1] * nd
     kind = None
@@ -315,9 +316,8 @@ def _pool_window(graph: Graph, pools: list[OpNode], shape: tuple) -> tuple[str, 
             raise Unsupported("only pools whose window equals their stride, unpadded, in floor mode")
         kind = p["kind"]
         window = [a * k for a, k in zip(window, p["kernel"])]
-    size = math.prod(window)
-    if size & (size - 1) or size > 64:
-        raise Unsupported(f"pooling window {window}: its size must be a power of two up to 64")
+    if math.prod(window) > 64:
+        raise Unsupported(f"pooling window {window}: at most 64 pixels")
     return kind, tuple(window)
 
 

@@ -433,7 +433,7 @@ class ConvTuner(KernelTuner):
         self.space = [Config.make("triton.conv", **c) for c in
                       conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=graph.meta(f.x).itemsize,
                                  spec=spec or device_spec(), channels=cin, groups=groups,
-                                 min_block_m=2 * math.prod(f.pool_window) if f.pool else 1, whole_n=f.whole_n)]
+                                 min_block_m=2 << (math.prod(f.pool_window) - 1).bit_length() if f.pool else 1, whole_n=f.whole_n)]
         if not self.space:
             raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over")
         self.seeds = self.space[:4]
