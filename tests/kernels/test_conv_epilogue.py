@@ -264,3 +264,49 @@ def test_transposed_conv_pool_is_refused():
     plan = plan_graph(g)
     (pair,) = [p for p in plan.pairs if p.pools]
     assert "transposed" in conv_epilogue.fusable(g, g.node(pair.anchor), pair.group, pair.pools, pair.post)
+
+
+class ConvBnRelu(nn.Module):
+    def __init__(self, residual):
+        super().__init__()
+        self.conv, self.bn, self.residual = nn.Conv2d(4, 6, 3, padding=1, stride=1, groups=2), nn.BatchNorm2d(6), residual
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        if self.residual:
+            y = y + x.repeat(1, 2, 1, 1)[:, :6]
+        return torch.relu(y)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_cudnn_conv_relu_folds_the_batch_norm(residual):
+    """conv + (split-off bias) + inference batch norm (+ residual) + ReLU matches the one-call
+    cuDNN candidate; its module folds the batch norm from the live statistics on every call (here
+    run through aten, as on a machine without cuDNN), also after they change."""
+    from kernelwright.codegen import cudnn_epilogue
+
+    torch.manual_seed(0)
+    model, x = ConvBnRelu(residual), torch.randn(2, 4, 7, 7)
+    model.bn.running_mean.uniform_(-1, 1)
+    model.bn.running_var.uniform_(0.5, 2)
+    model.eval()
+    g, plan, pair = _pair(model, x, "fp32")
+    chain = cudnn_epilogue.match(g, g.node(pair.anchor), pair.group.nodes, pair.group.outputs)
+    assert not isinstance(chain, str), chain
+    assert chain.bn is not None and (chain.residual is not None) == residual and chain.ops[-1] == "relu"
+    text, ins = cudnn_epilogue.render(g, g.node(pair.anchor), chain, g.node(pair.anchor).args[0].name, "cudnn_relu")
+    mod = load_module_from_source(text, f"cudnn_relu_{residual}", CACHE)
+    for _ in range(2):
+        with torch.no_grad():
+            env = run_graph(g, model, [x], keep=True)
+            (res,) = mod.launch(*[env[v] for v in ins])
+            torch.testing.assert_close(res, model(x), rtol=1e-5, atol=1e-5)
+        model.bn.running_var.mul_(3.0)  # the statistics change: the next call folds the new ones
+
+
+def test_cudnn_conv_relu_refuses_other_epilogues():
+    from kernelwright.codegen import cudnn_epilogue
+
+    model, x = ConvAct(nn.Conv2d(3, 4, 3)).eval(), torch.randn(1, 3, 6, 6)
+    g, plan, pair = _pair(model, x, "fp32")
+    assert "ReLU" in cudnn_epilogue.match(g, g.node(pair.anchor), pair.group.nodes, pair.group.outputs)

@@ -17,7 +17,7 @@ import torch
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
-from kernelwright.codegen import conv_epilogue, gemm_epilogue, library_epilogue, node_kernels
+from kernelwright.codegen import conv_epilogue, cudnn_epilogue, gemm_epilogue, library_epilogue, node_kernels
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_group import (Unsupported, extent, lower, render_group, tiled_apply_dims,
                                               transposed_walk)
@@ -438,6 +438,13 @@ class ConvTuner(KernelTuner):
             raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over")
         self.seeds = self.space[:4]
         self.default = self.space[0]
+        # cuDNN's own bias (+ residual) + ReLU epilogue, when the group is just that (batch norm folded):
+        # one more candidate, first, on a GPU
+        self.chain = "no group" if f.group is None or f.pool else \
+            cudnn_epilogue.match(graph, f.conv, f.group.nodes, f.group.outputs)
+        if not isinstance(self.chain, str) and timed and torch.device(device).type == "cuda":
+            lib = cudnn_epilogue.config()
+            self.space, self.seeds = [lib] + self.space, [lib] + self.seeds
         self.features = {"log2_M": math.log2(max(M, 1)), "log2_N": math.log2(max(N, 1)), "log2_K": math.log2(max(K, 1)),
                          "log2_groups": math.log2(groups), "n_operands": len(f.operands),
                          "transposed": float(f.transposed), "spatial": len(f.out_shape) - 2,
@@ -461,6 +468,8 @@ class ConvTuner(KernelTuner):
         return run
 
     def render(self, cfg):
+        if cfg.template == cudnn_epilogue.NAME:
+            return cudnn_epilogue.render(self.graph, self.fused.conv, self.chain, self.fused.x, self.name)
         return conv_epilogue.render(self.fused, cfg.as_dict(), self.policy.name, self.name)
 
 
