@@ -412,8 +412,9 @@ def _unit_impl(job: _Job, plan, name: str):
     another unit's kernel computes it, else its ATen ops."""
     if name in job.out.kernels and job.out.kernels[name] is None:
         return lambda local: local
-    return unit_impl(job.graph, _unit_nodes(plan, name), job.out.kernels.get(name), job.cache_dir,
-                     job.out.sources.get(name), job.device, name)
+    kernel = job.out.kernels.get(name)  # (a fused pair's kernel is named apart from the unit holding it)
+    return unit_impl(job.graph, _unit_nodes(plan, name), kernel, job.cache_dir,
+                     job.out.sources.get(kernel.kernel) if kernel is not None else None, job.device, name)
 
 
 def _groups_within(units, names) -> list:
