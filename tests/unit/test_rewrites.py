@@ -168,24 +168,24 @@ def test_convs_feeding_a_norm_run_channels_last_and_the_returned_value_keeps_eag
 
 
 class ConvViews(nn.Module):
-    """Instance norm views a [N, C, H, W] value as [1, N * C, H, W] (no view of the channels-last
-    tensor has that shape); flattening H and W is a view in both layouts. With `pool`, the norm
-    reads a max pool of the conv's result, else the result itself."""
+    """A [N, C, H, W] value viewed as [1, N * C, H, W] (no view of the channels-last tensor has that
+    shape); flattening H and W is a view in both layouts. With `pool`, the merged view reads a max
+    pool of the conv's result, else the result itself."""
 
     def __init__(self, pool=False):
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 3)
-        self.norm = nn.InstanceNorm2d(8)
         self.pool = nn.MaxPool2d(2) if pool else nn.Identity()
 
     def forward(self, x):
         y = torch.relu(self.conv(x))
-        return self.norm(self.pool(y)) / 2.0, y.view(2, 8, -1).sum(-1)
+        p = self.pool(y)
+        return p.reshape(1, -1, *p.shape[2:]).amax(dim=1) / 2.0, y.view(2, 8, -1).sum(-1)
 
 
 def test_a_conv_whose_result_is_viewed_as_nchw_stays_nchw():
-    """Instance norm's view of the conv's (elementwise) result: the conv keeps eager's layout rather
-    than writing channels-last and copying the whole result back."""
+    """A [1, N * C, H, W] view of the conv's (elementwise) result: the conv keeps eager's layout
+    rather than writing channels-last and copying the whole result back."""
     model, x = ConvViews(), torch.randn(2, 3, 7, 7)
     g = capture(from_module(model, [x]))
     s, notes = rewrite(g, "tf32")
@@ -204,7 +204,7 @@ def test_views_of_a_channels_last_pooled_value_get_its_strides_or_a_copy_back():
     assert relu.meta.stride == channels_last_strides(relu.meta.shape)
     pooled = next(n for n in s.nodes if n.target == "getitem" and s.node(n.args[0].name).target.startswith("aten.max_pool"))
     merged = next(v for v in s.nodes if v.target == "aten.view.default" and v.meta.shape == (1, 16, 3, 3))
-    back = s.node(merged.args[0].name)  # instance norm's view reads a contiguous copy of the pooled value
+    back = s.node(merged.args[0].name)  # the merged view reads a contiguous copy of the pooled value
     assert back.target == "aten.clone.default" and back.args[0].name == pooled.name
     assert back.meta.stride == (72, 9, 3, 1) and any("copied back to the contiguous layout" in n for n in notes)
     flat = next(v for v in s.nodes if v.target == "aten.view.default" and v.meta.shape == (2, 8, 49))

@@ -19,6 +19,7 @@ from kernelwright.capture.shapes import channels_last_strides, contiguous_stride
 from kernelwright.ops import COMPOSITES, EVAL_BN, NORMS, POINTWISE, POOLS, REDUCTIONS, reduction_spec
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
 from kernelwright.plan.dead_code import drop_unread
+from kernelwright.plan.instance_norm import instance_norm_rows
 from kernelwright.plan.weights import pure, weight_roots
 
 
@@ -838,13 +839,14 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
     folded, repeated subexpressions merged, inference batch norms folded into the Linear before them,
     convolution and GEMM biases split off, max pools moved
-    before non-decreasing elementwise ops, row rewrites, by-hand attention as one fused call (fp32 and
+    before non-decreasing elementwise ops, row rewrites, instance norms over their own dims, by-hand attention as one fused call (fp32 and
     bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
     bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
     tensor-core policies (tf32, bf16) channels-last convolutions. `out_dtypes` (bf16 only): the
     dtypes eager returns under the policy's autocast (bf16_outputs)."""
     notes: list[str] = []
-    steps = [simplify, fold_scalar_tensors, dedupe, fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites]
+    steps = [simplify, fold_scalar_tensors, dedupe, fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites,
+             instance_norm_rows]
     if policy in ATTENTION_POLICIES:  # under tf32 causal-masked attention only (plan.attention)
         steps += [lambda g: attention(g, policy), simplify]
     if policy == "bf16":  # then pools move before the widening casts too (they pool bf16 values)
