@@ -551,3 +551,32 @@ def test_batch_norm_is_not_folded_when_the_linear_is_read_elsewhere():
     model = _eval_with_statistics(LinearBNTap())
     g = capture(from_module(model, [torch.randn(9, 5)]))
     assert fold_eval_batch_norm(g) == (g, [])
+
+
+class ConvThenLibrary(nn.Module):
+    """Library ops after a channels-last conv, then a flatten: an adaptive average pool (which keeps
+    its input's layout) and a padding (an op the layout rules do not cover)."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.conv, self.op = nn.Conv2d(3, 8, 3), op
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        if self.op == "adaptive":
+            y = F.adaptive_avg_pool2d(y, (3, 3))
+        else:
+            y = F.pad(y, (1, 1, 1, 1))
+        return torch.flatten(y, 1).sum(-1)
+
+
+@pytest.mark.parametrize("op", ["adaptive", "pad"])
+def test_a_flatten_after_a_library_op_on_a_channels_last_value_runs(op):
+    """The view reads a channels-last result (adaptive pools keep the layout) or a value whose layout
+    the library picks through a contiguous copy, so ATen's view accepts it."""
+    model, x = ConvThenLibrary(op), torch.randn(2, 3, 8, 8)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g, "tf32")
+    assert any("convolution run channels-last" in n for n in notes)
+    assert any("copied" in n and "contiguous layout" in n for n in notes)
+    _close(g, s, model, [x])

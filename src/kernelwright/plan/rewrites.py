@@ -593,6 +593,28 @@ def _viewed_as_nchw(graph: Graph, conv: OpNode) -> str | None:
     return None
 
 
+# library ops whose result keeps a channels-last input's layout (as the pools do)
+_CL_PRESERVING = {"aten._adaptive_avg_pool2d.default", "aten.upsample_nearest2d.default",
+                  "aten.upsample_bilinear2d.default"}
+
+
+def _view_of_copy(graph: Graph, n: OpNode, names: set[str], nodes: list[OpNode], restored: dict[str, str],
+                  notes: list[str]) -> OpNode:
+    """A view of a value whose layout the library chooses (an op the rewrite has no rule for, reading a
+    channels-last value, may return either layout): the view of an explicit contiguous copy of it, which
+    a view always accepts (appended to `nodes` once per value)."""
+    src = n.args[0].name
+    if src not in restored:
+        m = graph.meta(src)
+        back = OpNode(_unique(names, f"{src}_contiguous"), "aten.clone.default", (Ref(src),),
+                      {"memory_format": torch.contiguous_format},
+                      [TensorMeta(m.shape, contiguous_strides(m.shape), m.dtype)])
+        nodes.append(back)
+        restored[src] = back.name
+        notes.append(f"{back.name}: {src} copied to the contiguous layout for {n.name} (the library picks its layout)")
+    return OpNode(n.name, n.target, (Ref(restored[src]), *n.args[1:]), dict(n.kwargs), n.outs, n.fx)
+
+
 def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     """Run float32 (or bf16) 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
@@ -613,6 +635,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     by_name = {n.name: n for n in graph.nodes}
     dead: set[str] = set()
     restored: dict[str, str] = {}  # channels-last value -> its copy in eager's layout
+    unsure: set[str] = set()  # values whose layout the library picks (an op outside the rules reading a channels-last one)
     n_conv = 0
     for n in graph.nodes:
         if n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype in ("float32", "bfloat16") \
@@ -655,18 +678,23 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
         if n.target in _VIEWS and n.args and isinstance(n.args[0], Ref) and n.args[0].name in cl \
                 and n.meta is not None:
             n = _view_of_channels_last(graph, n, names, nodes, restored, notes)
+        elif n.target in _VIEWS and n.args and isinstance(n.args[0], Ref) and n.args[0].name in unsure:
+            n = _view_of_copy(graph, n, names, nodes, restored, notes)
         keeps = (n.target in POINTWISE and n.meta is not None and len(n.meta.shape) in fmt
                  and any(i in cl and graph.meta(i).shape == n.meta.shape for i in n.inputs))
         # pooling in the library keeps a channels-last input's layout (NHWC kernels), so do its
         # outputs and the getitems that pick them
         # (avg_pool3d has no channels-last kernel: it returns a contiguous result)
         keeps = keeps or (n.target in POOLS and n.target != "aten.avg_pool3d.default" and n.inputs and n.inputs[0] in cl)
+        keeps = keeps or (n.target in _CL_PRESERVING and n.inputs and n.inputs[0] in cl)
         keeps = keeps or (n.target == EVAL_BN and n.inputs and n.inputs[0] in cl)  # elementwise
         # norms over a channels-last input: the fused norm kernel reads it in memory order and
         # writes its result channels-last too (values the model returns excepted, below)
         keeps = keeps or (n.target in NORMS and n.inputs and n.inputs[0] in cl)
         keeps = keeps or (n.target == "getitem" and n.args[0].name in cl and n.meta is not None
                           and len(n.meta.shape) in fmt)
+        if not keeps and n.target not in _VIEWS and any(i in cl for i in n.inputs):
+            unsure.add(n.name)  # computed by the library from a channels-last value: its layout is the library's
         if keeps and n.name not in graph.mutations and n.name not in graph.outputs:
             outs = [_channels_last(m) if m is not None and len(m.shape) in fmt
                     else m for m in n.outs]
