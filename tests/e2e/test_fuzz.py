@@ -203,7 +203,7 @@ def test_the_summary_line_has_the_exact_format():
 def test_run_prints_a_line_per_program_and_survives_the_oracle(monkeypatch, tmp_path):
     statuses = iter(["ok", "wrong", "raise", "kept"])
 
-    def fake_check(path, device, precision, budget, work=None):
+    def fake_check(path, device, precision, budget, work=None, no_library=False):
         status = next(statuses)
         if status == "raise":
             raise RuntimeError("oracle bug\nsecond line")
@@ -224,7 +224,7 @@ def test_run_prints_a_line_per_program_and_survives_the_oracle(monkeypatch, tmp_
 def test_ctrl_c_ends_the_run_with_the_summary_so_far(monkeypatch, tmp_path):
     calls = []
 
-    def fake_check(path, device, precision, budget, work=None):
+    def fake_check(path, device, precision, budget, work=None, no_library=False):
         calls.append(path)
         if len(calls) == 3:
             raise KeyboardInterrupt
@@ -274,3 +274,52 @@ def test_given_files_the_command_checks_them_and_applies_small_where_defined(tmp
     lines = [ln for ln in result.output.splitlines() if ln.startswith("fuzz ")]
     assert "relu" in lines[0] and "ema_buffer" in lines[1] and " ok " in lines[0]
     assert result.output.strip().endswith("fuzz: 2 programs, 0 wrong, 0 failed to optimize, 0 kept original")
+
+
+CONV_POOL = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+
+    def forward(self, x):
+        return F.hardswish(F.max_pool2d(torch.tanh(self.conv(x)), 2) + 0.5)
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 8, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.interpreter
+def test_no_library_puts_the_generated_convolution_through_every_check(tmp_path):
+    """With no_library the oracle's checks (train and eval, another batch size, gradients, float64)
+    run on the module whose convolution, tanh, pool and hardswish are one generated kernel."""
+    from kernelwright.fuzz.oracle import check
+
+    path = tmp_path / "conv_pool.py"
+    path.write_text(CONV_POOL)
+    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out", no_library=True)
+    assert outcome.status == "ok", outcome
+    kernels = [k.read_text() for k in (tmp_path / "out" / "kernels").glob("*.py")]
+    assert any("max-pooled over [2, 2]" in k for k in kernels)
+
+
+def test_the_no_library_flag_reaches_the_oracle(monkeypatch, tmp_path):
+    seen = []
+
+    def fake_check(path, device, precision, budget, work=None, no_library=False):
+        seen.append(no_library)
+        return Outcome(str(path), "ok")
+
+    monkeypatch.setattr(runner, "check", fake_check)
+    runner.run(2, 0, "cpu", "fp32", tmp_path, 1, log=lambda s: None, no_library=True)
+    assert seen == [True, True]

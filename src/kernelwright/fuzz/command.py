@@ -22,7 +22,10 @@ def fuzz(files: Optional[List[Path]] = typer.Argument(None, help="Check these pr
          precision: str = typer.Option("fp32", "--precision", help="fp32 | tf32 | bf16"),
          out: Path = typer.Option(Path("kw_fuzz"), "--out", help="Folder for programs, emitted modules and wrong/."),
          budget: int = typer.Option(2, "--budget", help="Search trials per program."),
-         small: bool = typer.Option(False, "--small", help="With files: apply each problem's SMALL overrides.")):
+         small: bool = typer.Option(False, "--small", help="With files: apply each problem's SMALL overrides."),
+         no_library: bool = typer.Option(False, "--no-library",
+                                         help="Ship every generated kernel that verifies, even where the library "
+                                              "is faster (checks the generated convolutions and fused pairs).")):
     """Generate random KernelBench-format programs, optimize each, and check the emitted module
     against eager PyTorch (train and eval mode, another batch size, gradients, float64)."""
     from kernelwright.devices import device_option
@@ -40,10 +43,11 @@ def fuzz(files: Optional[List[Path]] = typer.Argument(None, help="Check these pr
         from kernelwright.fuzz.runner import run_files
         from kernelwright.problem import discover
 
-        summary = run_files(discover([str(f) for f in files]), dev, precision, out, budget, small, log=typer.echo)
+        summary = run_files(discover([str(f) for f in files]), dev, precision, out, budget, small, log=typer.echo,
+                            no_library=no_library)
     else:
         from kernelwright.fuzz.runner import run
 
-        summary = run(count, seed, dev, precision, out, budget, log=typer.echo)
+        summary = run(count, seed, dev, precision, out, budget, log=typer.echo, no_library=no_library)
     if summary.count("wrong"):
         raise typer.Exit(1)

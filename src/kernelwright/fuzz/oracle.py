@@ -418,10 +418,11 @@ def _quiet():
 
 
 def check(path: str | Path, device: str = "cpu", precision: str = "fp32", budget: int = 2,
-          work: Path | None = None, small: bool = False) -> Outcome:
+          work: Path | None = None, small: bool = False, no_library: bool = False) -> Outcome:
     """Optimize the program at `path` (into `work`, a temporary folder when None; with `small`, its
-    SMALL size overrides applied) and run every check on the emitted module; see the module
-    docstring."""
+    SMALL size overrides applied; with `no_library`, every unit that has a generated kernel ships it,
+    so the generated convolutions and fused pairs are what the checks see) and run every check on the
+    emitted module; see the module docstring."""
     policy = get_policy(precision)
     started = time.time()
     problem = load_problem(path, small=small)
@@ -431,7 +432,8 @@ def check(path: str | Path, device: str = "cpu", precision: str = "fp32", budget
         try:
             with _quiet():
                 result = optimize_problem(problem, out_dir, Options(budget_trials=budget, precision=precision,
-                                                                    device=device, small=small, log=lambda s: None))
+                                                                    device=device, small=small, no_library=no_library,
+                                                                    log=lambda s: None))
         except Exception as e:  # noqa: BLE001 - the finding
             return Outcome(str(path), "failed", reason=f"optimize raised {first_line(e)}",
                            optimize_s=time.time() - started)

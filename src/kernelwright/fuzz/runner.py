@@ -61,7 +61,7 @@ def program_line(r: Result) -> str:
     return f"fuzz {r.seed:3d} {o.status:<7} {r.chain}" + (f"  {tail}" if tail else "") + f"  ({r.seconds:.1f} s)"
 
 
-def _one(seed: int, device: str, precision: str, out: Path, budget: int) -> Result:
+def _one(seed: int, device: str, precision: str, out: Path, budget: int, no_library: bool = False) -> Result:
     """Generate, write and check the program of `seed`; a failure of the generator or of the
     oracle itself is the program's `failed`."""
     started = time.time()
@@ -73,7 +73,7 @@ def _one(seed: int, device: str, precision: str, out: Path, budget: int) -> Resu
                       time.time() - started)
     path.write_text(program.text)
     try:
-        outcome = check(path, device, precision, budget, work=out / "emitted" / path.stem)
+        outcome = check(path, device, precision, budget, work=out / "emitted" / path.stem, no_library=no_library)
     except Exception as e:  # noqa: BLE001 - the oracle's own failure ends this program only
         outcome = Outcome(str(path), "failed", reason=f"oracle raised {first_line(e)}")
     return Result(seed, program.spec.chain, outcome, time.time() - started)
@@ -92,13 +92,14 @@ def _record(r: Result, out: Path) -> None:
         (wrong / f"{program.stem}.json").write_text(json.dumps(json.loads(row), indent=2))
 
 
-def _one_file(i: int, path: Path, device: str, precision: str, out: Path, budget: int, small: bool) -> Result:
+def _one_file(i: int, path: Path, device: str, precision: str, out: Path, budget: int, small: bool,
+              no_library: bool = False) -> Result:
     """Check the existing program at `path` (the i-th of a run over files)."""
     started = time.time()
     small = small and re.search(r"^SMALL\s*=", Path(path).read_text(), re.M) is not None  # (fixtures are small)
     try:
         outcome = check(path, device, precision, budget, work=out / "emitted" / f"{i:03d}_{Path(path).stem}",
-                        small=small)
+                        small=small, no_library=no_library)
     except Exception as e:  # noqa: BLE001 - the oracle's own failure ends this program only
         outcome = Outcome(str(path), "failed", reason=f"oracle raised {first_line(e)}")
     return Result(i, Path(path).stem, outcome, time.time() - started)
@@ -123,18 +124,22 @@ def _drive(jobs: Iterable[Callable[[], Result]], out: Path, log: Callable[[str],
 
 
 def run_files(paths: list[Path], device: str = "cpu", precision: str = "fp32", out_dir: Path = Path("kw_fuzz"),
-              budget: int = 2, small: bool = False, log: Callable[[str], None] = print) -> Summary:
+              budget: int = 2, small: bool = False, log: Callable[[str], None] = print,
+              no_library: bool = False) -> Summary:
     """The oracle over existing programs (shipped problems, fixtures; `small`: their SMALL size
-    overrides) instead of generated ones: one line each, numbered in order and named by file."""
+    overrides) instead of generated ones: one line each, numbered in order and named by file.
+    `no_library`: as check's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return _drive((functools.partial(_one_file, i, p, device, precision, out, budget, small)
+    return _drive((functools.partial(_one_file, i, p, device, precision, out, budget, small, no_library)
                    for i, p in enumerate(paths)), out, log)
 
 
 def run(count: int, seed: int = 0, device: str = "cpu", precision: str = "fp32", out_dir: Path = Path("kw_fuzz"),
-        budget: int = 2, log: Callable[[str], None] = print) -> Summary:
-    """Generate and check `count` programs (seeds seed .. seed + count - 1); see the module docstring."""
+        budget: int = 2, log: Callable[[str], None] = print, no_library: bool = False) -> Summary:
+    """Generate and check `count` programs (seeds seed .. seed + count - 1); see the module docstring.
+    `no_library`: as check's."""
     out = Path(out_dir)
     (out / "programs").mkdir(parents=True, exist_ok=True)
-    return _drive((functools.partial(_one, seed + i, device, precision, out, budget) for i in range(count)), out, log)
+    return _drive((functools.partial(_one, seed + i, device, precision, out, budget, no_library) for i in range(count)),
+                  out, log)
