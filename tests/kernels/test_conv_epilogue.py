@@ -310,3 +310,14 @@ def test_cudnn_conv_relu_refuses_other_epilogues():
     model, x = ConvAct(nn.Conv2d(3, 4, 3)).eval(), torch.randn(1, 3, 6, 6)
     g, plan, pair = _pair(model, x, "fp32")
     assert "ReLU" in cudnn_epilogue.match(g, g.node(pair.anchor), pair.group.nodes, pair.group.outputs)
+
+
+def test_a_channel_softmax_after_a_grouped_conv_is_refused():
+    """A tile holds one group's channels, so a reduction over all channels of a grouped conv is not
+    an epilogue (the plain pair and the chain both say why)."""
+    model = ConvPool(nn.Conv2d(4, 6, 3, groups=2), [nn.MaxPool2d(2)], pre="softmax", post=False).eval()
+    x = torch.randn(1, 4, 8, 8)
+    g = rewrite(capture(from_module(model, [x])), "fp32")[0]
+    plan = plan_graph(g)
+    reasons = [conv_epilogue.fusable(g, g.node(p.anchor), p.group, p.pools, p.post) for p in plan.pairs]
+    assert reasons and all(r and "grouped" in r for r in reasons), reasons

@@ -168,7 +168,7 @@ def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, .
     if group is None and not pools:
         return "nothing to fuse"
     if group is not None:
-        why = _stage_fusable(graph, group, conv.name, tuple(conv.meta.shape))
+        why = _stage_fusable(graph, group, conv.name, tuple(conv.meta.shape), conv)
         if why:
             return why
     elif any(u.name != pools[0] for u in graph.users(conv.name)):
@@ -179,7 +179,7 @@ def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, .
             return "pooling is fused into convolutions only (a transposed one's programs own one stride phase class)"
         last = pools[-1]
         if post is not None:
-            why = _stage_fusable(graph, post, last, tuple(graph.meta(last).shape))
+            why = _stage_fusable(graph, post, last, tuple(graph.meta(last).shape), conv)
             if why:
                 return why
             last = post.outputs[0]
@@ -191,10 +191,12 @@ def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, .
     return None
 
 
-def _stage_fusable(graph: Graph, group: Group, value: str, shape: tuple) -> str | None:
-    """Why `group` cannot be an epilogue stage applied to `value` (of `shape`), or None."""
+def _stage_fusable(graph: Graph, group: Group, value: str, shape: tuple, conv: OpNode) -> str | None:
+    """Why `group` cannot be an epilogue stage applied to `value` (of `shape`, computed from `conv`), or None."""
     if group.rdims is not None and (tuple(group.domain) != shape or tuple(group.rdims) != (1,)):
         return "the group reduces over more than the channels (norm and spatial-reduction epilogues are separate kernels)"
+    if group.rdims is not None and int(conv.args[8]) != 1:
+        return "a reduction over the channels of a grouped convolution (a tile holds one group's channels)"
     members = set(group.nodes)
     if any(u.name not in members for u in graph.users(value)):
         return "the convolution's output has consumers outside the group"
@@ -249,8 +251,7 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     if pools:
         if row_out:
             raise Unsupported("pooling a value reduced over the channels")
-        pool, window = _pool_window(graph, [graph.node(n) for n in pools if graph.node(n).target != "getitem"],
-                                    shape)
+        pool, window = _pool_window([graph.node(n) for n in pools if graph.node(n).target != "getitem"], shape)
         out = pools[-1]
         meta = graph.meta(out)
         if post is not None:
@@ -300,7 +301,7 @@ def _stage(graph: Graph, group: Group, value: str, shape: tuple, code: list[str]
     return row
 
 
-def _pool_window(graph: Graph, pools: list[OpNode], shape: tuple) -> tuple[str, tuple[int, ...]]:
+def _pool_window(pools: list[OpNode], shape: tuple) -> tuple[str, tuple[int, ...]]:
     """(kind, window) of pooling `pools` one after the other over a convolution output of `shape`,
     as one pool: each window as large as its stride, unpadded, undilated, floor mode, so a chain of
     them is one window (the product; floor(floor(o / a) / b) = floor(o / (a * b))). Unsupported
@@ -324,7 +325,7 @@ def _pool_window(graph: Graph, pools: list[OpNode], shape: tuple) -> tuple[str, 
 def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tuple[str, list[str]]:
     """Module text whose `launch(*inputs)` runs the fused convolution with `config`; its inputs."""
     text = render_conv(fused.epilogue, name=name, transposed=fused.transposed, pool=fused.pool,
-                       post=fused.post_epilogue, row_out=fused.row_out)
+                       post=fused.post_epilogue, row_out=fused.row_out, whole_n=fused.whole_n)
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages") if k in config}

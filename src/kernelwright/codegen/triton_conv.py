@@ -38,7 +38,8 @@ _KIND_DOC = {
 
 
 def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transposed: bool = False,
-                pool: str | None = None, post: Epilogue = IDENTITY, row_out: bool = False) -> str:
+                pool: str | None = None, post: Epilogue = IDENTITY, row_out: bool = False,
+                whole_n: bool = False) -> str:
     """Module text of the convolution template (``transposed``: a transposed convolution, weight
     [Cin, Cout / groups, *kernel]) with `epilogue` fused; ``{name}_kernel`` and ``launch``.
 
@@ -47,7 +48,8 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
     operands over the pooled output; names distinct from the epilogue's). Convolutions only: a
     transposed convolution's programs own one stride phase class, never a whole window.
     row_out: the last epilogue reduced over the channels (its result is one value per pixel,
-    ``[BLOCK_M, 1]``): y has one channel.
+    ``[BLOCK_M, 1]``): y has one channel. whole_n (implied by row_out): an epilogue reduces over the
+    channels, so launch refuses tiles narrower than Cout and grouped convolutions.
     A "row" operand (per output pixel) is a ValueError: the conv epilogue has no row view."""
     if not name.isidentifier():
         raise ValueError(f"kernel name {name!r} is not a Python identifier")
@@ -69,6 +71,7 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
         epilogue=both,
         pool=pool,
         row_out=bool(row_out),
+        whole_n=bool(whole_n or row_out),
         operand_spec=repr(tuple(stages)),
         params=operand_params(both, full_strides=FULL_STRIDES),
         loads=render_operand_loads(epilogue, "offs_m", "co", "mask", **loads),
