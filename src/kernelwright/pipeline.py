@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from kernelwright.analyze.coverage import plan_coverage
+from kernelwright.analyze.coverage import captured_cost, plan_coverage
 from kernelwright.capture import CaptureError, capture
 from kernelwright.capture.modes import training_modes
 from kernelwright.emit.module import (ModeForward, import_model_new, model_new_like, module_files, render_model_new,
@@ -130,7 +130,8 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
                     "precision": policy.name, "device": str(device), "small": opts.small, **results[primary],
                     "mode": primary, "mode_modules": sensitive, "modes": {m: dict(results[m]) for m in modes},
                     "untuned_modes": [m for m in ("train", "eval") if sensitive and "any" not in modes and m not in modes],
-                    "analysis": plan_coverage(plans[primary], results[primary]["groups"]),
+                    "analysis": plan_coverage(plans[primary], results[primary]["groups"],
+                                              results[primary].get("captured_cost")),
                     "seconds": round(time.time() - started, 2), "memory": memory.report()}
     (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
     write_report(out_dir, result)
@@ -150,6 +151,7 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
     record: dict = {"capture": "ok", "groups": []}
     try:
         graph = captured if captured is not None else capture(problem)
+        record["captured_cost"] = captured_cost(graph)
         graph, record["rewrites"] = rewrite(graph, policy.name, out_dtypes)
         plan = plan_graph(graph)
     except CaptureError as e:

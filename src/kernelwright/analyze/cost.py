@@ -289,3 +289,14 @@ def node_cost(node: OpNode, graph: Graph, users: dict[str, list[OpNode]] | None 
         return ZERO
     read, write = node_bytes(node, graph, users)
     return NodeCost(int(node_flops(node, graph, cls)), read + write, read, write)
+
+
+def graph_cost(graph: Graph) -> NodeCost:
+    """FLOPs and minimum bytes of a whole graph: the sums of `node_cost` over its nodes (each node
+    run on its own, as ATen runs it; the `flops` and `bytes` totals of analyze)."""
+    users = consumers(graph)
+    flops = read = write = 0
+    for node in graph.nodes:
+        c = node_cost(node, graph, users)
+        flops, read, write = flops + c.flops, read + c.read_bytes, write + c.write_bytes
+    return NodeCost(flops, read + write, read, write)

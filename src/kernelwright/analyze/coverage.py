@@ -36,7 +36,23 @@ def generated_nodes(plan, rows: list[dict]) -> set[str]:
             for part in r["id"].split("+") for n in (groups[part].nodes if part in groups else [part])}
 
 
-def plan_coverage(plan, rows: list[dict]) -> dict:
+def captured_cost(graph) -> dict:
+    """FLOPs and minimum bytes of a graph as captured (before the rewrites): analyze.cost.graph_cost."""
+    from kernelwright.analyze.cost import graph_cost
+
+    c = graph_cost(graph)
+    return {"flops": c.flops, "bytes": c.bytes}
+
+
+def plan_coverage(plan, rows: list[dict], captured: dict | None = None) -> dict:
     """coverage() of `plan`'s graph with the nodes its searched units' `rows` (result.json's "groups")
-    run in generated kernels; a mode without a plan (its capture failed) has none."""
-    return coverage(plan.graph if plan else None, generated_nodes(plan, rows))
+    run in generated kernels; a mode without a plan (its capture failed) has none. With `captured`
+    (captured_cost of the graph before the rewrites), also `flops` and `bytes` as captured and
+    `flops_after_rewrites` and `bytes_after_rewrites` of the planned graph."""
+    out = coverage(plan.graph if plan else None, generated_nodes(plan, rows))
+    if captured:
+        out.update(flops=captured["flops"], bytes=captured["bytes"])
+    if plan is not None:
+        after = captured_cost(plan.graph)
+        out.update(flops_after_rewrites=after["flops"], bytes_after_rewrites=after["bytes"])
+    return out
