@@ -17,6 +17,7 @@ from kernelwright.analyze.classify import is_view
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides, refine_strides
 from kernelwright.ops import COMPOSITES, EVAL_BN, NORMS, POINTWISE, POOLS, REDUCTIONS, reduction_spec
+from kernelwright.plan.algebra import algebra as exact_algebra
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
 from kernelwright.plan.dead_code import drop_unread
 from kernelwright.plan.instance_norm import instance_norm_rows
@@ -862,10 +863,12 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
     return _forward_values(graph, find)
 
 
-def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None
-            ) -> tuple[Graph, list[str]]:
+def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None,
+            algebra: bool = True) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
-    folded, repeated subexpressions merged, inference batch norms folded into the Linear before them,
+    folded, repeated subexpressions merged, the algebra rules of plan.algebra (reductions over
+    size-1 dims, through affine ops, of matrix products and of convolutions; `algebra=False`, the
+    command line's --no-rewrites, leaves them out), inference batch norms folded into the Linear before them,
     convolution and GEMM biases split off, max pools moved
     before non-decreasing elementwise ops, row rewrites, instance norms over their own dims, by-hand attention as one fused call (fp32 and
     bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
@@ -873,8 +876,8 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     tensor-core policies (tf32, bf16) channels-last convolutions. `out_dtypes` (bf16 only): the
     dtypes eager returns under the policy's autocast (bf16_outputs)."""
     notes: list[str] = []
-    steps = [simplify, fold_scalar_tensors, dedupe, fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites,
-             instance_norm_rows]
+    steps = [simplify, fold_scalar_tensors, dedupe] + ([exact_algebra] if algebra else []) + [
+        fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites, instance_norm_rows]
     if policy in ATTENTION_POLICIES:  # under tf32 causal-masked attention only (plan.attention)
         steps += [lambda g: attention(g, policy), simplify]
     if policy == "bf16":  # then pools move before the widening casts too (they pool bf16 values)
