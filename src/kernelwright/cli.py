@@ -107,6 +107,8 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 MODE_HELP = ("Training modes to generate a forward for: train | eval | both (a model whose result does not "
              "depend on its mode gets one forward for both); a mode without one runs the original forward.")
 VERIFY_ONLY_HELP = "On a GPU: verify generated kernels there, without tuning trials or timing (configs untimed)."
+NO_REWRITES_HELP = ("Leave out the exact algebra rules (plan/algebra.py: reductions of matrix products and "
+                    "convolutions, over size-1 dims, through affine ops), which change what is computed.")
 NO_LIBRARY_HELP = ("Every unit with a generated strategy uses it, even where the library call is faster "
                    "(report.md lists the units left to a library).")
 
@@ -273,6 +275,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
              mode: str = typer.Option("both", "--mode", help=MODE_HELP),
              verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP),
              no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP),
+             no_rewrites: bool = typer.Option(False, "--no-rewrites", help=NO_REWRITES_HELP),
              single_file: bool = typer.Option(False, "--single-file",
                                               help="Write model_new.py with the kernels and their runtime embedded "
                                                    "(no kernels/ folder).")):
@@ -297,7 +300,8 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     _check_mode(mode)
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
                    db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
-                   mode=mode, timed=not verify_only, no_library=no_library, log=lambda s: typer.echo(s, err=True))
+                   mode=mode, timed=not verify_only, no_library=no_library, no_rewrites=no_rewrites,
+                   log=lambda s: typer.echo(s, err=True))
 
     def run(folder: Path) -> dict:
         result = optimize_problem(p, folder, opts)
@@ -326,7 +330,8 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
                                            help="Let kernelwright ship CUDA-graph replay where it measures faster."),
           mode: str = typer.Option("both", "--mode", help=MODE_HELP),
           verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP),
-          no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP)):
+          no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP),
+          no_rewrites: bool = typer.Option(False, "--no-rewrites", help=NO_REWRITES_HELP)):
     """Time eager, torch.compile (and kernelwright) over problems; per-level geometric means."""
     from kernelwright.bench.runner import run_bench
     from kernelwright.policy import get_policy
@@ -348,7 +353,7 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
               seconds=seconds, json_out=json_out, out_dir=out_dir, small=small, compile_mode=compile_mode,
               cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s), mode=mode, timed=not verify_only,
-              no_library=no_library)
+              no_library=no_library, no_rewrites=no_rewrites)
 
 
 RESULT_KEYS = ("problem", "precision", "device")  # what every result.json names

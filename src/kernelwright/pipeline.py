@@ -57,6 +57,7 @@ class Options:
     # every unit that has a generated strategy uses it, even when the library call measures faster; for CPU
     # tests and for KernelBench-style comparisons without library kernels (search/plan_search.py reads it)
     no_library: bool = False
+    no_rewrites: bool = False  # leave out the exact algebra rules of plan/algebra.py (they change what is computed)
     log: Callable[[str], None] = print
 
     def mode_share(self, i: int, n: int) -> Options:
@@ -152,7 +153,7 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
     try:
         graph = captured if captured is not None else capture(problem)
         record["captured_cost"] = captured_cost(graph)
-        graph, record["rewrites"] = rewrite(graph, policy.name, out_dtypes)
+        graph, record["rewrites"] = rewrite(graph, policy.name, out_dtypes, algebra=not opts.no_rewrites)
         plan = plan_graph(graph)
     except CaptureError as e:
         opts.log(("" if mode == "any" else f"{mode} mode: ") + f"capture failed: {e}; the original forward runs there")

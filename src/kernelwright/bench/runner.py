@@ -50,6 +50,7 @@ def _one(path: str, opts: dict) -> dict:
                                                    compile_mode=opts.get("compile_mode") or "default",
                                                    mode=opts.get("mode", "both"), timed=opts.get("timed", True),
                                                    no_library=opts.get("no_library", False),
+                                                   no_rewrites=opts.get("no_rewrites", False),
                                                    log=lambda s: None))
             t = res.get("timing") or {}
             row["times"] = {k: v["median_ms"] for k, v in t.items() if isinstance(v, dict) and "median_ms" in v}
@@ -195,12 +196,12 @@ def summarise(rows: list[dict], baseline_only: bool) -> dict:
 
 
 def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_dir, small, compile_mode, echo,
-              cuda_graphs=True, mode="both", timed=True, no_library=False):
+              cuda_graphs=True, mode="both", timed=True, no_library=False, no_rewrites=False):
     import torch
 
     opts = dict(baseline_only=baseline_only, precision=precision, trials=trials, seconds=seconds,
                 out_dir=str(out_dir), small=small, compile_mode=compile_mode,
-                cuda_graphs=cuda_graphs, mode=mode, timed=timed, no_library=no_library)
+                cuda_graphs=cuda_graphs, mode=mode, timed=timed, no_library=no_library, no_rewrites=no_rewrites)
     n_gpu = max(1, torch.cuda.device_count())
     paths = [str(f) for f in files]
     rows: list[dict] = []
