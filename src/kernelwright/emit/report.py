@@ -67,6 +67,38 @@ def library_units(groups: list[dict]) -> str:
     return "Library units: " + (", ".join(names) or "none")
 
 
+def _count(v) -> str:
+    """A FLOP or byte count in a short form: 204.3 G, 76.6 M, 740."""
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            return f"{v / scale:.1f} {unit}"
+    return f"{v:g}"
+
+
+def rewrite_lines(result: dict) -> list[str]:
+    """The rewrites section: FLOPs and minimum bytes as captured and after the rewrites, the exact
+    algebra rewrites (plan/algebra.py) with the FLOPs each removed, then every other rewrite."""
+    from kernelwright.plan.algebra import parse_note
+
+    notes = result.get("rewrites") or []
+    a = result.get("analysis") or {}
+    lines = []
+    if a.get("flops") is not None and a.get("flops_after_rewrites") is not None:
+        lines.append(f"- FLOPs {_count(a['flops'])} as captured, {_count(a['flops_after_rewrites'])} after the rewrites; "
+                     f"minimum bytes {_count(a['bytes'])} as captured, {_count(a['bytes_after_rewrites'])} after")
+    rules = [(line, parse_note(line)) for line in notes]
+    exact = [p for _, p in rules if p is not None]
+    if exact:
+        lines += ["", "Exact algebra (plan/algebra.py; `--no-rewrites` leaves it out):", "",
+                  "| node | rewrite | rule | FLOPs removed |", "|---|---|---|---:|"]
+        lines += [f"| {p['node']} | {p['what'].replace('|', '/')} | {p['rule']} | {p['flops_removed']:,} |" for p in exact]
+        lines.append("")
+    lines += [f"- {line}" for line, p in rules if p is None]
+    if not lines:
+        return []
+    return ["", "## Rewrites (exact, then the precision policy's)", ""] + lines
+
+
 def render_report(result: dict) -> str:
     from kernelwright.analyze import device_spec
 
@@ -158,8 +190,7 @@ def render_report(result: dict) -> str:
     if choices:
         lines += ["", "## Choices per unit (every implementation, timed alike)", ""]
         lines += [f"- {gid}: " + "; ".join(_choice(c) for c in cs) for gid, cs in choices]
-    if result.get("rewrites"):
-        lines += ["", "## Rewrites (exact, then the precision policy's)", ""] + [f"- {r}" for r in result["rewrites"]]
+    lines += rewrite_lines(result)
     cov = (result.get("analysis") or {}).get("coverage")
     if cov:
         lines += ["", "## Coverage", "",
