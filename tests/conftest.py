@@ -6,6 +6,7 @@ when a kernel is defined). A value the caller set is kept, so a GPU machine runs
 unless TRITON_INTERPRET=1 is asked for (as `make test` does); then the `interpreter` tests skip."""
 import os
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -14,6 +15,26 @@ if os.environ.get("TRITON_INTERPRET") is None and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+
+
+def _skip_dead_overflow_checks():
+    """Triton's interpreter computes every int32 add, sub and mul a second time in int64 to check it
+    for overflow, then hands the check to `device_assert`, which does nothing unless the interpreter
+    runs with debug on (its options never do): about 40% of an interpreted kernel's time goes to
+    results nobody reads. With debug off this turns the computation off; values and every check
+    that can fail stay the same."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    options = interpreter.interpreter_builder.options
+    if not options.debug and getattr(options, "sanitize_overflow", False):
+        interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+_skip_dead_overflow_checks()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -28,6 +49,30 @@ def pytest_collection_modifyitems(config, items):
 
 from kernelwright.codegen import library_epilogue  # noqa: E402
 from kernelwright.search import units  # noqa: E402
+
+
+def pytest_configure(config):
+    # pytest-xdist's mark (registered by xdist itself when it is installed): tests of one group run in
+    # one worker process, where they share what module- and session-scoped fixtures made
+    config.addinivalue_line("markers", "xdist_group(name): run in the same pytest-xdist worker as the group's other tests")
+
+
+@pytest.fixture(scope="session")
+def small_capture():
+    """small_capture(path): the graph of the problem file at its SMALL sizes (`capture(load_problem(
+    path, small=True))`), captured once per session for the tests that read it (treat it as read-only).
+    Tests sharing it carry `xdist_group("small_captures")`, so that they run in one worker."""
+    from kernelwright.capture import capture
+    from kernelwright.problem import load_problem
+
+    graphs = {}
+
+    def get(path):
+        key = str(Path(path).resolve())
+        if key not in graphs:
+            graphs[key] = capture(load_problem(path, small=True))
+        return graphs[key]
+    return get
 
 
 @pytest.fixture

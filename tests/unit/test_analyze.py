@@ -231,18 +231,18 @@ def test_device_specs(tmp_path, monkeypatch):
         load_ceilings(tmp_path / "missing.json")
 
 
-def test_anchor_groups_the_shipped_level2_problems_as_their_names_say():
+@pytest.mark.xdist_group("small_captures")
+def test_anchor_groups_the_shipped_level2_problems_as_their_names_say(small_capture):
     """Benchmarks group level 2 by what anchors each problem (bench.runner.summarise): every
     conv* problem is anchored by a convolution, every gemm_* one by a matrix product."""
     import pathlib
 
     from kernelwright.analyze.classify import anchor
-    from kernelwright.problem import load_problem
 
     root = pathlib.Path(__file__).resolve().parents[2] / "problems" / "level2"
     seen = set()
     for path in sorted(root.glob("*.py")):
-        got = anchor(capture(load_problem(str(path), small=True)).nodes)
+        got = anchor(small_capture(path).nodes)
         want = "conv" if path.stem.startswith("conv") else "gemm" if path.stem.startswith("gemm") else None
         assert want is None or got == want, path.stem
         seen.add(got)

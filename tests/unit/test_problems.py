@@ -53,8 +53,9 @@ def test_suite_is_complete():
     assert len(names) == len(set(names)), "problem names must be unique across levels"
 
 
+@pytest.mark.xdist_group("small_captures")
 @pytest.mark.parametrize("path", PROBLEM_FILES, ids=IDS)
-def test_small_problem_runs_and_captures(path):
+def test_small_problem_runs_and_captures(path, small_capture):
     problem = load_problem(path, small=True)
     assert problem.level in (1, 2, 3)
     model = problem.make_model("cpu")
@@ -71,7 +72,7 @@ def test_small_problem_runs_and_captures(path):
         assert x.dtype in (torch.float32, torch.int64), f"{path.name}: input dtype {x.dtype}"
     reason = NOT_CAPTURABLE.get(path.stem)
     if reason is None:
-        graph = capture(problem)
+        graph = small_capture(path)  # capture(problem), shared with the other tests that read it
         assert graph.nodes and graph.outputs
         # every node is classified and costed; a problem does some work
         analysis = analyze(graph, device_spec("NVIDIA H200"))
