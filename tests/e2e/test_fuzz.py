@@ -1,5 +1,6 @@
 """The differential fuzzer: programs are deterministic per seed and valid in eager; the oracle
 passes correct emitted modules and flags wrong ones; the runner's lines and summary; shrinking."""
+import functools
 import math
 import os
 import re
@@ -16,6 +17,10 @@ from kernelwright.problem import load_problem
 
 FIX = Path(__file__).parents[1] / "fixtures" / "fuzz"
 SLICE = [2, 4, 5]  # small programs: a linear chain, a convolution chain, dropout + batch norm in float64
+# gen.draw(seed) once per seed for the tests below (a draw runs its program in eager several times);
+# programs are frozen, and the tests of determinism draw afresh
+_draw = functools.cache(gen.draw)
+pytestmark = pytest.mark.xdist_group("fuzz")  # the tests share _draw's programs: one worker
 
 
 # --- the generator -------------------------------------------------------------------------------
@@ -37,18 +42,18 @@ def test_every_program_loads_and_runs_in_eager(seed, tmp_path):
     with torch.no_grad():
         out = model(*problem.make_inputs(0))
     assert torch.isfinite(out).all()
-    assert gen.spec_of(text) == gen.draw(seed).spec
+    assert gen.spec_of(text) == _draw(seed).spec  # a second draw: the same program
 
 
 def test_tensors_stay_small():
     for seed in range(50):
-        spec = gen.draw(seed).spec
+        spec = _draw(seed).spec
         per_sample = max(math.prod(dims) for _, dims in gen.build(spec).values)
         assert per_sample * gen.second_batch_size(spec.batch) <= 50_000
 
 
 def test_a_recorded_chain_renders_again_with_fewer_steps():
-    spec = gen.draw(5).spec
+    spec = _draw(5).spec
     shorter = gen.Spec(spec.seed, spec.batch, spec.dims, spec.layout, spec.double, spec.steps[:1])
     text = gen.render(shorter)
     gen.validate(text)
@@ -56,13 +61,13 @@ def test_a_recorded_chain_renders_again_with_fewer_steps():
 
 
 def test_the_batch_size_global_draws_the_inputs():
-    module = gen.load_text(gen.generate(7))
+    module = gen.load_text(_draw(7).text)
     module.batch_size = 5
     assert all(x.shape[0] == 5 for x in module.get_inputs() if x.dim() >= 3)
 
 
 def test_generated_programs_cover_the_zoo():
-    programs = [gen.draw(s) for s in range(120)]
+    programs = [_draw(s) for s in range(120)]
     ops = {step.op for p in programs for step in p.spec.steps}
     assert {"conv2d", "conv3d", "linear", "batchnorm", "dropout", "branch", "residual", "reduce"} <= ops
     assert any(p.spec.double for p in programs) and any(p.spec.layout != "contiguous" for p in programs)
@@ -101,7 +106,7 @@ def test_reduced_precision_results_are_held_to_eagers_own_error():
 
 def _write(seed, folder: Path) -> Path:
     path = folder / f"fuzz_{seed:05d}.py"
-    path.write_text(gen.generate(seed))
+    path.write_text(_draw(seed).text)
     return path
 
 
@@ -183,8 +188,8 @@ def test_shrink_keeps_the_failing_check_with_fewer_steps(monkeypatch, tmp_path):
     from kernelwright.fuzz.shrink import shrink
 
     _patched_import(monkeypatch, lambda forward: lambda self, *a: forward(self, *a) + (0 if self.training else 0.1))
-    seed = next(s for s in range(100) if len(gen.draw(s).spec.steps) == 3 and not gen.draw(s).spec.double
-                and gen.draw(s).spec.layout == "contiguous")
+    seed = next(s for s in range(100) if len(_draw(s).spec.steps) == 3 and not _draw(s).spec.double
+                and _draw(s).spec.layout == "contiguous")
     path = _write(seed, tmp_path)
     text = shrink(path)
     assert len(gen.spec_of(text).steps) == 1

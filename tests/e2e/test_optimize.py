@@ -30,7 +30,7 @@ PROBLEMS = [
     "instance_norm", "max_pool1d", "max_pool2d", "avg_pool2d", "avg_pool3d", "cumsum", "cumprod",
     "reverse_cumsum", "exclusive_cumsum",
 ]
-# the subprocess round trip costs a fresh torch import each: a representative handful only
+# the emitted modules checked in a process without kernelwright: a representative handful
 SUBPROCESS = ["relu", "mish", "softmax", "layer_norm", "sum_dim", "argmax_dim", "cross_entropy", "batch_norm_train"]
 
 # at top level: the runtime files fall back on kernelwright's own copies only where they are loaded
@@ -52,9 +52,23 @@ def _optimize(name, tmp_path):
     return out, result
 
 
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory):
+    """optimized(name): the output folder and result of optimizing problem `name` (in a folder of its
+    own, with a trial database of its own), made once for the tests of this module that read it."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            done[name] = _optimize(name, tmp_path_factory.mktemp(name))
+        return done[name]
+    return get
+
+
+@pytest.mark.xdist_group("optimized_level1")  # with the other test reading `optimized`, in one worker
 @pytest.mark.parametrize("name", PROBLEMS)
-def test_optimize_level1(name, tmp_path):
-    out, result = _optimize(name, tmp_path)
+def test_optimize_level1(name, optimized):
+    out, result = optimized(name)
     assert result["verify"]["passed"], result["verify"]
     for f in ("model_new.py", "report.md", "result.json"):
         assert (out / f).is_file(), f
@@ -93,45 +107,54 @@ def test_optimize_level1(name, tmp_path):
             assert torch.equal(g, w)
 
 
+# Checks each folder given on the command line: its model_new.py imports without kernelwright and
+# ModelNew matches Model on fresh inputs. Prints "OK <folder>" after each.
 SCRIPT = r"""
 import importlib.util, sys, torch
-spec = importlib.util.spec_from_file_location("model_new", "model_new.py")
-m = importlib.util.module_from_spec(spec)
-sys.modules["model_new"] = m
-spec.loader.exec_module(m)
-assert "kernelwright" not in {k.split(".")[0] for k in sys.modules}, "kernelwright was imported"
-torch.manual_seed(0)
-ref = m.Model(*m.get_init_inputs())
-new = m.ModelNew(*m.get_init_inputs())
-assert list(new.state_dict()) == list(ref.state_dict()), (list(new.state_dict()), list(ref.state_dict()))
-new.load_state_dict(ref.state_dict())
-for seed in (7, 8):
-    torch.manual_seed(seed)
-    xs = m.get_inputs()
-    with torch.no_grad():
-        want = ref(*[x.clone() if isinstance(x, torch.Tensor) else x for x in xs])
-        got = new(*xs)
-    want = want if isinstance(want, (tuple, list)) else [want]
-    got = got if isinstance(got, (tuple, list)) else [got]
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape)
-        if w.is_floating_point():
-            assert torch.allclose(g, w, rtol=1e-4, atol=1e-5), float((g - w).abs().max())
-        else:
-            assert torch.equal(g, w)
-print("OK")
+for i, folder in enumerate(sys.argv[1:]):
+    spec = importlib.util.spec_from_file_location(f"model_new_{i}", f"{folder}/model_new.py")
+    m = importlib.util.module_from_spec(spec)
+    sys.modules[f"model_new_{i}"] = m
+    spec.loader.exec_module(m)
+    assert "kernelwright" not in {k.split(".")[0] for k in sys.modules}, f"{folder}: kernelwright was imported"
+    torch.manual_seed(0)
+    ref = m.Model(*m.get_init_inputs())
+    new = m.ModelNew(*m.get_init_inputs())
+    assert list(new.state_dict()) == list(ref.state_dict()), (folder, list(new.state_dict()), list(ref.state_dict()))
+    new.load_state_dict(ref.state_dict())
+    for seed in (7, 8):
+        torch.manual_seed(seed)
+        xs = m.get_inputs()
+        with torch.no_grad():
+            want = ref(*[x.clone() if isinstance(x, torch.Tensor) else x for x in xs])
+            got = new(*xs)
+        want = want if isinstance(want, (tuple, list)) else [want]
+        got = got if isinstance(got, (tuple, list)) else [got]
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == w.dtype, (folder, g.shape, w.shape)
+            if w.is_floating_point():
+                assert torch.allclose(g, w, rtol=1e-4, atol=1e-5), (folder, float((g - w).abs().max()))
+            else:
+                assert torch.equal(g, w), folder
+    print("OK", folder, flush=True)
 """
 
 
-def test_emitted_modules_run_standalone(tmp_path):
+@pytest.mark.xdist_group("optimized_level1")
+def test_emitted_modules_run_standalone(optimized):
+    """The emitted modules of a representative handful run in a process of their own (one for all of
+    them: each import checks that no kernelwright module has been loaded)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TRITON_INTERPRET"] = "1"
+    folders = []
     for name in SUBPROCESS:
-        out, result = _optimize(name, tmp_path)
+        out, result = optimized(name)
         assert result["verify"]["passed"], (name, result["verify"])
-        p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=out, env=env, capture_output=True, text=True,
-                           timeout=180)
-        assert p.returncode == 0 and "OK" in p.stdout, f"{name}:\n{p.stdout}\n{p.stderr[-3000:]}"
+        folders.append(str(out))
+    p = subprocess.run([sys.executable, "-c", SCRIPT, *folders], env=env, capture_output=True, text=True,
+                       timeout=600)
+    ok = [line.split(" ", 1)[1] for line in p.stdout.splitlines() if line.startswith("OK ")]
+    assert p.returncode == 0 and ok == folders, f"{p.stdout}\n{p.stderr[-3000:]}"
 
 
 CONSTANTS = '''
