@@ -330,7 +330,8 @@ def test_depthwise_row_streaming(cache, kh, kw, mult, pad, st_w, dil_w, rows):
     x, w, bias = _rand(2, C, 11, 13, g=g), _rand(C * mult, 1, kh, kw, g=g), _rand(C * mult, g=g)
     conv = F.conv2d(x, w, bias, stride=(1, st_w), padding=pad, dilation=(1, dil_w), groups=C)
     mod = _load(render_depthwise(bias_relu(), rows_kernel=(kh, kw)), f"dw_bias_relu_{kh}_{kw}", cache)
-    out = mod.launch(x, w, bias, stride=(1, st_w), padding=pad, dilation=(1, dil_w), BLOCK_M=8, BLOCK_N=2, ROWS=rows)
+    # channel tiles of 4 over 3 or 6 channels: the last one ragged
+    out = mod.launch(x, w, bias, stride=(1, st_w), padding=pad, dilation=(1, dil_w), BLOCK_M=8, BLOCK_N=4, ROWS=rows)
     _close(out, torch.relu(conv))
     res = _rand(*conv.shape, g=g)
     ep = Epilogue((EpilogueOperand("e0", "col"), EpilogueOperand("e1", "full")), "acc = acc + e0 + e1")
@@ -370,7 +371,7 @@ def test_depthwise_full_operand_and_strided_input(cache):
     mod = _load(render_depthwise(Epilogue((EpilogueOperand("e0", "full"),), "acc = acc + e0")), "dw_res", cache)
     ref = F.conv2d(x, w, None, padding=1, groups=C) + res
     xcl = x.contiguous(memory_format=torch.channels_last)
-    _close(mod.launch(xcl, w, res, padding=1, BLOCK_M=16, BLOCK_N=2, BLOCK_W=8), ref)
+    _close(mod.launch(xcl, w, res, padding=1, BLOCK_M=16, BLOCK_N=4, BLOCK_W=8), ref)  # 5 channels: a ragged tile
     with pytest.raises(ValueError, match="powers of two"):
         mod.launch(x, w, res, padding=1, BLOCK_M=16, BLOCK_N=2, BLOCK_W=6)
 
@@ -412,15 +413,16 @@ def test_depthwise_bf16_operands_round_once(cache):
     x32 = _rand(2, C, 16, 24, g=g)
     x, w = x32.bfloat16(), _rand(C, 1, 3, 3, g=g).bfloat16()
     mod = _load(render_depthwise(), "dw_plain", cache)
-    y = mod.launch(x, w, padding=1, BLOCK_M=64, BLOCK_N=2)
+    # tiles holding every channel: few programs (the interpreter's cost is per program), the same sums
+    y = mod.launch(x, w, padding=1, BLOCK_M=128, BLOCK_N=C)
     ref = F.conv2d(x.double().cpu(), w.double().cpu(), padding=1, groups=C).bfloat16()
     assert y.dtype == torch.bfloat16
     assert (y.float().cpu() - ref.float()).ne(0).float().mean().item() < 0.02
     # the float32 input rounded in the kernel (the bf16 policy's absorbed cast): the same numbers
-    y2 = mod.launch(x32, w, padding=1, out_dtype=torch.bfloat16, ROUND_X=True, BLOCK_M=64, BLOCK_N=2)
+    y2 = mod.launch(x32, w, padding=1, out_dtype=torch.bfloat16, ROUND_X=True, BLOCK_M=128, BLOCK_N=C)
     assert torch.equal(y2, y)
     # the row-streaming kernel sums the taps in another order: within one bf16 step of it
-    y3 = mod.launch(x32, w, padding=1, out_dtype=torch.bfloat16, ROUND_X=True, BLOCK_M=16, BLOCK_N=2, ROWS=4)
+    y3 = mod.launch(x32, w, padding=1, out_dtype=torch.bfloat16, ROUND_X=True, BLOCK_M=32, BLOCK_N=C, ROWS=4)
     assert (y3.float().cpu() - ref.float()).ne(0).float().mean().item() < 0.02
 
 
