@@ -248,7 +248,7 @@ def test_the_command_exits_1_when_a_program_is_wrong(monkeypatch, tmp_path):
 
     from kernelwright.fuzz.command import fuzz
 
-    def fake_run(count, seed, device, precision, out, budget, log):
+    def fake_run(count, seed, device, precision, out, budget, log, no_library=False):
         log("fuzz: 1 programs, 1 wrong, 0 failed to optimize, 0 kept original")
         return runner.Summary([runner.Result(0, "x", Outcome("p", "wrong"), 0.1)])
 
