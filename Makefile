@@ -17,14 +17,17 @@ $(BIN)/kernelwright: pyproject.toml
 # kernel family per file, Triton interpreter and NVRTC), tests/e2e (optimize, bench, fuzz and CLI runs
 # of whole problems). TRITON_INTERPRET=1 runs the Triton kernels in the interpreter on any machine
 # (tests/conftest.py sets it by itself only where there is no GPU); the GPU tests skip without one.
+# pytest-xdist runs the files on one worker per core, each file on one worker (--dist loadfile), so
+# a module's shared fixtures (captures, emitted modules, compiled samples) are made once.
 TIERS := tests/unit tests/kernels tests/e2e
+XDIST := -n auto --dist loadfile
 
 test: $(BIN)/kernelwright
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(TIERS)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) $(TIERS)
 
 # The quick tiers only: unit and kernel tests, without the end-to-end runs.
 test-fast: $(BIN)/kernelwright
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/kernels
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) tests/unit tests/kernels
 
 # Checks configured in pyproject.toml: ruff ([tool.ruff]) and mypy on the modules [tool.mypy] lists.
 lint: $(BIN)/kernelwright
