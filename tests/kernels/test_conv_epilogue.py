@@ -321,3 +321,36 @@ def test_a_channel_softmax_after_a_grouped_conv_is_refused():
     plan = plan_graph(g)
     reasons = [conv_epilogue.fusable(g, g.node(p.anchor), p.group, p.pools, p.post) for p in plan.pairs]
     assert reasons and all(r and "grouped" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("make,shape,policy,box", [
+    (lambda: nn.Conv2d(16, 8, 3, padding=1), (2, 16, 6, 8), "tf32", (1, 6, 8)),  # the NCHW input, read directly
+    (lambda: nn.Conv2d(16, 8, 3, padding=1), (2, 16, 6, 8), "bf16", (1, 6, 8)),
+    (lambda: nn.Conv3d(16, 8, 3), (1, 16, 4, 5, 8), "tf32", (2, 3, 6)),
+    (lambda: nn.Conv2d(16, 8, 3, padding=1), (2, 16, 6, 8), "fp32", None),  # FMA dots: no descriptors
+    (lambda: nn.Conv2d(8, 8, 3, padding=1), (2, 8, 6, 8), "tf32", None),  # under 16 channels: taps fold
+    (lambda: nn.Conv2d(16, 8, 3, stride=2), (2, 16, 6, 8), "tf32", None),
+    (lambda: nn.Conv2d(16, 8, 3, groups=2), (2, 16, 6, 8), "tf32", None),
+    (lambda: nn.Conv2d(16, 8, 3), (2, 16, 6, 6), "tf32", None),  # 24-byte NCHW rows
+    (lambda: nn.ConvTranspose2d(16, 8, 3), (2, 16, 6, 8), "tf32", None),
+])
+def test_box_out_where_the_descriptor_path_applies(make, shape, policy, box):
+    """ConvEpilogue.box_out: the output's (D, H, W) where the template's tensor-descriptor path
+    reads the input the fused kernel takes (stride 1, one group, tf32 / bf16, >= 16 channels,
+    16-byte rows in its layout), else None; the fused kernel with a box config matches the graph."""
+    torch.manual_seed(3)
+    model = ConvAct(make()).eval()
+    x = torch.randn(shape)
+    g, plan, pair = _pair(model, x, policy)
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+    assert fused.box_out(g, policy) == box
+    if box is not None and box[0] == 1:
+        cfg = dict(TILE, BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)
+        text, ins = conv_epilogue.render(fused, cfg, policy, f"conv_box_{policy}_{len(shape)}")
+        assert "BOX_W=8" in text
+        mod = load_module_from_source(text, f"conv_box_{policy}_{len(shape)}", CACHE)
+        with torch.no_grad():
+            env = run_graph(g, model, [x], keep=True)
+        (res,) = mod.launch(*[env[v] for v in ins])
+        tol = 2e-2 if policy == "bf16" else 1e-4
+        torch.testing.assert_close(res.float(), env[pair.group.outputs[0]].float(), rtol=tol, atol=tol)

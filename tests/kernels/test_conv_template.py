@@ -3,6 +3,7 @@ against torch.ops.aten.convolution: 1-3 spatial dims, dense, grouped, depthwise 
 NCHW and channels-last, fused epilogues, bf16, and the first configs of its space. Triton's
 interpreter runs the kernels on the CPU; outputs are NaN-poisoned, so an element the kernel does
 not store fails."""
+import math
 import os
 
 import pytest
@@ -124,6 +125,64 @@ def test_conv_transposed(mods, case, layout):
     if layout == "cl":
         x, w = _channels_last(x), _channels_last(w)
     _close(mods(True).launch(x, w, **args, **TILE), ref)
+
+
+# (batch, Cin, Cout, spatial, kernel, conv args, box): stride-1, one-group convolutions a box config
+# reads through tensor descriptors when x is channels-last
+BOXES = {
+    "1d-pad": (2, 16, 16, (13,), (5,), dict(padding=2), (1, 1, 16)),
+    "2d-ragged": (2, 16, 20, (9, 11), (3, 3), dict(padding=1), (1, 2, 8)),  # boxes past the output's edge
+    "2d-dil-cin20": (1, 20, 24, (7, 8), (3, 3), dict(padding=2, dilation=2), (1, 4, 4)),  # K block past Cin
+    "2d-asym-k": (2, 32, 16, (6, 9), (3, 5), dict(padding=(1, 2)), (1, 2, 8)),  # two channel blocks per tap
+    "3d": (1, 16, 16, (5, 6, 7), (3, 3, 3), dict(padding=1), (2, 2, 4)),
+    "1x1": (2, 16, 24, (5, 6), (1, 1), dict(), (1, 2, 8)),
+}
+
+
+@pytest.mark.parametrize("case", list(BOXES), ids=str)
+def test_box_tiles_read_through_descriptors(mods, case):
+    """Box configs: the tile is a box of output pixels and each tap's input box comes through a tensor
+    descriptor whose zero fill is the padding (negative and past-the-end coordinates), for
+    channels-last x; NCHW x (on the CPU) and strided convolutions take the gather path with the same
+    tile, and give the same result."""
+    batch, cin, cout, size, kernel, args, box = BOXES[case]
+    mod = mods(False)
+    x, w = _case(False, batch, cin, cout, size, kernel, 1, seed=len(case))
+    ref = _ref(x, w, False, **args)
+    tile = dict(TILE, BLOCK_M=math.prod(box), BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
+    xcl = _channels_last(x) if x.dim() > 3 else x.transpose(1, 2).contiguous().transpose(1, 2)
+    assert mod.tma_box_ok(xcl, 1, (1,) * (x.dim() - 2)) == "channels-last"
+    _close(mod.launch(xcl, w, **args, **tile), ref)
+    _close(mod.launch(xcl, _channels_last(w), **args, **tile, out_channels_last=True), ref)
+    assert mod.tma_box_ok(x, 1, (1,) * (x.dim() - 2)) is None  # NCHW off the GPU: gathered
+    _close(mod.launch(x, w, **args, **tile), ref)
+
+
+def test_box_tiles_with_an_epilogue_and_bf16(mods):
+    """The box path feeds the same epilogue (col, full and scalar operands over the output's
+    coordinates) and rounds float32 tiles to bf16 with CAST_BF16."""
+    mod = mods(False, EPI, name="kw_conv_box_epi")
+    x, w = _case(False, 2, 16, 16, (6, 7), (3, 3), 1, seed=7)
+    g = _gen(8)
+    e0, e1, e2 = _rand(16, g=g), _rand(2, 16, 6, 7, g=g), torch.tensor(0.5)
+    ref = torch.relu((_ref(x, w, False, padding=1) + e0[:, None, None]) * e2 + e1)
+    tile = dict(TILE, BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)
+    _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, **tile), ref)
+    xb, wb = _bf16(x), _bf16(w)
+    refb = torch.relu((_ref(xb, wb, False, padding=1) + e0[:, None, None].double()) * e2.double() + e1.double())
+    _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, CAST_BF16=True, **tile), refb, tol=1e-3)
+
+
+def test_box_config_errors_and_ineligible_convolutions(mods):
+    mod = mods(False)
+    x, w = _case(False, 1, 16, 16, (6, 6), (3, 3), 1, seed=3)
+    xcl = _channels_last(x)
+    with pytest.raises(ValueError, match="must hold BLOCK_M"):
+        mod.launch(xcl, w, padding=1, **dict(TILE, BOX_D=1, BOX_H=2, BOX_W=16))
+    assert mod.tma_box_ok(xcl, 2, (1, 1)) is None and mod.tma_box_ok(xcl, 1, (2, 1)) is None
+    assert mod.tma_box_ok(_channels_last(x[:, :6]), 1, (1, 1)) is None  # 24-byte channel rows
+    tile = dict(TILE, BOX_D=1, BOX_H=2, BOX_W=8)  # a stride-2 convolution with a box config: gathered
+    _close(mod.launch(xcl, w, stride=2, padding=1, **tile), _ref(x, w, False, stride=2, padding=1))
 
 
 def test_weight_layouts_and_out_channels_last(mods):

@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from kernelwright.analyze.device import H200
-from kernelwright.space.conv_space import CONFIG_KEYS, SEEDS, block_k_cap, conv_space, programs, smem_bytes
+from kernelwright.space.conv_space import (BOX_KEYS, CONFIG_KEYS, SEEDS, best_box, block_k_cap, conv_space, programs,
+                                          smem_bytes)
 
 RESNET = dict(M=32 * 56 * 56, N=256, K=256 * 9, channels=256)  # ResNet 3x3 256 -> 256, 56 x 56, batch 32
 
@@ -97,3 +98,41 @@ def test_whole_n_tiles_span_every_channel():
                        whole_n=True, max_configs=200)
     assert space and all(c["BLOCK_N"] == 32 for c in space)
     assert conv_space(M=4096, N=300, K=64, precision="tf32", elem_bytes=4, spec=H200, whole_n=True) == []
+
+
+@pytest.mark.parametrize("out,pixels,box", [
+    ((1, 224, 224), 128, (1, 4, 32)),  # 224 = 7 x 32: no padded pixel
+    ((1, 56, 56), 128, (1, 2, 64)),  # every box of 128 pads 56 to 64 once; the widest wins
+    ((1, 14, 14), 128, (1, 8, 16)),
+    ((32, 64, 64), 128, (1, 2, 64)),
+    ((1, 1, 100), 128, (1, 1, 128)),  # a 1-D output
+    ((1, 1, 8), 64, (1, 1, 64)),  # nothing fits: one row
+])
+def test_best_box_pads_least(out, pixels, box):
+    assert best_box(out, pixels) == box
+    assert best_box(out, pixels)[0] * best_box(out, pixels)[1] * best_box(out, pixels)[2] == pixels
+
+
+@pytest.mark.parametrize("precision,eb", [("tf32", 4), ("bf16", 2), ("bf16", 4)])
+def test_box_configs_come_first_where_the_descriptor_path_applies(precision, eb):
+    plain = conv_space(**RESNET, precision=precision, elem_bytes=eb, spec=H200)
+    boxed = conv_space(**RESNET, precision=precision, elem_bytes=eb, spec=H200, box_out=(1, 56, 56))
+    boxes = [c for c in boxed if "BOX_W" in c]
+    assert boxes and boxed[:len(boxes)] == boxes  # seeds first
+    assert all(not any(k in c for k in BOX_KEYS) for c in plain)
+    for c in boxes:
+        assert set(c) == set(CONFIG_KEYS + BOX_KEYS)
+        assert c["BOX_D"] * c["BOX_H"] * c["BOX_W"] == c["BLOCK_M"]
+        assert smem_bytes(c, eb) <= H200.smem_per_block
+        if precision == "bf16" and c["BOX_D"] * c["BOX_H"] > 1:
+            assert c["num_warps"] == 4  # (multi-row bf16 boxes miscompiled at 8 warps)
+    assert [c for c in boxed if "BOX_W" not in c] == [c for c in plain if c in boxed]
+    assert conv_space(**RESNET, precision="fp32", elem_bytes=4, spec=H200, box_out=(1, 56, 56)) == \
+        conv_space(**RESNET, precision="fp32", elem_bytes=4, spec=H200)  # FMA path: no boxes
+
+
+def test_box_configs_respect_whole_n_and_the_channel_cap():
+    space = conv_space(M=4096, N=48, K=32 * 9, channels=32, precision="bf16", elem_bytes=2, spec=H200,
+                       whole_n=True, box_out=(1, 64, 64))
+    boxes = [c for c in space if "BOX_W" in c]
+    assert boxes and all(c["BLOCK_N"] == 64 and c["BLOCK_K"] <= 32 for c in boxes)

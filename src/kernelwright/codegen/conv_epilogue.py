@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
-from kernelwright.capture.shapes import channels_last_strides
+from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
 from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
 from kernelwright.codegen.triton_conv import render_conv
@@ -28,6 +28,7 @@ from kernelwright.codegen.triton_group import Unsupported, lower, reduce_tile_li
 from kernelwright.codegen.triton_pool import pool_params
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
+from kernelwright.space.conv_space import BOX_KEYS, CONFIG_KEYS
 
 
 @dataclass
@@ -67,6 +68,24 @@ class ConvEpilogue:
     @property
     def transposed(self) -> bool:
         return bool(self.conv.args[6])
+
+    def box_out(self, graph: Graph, precision: str) -> tuple[int, int, int] | None:
+        """The output's (D, H, W) per image (1 for missing dims) where the template's
+        tensor-descriptor path reads the input: a convolution with stride 1 and one group, no
+        pooling, tensor-core operands (tf32 / bf16), at least 16 input channels and an input either
+        channels-last with channel rows of 16-byte multiples or NCHW-contiguous with rows (the last
+        spatial dim) of 16-byte multiples (the template's `tma_box_ok`); else None."""
+        x = graph.meta(self.x)
+        a = self.args
+        if (self.transposed or self.pool or a["groups"] != 1 or any(s != 1 for s in a["stride"])
+                or precision not in ("tf32", "bf16") or len(x.shape) < 3 or x.shape[1] < 16):
+            return None  # (under 16 channels a tap's K step would be mostly padding: taps fold instead)
+        cl = tuple(x.stride) == channels_last_strides(x.shape) and (x.shape[1] * x.itemsize) % 16 == 0
+        cf = tuple(x.stride) == contiguous_strides(x.shape) and (x.shape[-1] * x.itemsize) % 16 == 0
+        if not (cl or cf):
+            return None
+        spatial = tuple(self.out_shape[2:])
+        return (1,) * (3 - len(spatial)) + spatial
 
     @property
     def inputs(self) -> list[str]:
@@ -328,7 +347,7 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
                        post=fused.post_epilogue, row_out=fused.row_out, whole_n=fused.whole_n)
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
-    kw = {k: config[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages") if k in config}
+    kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS if config.get(k)}
     if fused.cast_bf16:
         kw["CAST_BF16"] = True
     elif precision == "tf32":

@@ -19,6 +19,16 @@ import math
 from kernelwright.analyze.device import DeviceSpec, device_spec
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+# a box config's extra keys: the tile's output pixels as a BOX_D x BOX_H x BOX_W box of one image,
+# read through tensor descriptors (the template's TMA path)
+BOX_KEYS = ("BOX_D", "BOX_H", "BOX_W")
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the box configs, per precision, BLOCK_N shrunk to
+# the problem's cap: the fastest tiles of the TMA probe on eight level-2 / ResNet shapes (3x3, stride 1,
+# tf32 and bf16; docs/benchmarks.md "The convolution's input through tensor descriptors")
+BOX_SEEDS = {
+    "tf32": [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 3)],
+    "bf16": [(128, 128, 64, 8, 3), (128, 64, 64, 4, 3), (128, 128, 64, 4, 3), (64, 128, 64, 4, 3)],
+}
 
 AXES = dict(
     BLOCK_M=(32, 64, 128, 256),
@@ -85,6 +95,7 @@ def conv_space(
     groups: int = 1,
     min_block_m: int = 1,
     whole_n: bool = False,
+    box_out: tuple[int, int, int] | None = None,
 ) -> list[dict]:
     """Configs for the convolution template, seeds first.
 
@@ -96,7 +107,9 @@ def conv_space(
     groups, programs run side by side (both optional). min_block_m: the smallest BLOCK_M (a fused
     pooling window's size, so that a tile holds whole windows). whole_n: one tile spans all N channels
     (an epilogue that reduces over them): BLOCK_N is N rounded up to a power of two, and there is no
-    config when that exceeds 256."""
+    config when that exceeds 256. box_out: the output's (D, H, W) (1 for missing dims) where the
+    template's tensor-descriptor path applies (stride 1, one group, tf32 / bf16 operands whose channel
+    rows are 16-byte multiples, no pooling): `box_configs` come first."""
     if whole_n and N and N > AXES["BLOCK_N"][-1]:
         return []
     prec = PRECISIONS.get(precision)
@@ -157,7 +170,40 @@ def conv_space(
         out = filled + [c for c in out if c not in filled] if len(filled) < 4 else filled
     if not out:  # tiny or odd problem: the smallest legal tile
         out = [cfg(max(32, _p2(min_block_m)), cap_n if whole_n else 16, 16, 4, 2)]
+    if box_out is not None and prec in BOX_SEEDS:
+        boxes = [c for c in box_configs(box_out, prec, cap_n, cap_k, whole_n, spec, eb) if ok(c)]
+        out = boxes + [c for c in out if c not in boxes]
     return out[:max_configs]
 
 
-__all__ = ["CONFIG_KEYS", "AXES", "SEEDS", "conv_space", "block_k_cap", "smem_bytes", "programs"]
+def best_box(out: tuple[int, int, int], pixels: int) -> tuple[int, int, int]:
+    """The (BOX_D, BOX_H, BOX_W) of `pixels` output pixels (powers of two) that covers the output
+    (D, H, W) with the fewest padded pixels; ties go to the widest box (longer contiguous rows)."""
+    def waste(b):
+        return math.prod(math.ceil(o / x) * x for o, x in zip(out, b)) / math.prod(out)
+    cands = [(d, h, pixels // (d * h)) for d in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16, 32)
+             if pixels % (d * h) == 0 and pixels // (d * h) >= 1]
+    cands = [b for b in cands if b[0] <= _p2(out[0]) and b[1] <= _p2(out[1]) and b[2] <= max(16, _p2(out[2]))]
+    return min(cands or [(1, 1, pixels)], key=lambda b: (round(waste(b), 6), -b[2], -b[1]))
+
+
+def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: int, whole_n: bool,
+                spec: DeviceSpec, elem_bytes: int) -> list[dict]:
+    """The box configs of `BOX_SEEDS[precision]` for an output of (D, H, W) pixels per image, each
+    with the box of its BLOCK_M that pads the output least. bf16 multi-row boxes stay at 4 warps:
+    on Triton 3.6 their 8-warp kernels computed wrong results in the probe (the same docs section)."""
+    seeds = []
+    for bm, bn, bk, w, s in BOX_SEEDS[precision]:
+        bn, bk = cap_n if whole_n else min(bn, cap_n), min(bk, cap_k)
+        box = best_box(out, bm)
+        if w == 8 and (bm * bn < 128 * 128 or (precision == "bf16" and box[0] * box[1] > 1)):
+            w = 4
+        c = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=AXES["GROUP_M"][0], num_warps=w, num_stages=s,
+                 BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
+        if c not in seeds and smem_bytes(c, elem_bytes) <= spec.smem_per_block:
+            seeds.append(c)
+    return seeds
+
+
+__all__ = ["CONFIG_KEYS", "BOX_KEYS", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
+           "block_k_cap", "smem_bytes", "programs"]
