@@ -324,20 +324,21 @@ def test_a_channel_softmax_after_a_grouped_conv_is_refused():
 
 
 @pytest.mark.parametrize("make,shape,policy,box", [
-    (lambda: nn.Conv2d(16, 8, 3, padding=1), (2, 16, 6, 8), "tf32", (1, 6, 8)),  # the NCHW input, read directly
+    (lambda: nn.Conv2d(16, 8, 3, padding=1), (2, 16, 6, 8), "tf32", (1, 6, 8)),  # the NCHW input, copied
     (lambda: nn.Conv2d(16, 8, 3, padding=1), (2, 16, 6, 8), "bf16", (1, 6, 8)),
     (lambda: nn.Conv3d(16, 8, 3), (1, 16, 4, 5, 8), "tf32", (2, 3, 6)),
     (lambda: nn.Conv2d(16, 8, 3, padding=1), (2, 16, 6, 8), "fp32", None),  # FMA dots: no descriptors
     (lambda: nn.Conv2d(8, 8, 3, padding=1), (2, 8, 6, 8), "tf32", None),  # under 16 channels: taps fold
     (lambda: nn.Conv2d(16, 8, 3, stride=2), (2, 16, 6, 8), "tf32", None),
     (lambda: nn.Conv2d(16, 8, 3, groups=2), (2, 16, 6, 8), "tf32", None),
-    (lambda: nn.Conv2d(16, 8, 3), (2, 16, 6, 6), "tf32", None),  # 24-byte NCHW rows
+    (lambda: nn.Conv2d(16, 8, 3), (2, 16, 6, 6), "tf32", (1, 4, 4)),  # (rows of any length: x is copied)
     (lambda: nn.ConvTranspose2d(16, 8, 3), (2, 16, 6, 8), "tf32", None),
 ])
 def test_box_out_where_the_descriptor_path_applies(make, shape, policy, box):
     """ConvEpilogue.box_out: the output's (D, H, W) where the template's tensor-descriptor path
-    reads the input the fused kernel takes (stride 1, one group, tf32 / bf16, >= 16 channels,
-    16-byte rows in its layout), else None; the fused kernel with a box config matches the graph."""
+    reads the input the fused kernel takes (stride 1, one group, tf32 / bf16, >= 16 channels of
+    16-byte rows, channels-last or NCHW), else None; the fused kernel with a box config matches the
+    graph."""
     torch.manual_seed(3)
     model = ConvAct(make()).eval()
     x = torch.randn(shape)

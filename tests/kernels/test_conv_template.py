@@ -143,8 +143,8 @@ BOXES = {
 def test_box_tiles_read_through_descriptors(mods, case):
     """Box configs: the tile is a box of output pixels and each tap's input box comes through a tensor
     descriptor whose zero fill is the padding (negative and past-the-end coordinates), for
-    channels-last x; NCHW x (on the CPU) and strided convolutions take the gather path with the same
-    tile, and give the same result."""
+    channels-last x and for NCHW x (copied channels-last first); x in neither layout takes the
+    gather path with the same tile, and gives the same result."""
     batch, cin, cout, size, kernel, args, box = BOXES[case]
     mod = mods(False)
     x, w = _case(False, batch, cin, cout, size, kernel, 1, seed=len(case))
@@ -154,8 +154,11 @@ def test_box_tiles_read_through_descriptors(mods, case):
     assert mod.tma_box_ok(xcl, 1, (1,) * (x.dim() - 2)) == "channels-last"
     _close(mod.launch(xcl, w, **args, **tile), ref)
     _close(mod.launch(xcl, _channels_last(w), **args, **tile, out_channels_last=True), ref)
-    assert mod.tma_box_ok(x, 1, (1,) * (x.dim() - 2)) is None  # NCHW off the GPU: gathered
+    assert mod.tma_box_ok(x, 1, (1,) * (x.dim() - 2)) == "copy"  # NCHW: copied channels-last first
     _close(mod.launch(x, w, **args, **tile), ref)
+    strided = x[..., ::2]  # neither layout: gathered through its strides
+    assert mod.tma_box_ok(strided, 1, (1,) * (x.dim() - 2)) is None
+    _close(mod.launch(strided, w, **args, **tile), _ref(strided, w, False, **args))
 
 
 def test_box_tiles_with_an_epilogue_and_bf16(mods):

@@ -103,6 +103,7 @@ def test_whole_n_tiles_span_every_channel():
 @pytest.mark.parametrize("out,pixels,box", [
     ((1, 224, 224), 128, (1, 4, 32)),  # 224 = 7 x 32: no padded pixel
     ((1, 56, 56), 128, (1, 2, 64)),  # every box of 128 pads 56 to 64 once; the widest wins
+    ((1, 56, 56), 64, (1, 1, 64)),  # not (1, 8, 8), which pads as little: rows of at least 16 pixels
     ((1, 14, 14), 128, (1, 8, 16)),
     ((32, 64, 64), 128, (1, 2, 64)),
     ((1, 1, 100), 128, (1, 1, 128)),  # a 1-D output
@@ -114,11 +115,11 @@ def test_best_box_pads_least(out, pixels, box):
 
 
 @pytest.mark.parametrize("precision,eb", [("tf32", 4), ("bf16", 2), ("bf16", 4)])
-def test_box_configs_come_first_where_the_descriptor_path_applies(precision, eb):
+def test_box_configs_alternate_with_the_others_where_the_descriptor_path_applies(precision, eb):
     plain = conv_space(**RESNET, precision=precision, elem_bytes=eb, spec=H200)
     boxed = conv_space(**RESNET, precision=precision, elem_bytes=eb, spec=H200, box_out=(1, 56, 56))
     boxes = [c for c in boxed if "BOX_W" in c]
-    assert boxes and boxed[:len(boxes)] == boxes  # seeds first
+    assert boxes and ["BOX_W" in c for c in boxed[:2 * len(boxes)]] == [True, False] * len(boxes)  # alternating
     assert all(not any(k in c for k in BOX_KEYS) for c in plain)
     for c in boxes:
         assert set(c) == set(CONFIG_KEYS + BOX_KEYS)

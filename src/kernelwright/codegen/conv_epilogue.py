@@ -72,17 +72,16 @@ class ConvEpilogue:
     def box_out(self, graph: Graph, precision: str) -> tuple[int, int, int] | None:
         """The output's (D, H, W) per image (1 for missing dims) where the template's
         tensor-descriptor path reads the input: a convolution with stride 1 and one group, no
-        pooling, tensor-core operands (tf32 / bf16), at least 16 input channels and an input either
-        channels-last with channel rows of 16-byte multiples or NCHW-contiguous with rows (the last
-        spatial dim) of 16-byte multiples (the template's `tma_box_ok`); else None."""
+        pooling, tensor-core operands (tf32 / bf16), at least 16 input channels whose rows are
+        16-byte multiples, and an input channels-last or NCHW-contiguous (which launch copies
+        channels-last first: the template's `tma_box_ok`); else None."""
         x = graph.meta(self.x)
         a = self.args
         if (self.transposed or self.pool or a["groups"] != 1 or any(s != 1 for s in a["stride"])
                 or precision not in ("tf32", "bf16") or len(x.shape) < 3 or x.shape[1] < 16):
             return None  # (under 16 channels a tap's K step would be mostly padding: taps fold instead)
-        cl = tuple(x.stride) == channels_last_strides(x.shape) and (x.shape[1] * x.itemsize) % 16 == 0
-        cf = tuple(x.stride) == contiguous_strides(x.shape) and (x.shape[-1] * x.itemsize) % 16 == 0
-        if not (cl or cf):
+        if (x.shape[1] * x.itemsize) % 16 or tuple(x.stride) not in (channels_last_strides(x.shape),
+                                                                      contiguous_strides(x.shape)):
             return None
         spatial = tuple(self.out_shape[2:])
         return (1,) * (3 - len(spatial)) + spatial

@@ -109,7 +109,7 @@ def conv_space(
     (an epilogue that reduces over them): BLOCK_N is N rounded up to a power of two, and there is no
     config when that exceeds 256. box_out: the output's (D, H, W) (1 for missing dims) where the
     template's tensor-descriptor path applies (stride 1, one group, tf32 / bf16 operands whose channel
-    rows are 16-byte multiples, no pooling): `box_configs` come first."""
+    rows are 16-byte multiples, no pooling): `box_configs` alternate with the others, a box first."""
     if whole_n and N and N > AXES["BLOCK_N"][-1]:
         return []
     prec = PRECISIONS.get(precision)
@@ -171,8 +171,13 @@ def conv_space(
     if not out:  # tiny or odd problem: the smallest legal tile
         out = [cfg(max(32, _p2(min_block_m)), cap_n if whole_n else 16, 16, 4, 2)]
     if box_out is not None and prec in BOX_SEEDS:
+        # box and gather configs alternate: boxes win on large outputs and lose on small ones (where
+        # host-side descriptor set-up and short rows cost more than the gathers), so a search of any
+        # budget >= 2 times both
         boxes = [c for c in box_configs(box_out, prec, cap_n, cap_k, whole_n, spec, eb) if ok(c)]
-        out = boxes + [c for c in out if c not in boxes]
+        rest = [c for c in out if c not in boxes]
+        mixed = [c for pair in itertools.zip_longest(boxes, rest[:len(boxes)]) for c in pair if c is not None]
+        out = mixed + rest[len(boxes):]
     return out[:max_configs]
 
 
@@ -183,7 +188,8 @@ def best_box(out: tuple[int, int, int], pixels: int) -> tuple[int, int, int]:
         return math.prod(math.ceil(o / x) * x for o, x in zip(out, b)) / math.prod(out)
     cands = [(d, h, pixels // (d * h)) for d in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16, 32)
              if pixels % (d * h) == 0 and pixels // (d * h) >= 1]
-    cands = [b for b in cands if b[0] <= _p2(out[0]) and b[1] <= _p2(out[1]) and b[2] <= max(16, _p2(out[2]))]
+    cands = [b for b in cands if b[0] <= _p2(out[0]) and b[1] <= _p2(out[1]) and b[2] <= max(16, _p2(out[2]))
+             and b[2] >= min(16, pixels)]  # rows of 8 pixels ran slower than any wider box in the probe
     return min(cands or [(1, 1, pixels)], key=lambda b: (round(waste(b), 6), -b[2], -b[1]))
 
 
