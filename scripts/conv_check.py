@@ -1,0 +1,89 @@
+"""Dev tool (GPU): the convolution template's first configs against cuDNN, on 3x3 / 1x1 stride-1
+shapes of the level-2 problems and ResNets, input channels-last or NCHW, tf32 and bf16.
+
+For each shape, policy and layout: cuDNN (torch.nn.functional.conv2d / conv3d) and the first
+`--configs` configs of `conv_space` for that shape (box configs, which read the input through
+tensor descriptors, alternating with gather configs), each checked against cuDNN's output and timed
+with triton.testing.do_bench (median). An NCHW input's box configs include launch's channels-last
+copy. Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
+
+usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7] [--out DIR]
+"""
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# name: (batch, Cin, Cout, spatial, kernel, padding)
+SHAPES = {
+    "s1": (32, 64, 128, (224, 224), 3, 1),  # conv2d_relu_bias_add and four more level-2 problems
+    "s2": (128, 64, 64, (64, 64), 3, 1),  # conv2d_mish_mish
+    "s3": (128, 32, 64, (64, 64), 3, 1),  # conv2d_subtract_hardswish_max_pool_mish
+    "s6": (16, 32, 64, (32, 64, 64), 3, 1),  # conv3d_mean
+    "s7": (32, 256, 256, (14, 14), 3, 1),  # resnet18 layer 3
+    "s8": (32, 64, 64, (56, 56), 3, 1),  # resnet18 layer 1
+    "s9": (32, 256, 64, (56, 56), 1, 0),  # resnet50 1x1
+}
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--precision", nargs="+", default=["tf32", "bf16"], choices=["tf32", "bf16"])
+ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+ap.add_argument("--configs", type=int, default=7, help="first configs of the space to time")
+ap.add_argument("--out", default=".")
+args = ap.parse_args()
+
+from triton.testing import do_bench  # noqa: E402  (after --help)
+
+from kernelwright.analyze.device import device_spec  # noqa: E402
+from kernelwright.build.pyload import load_module_from_source  # noqa: E402
+from kernelwright.codegen.triton_conv import render_conv  # noqa: E402
+from kernelwright.space.conv_space import conv_space  # noqa: E402
+
+out = Path(args.out)
+out.mkdir(parents=True, exist_ok=True)
+log = open(out / "conv_check.jsonl", "a")
+torch.backends.cudnn.benchmark = True
+mod = load_module_from_source(render_conv(name="kw_conv"), "kw_conv_check", str(out / "cache"))
+spec = device_spec()
+
+
+def emit(**row):
+    print(json.dumps(row), file=log, flush=True)
+    print(json.dumps(row), flush=True)
+
+
+for name in args.shapes:
+    n, c, co, sp, k, p = SHAPES[name]
+    nd = len(sp)
+    pixels = n * int(torch.tensor(sp).prod())
+    flops = 2 * pixels * co * c * k ** nd
+    conv = F.conv2d if nd == 2 else F.conv3d
+    for prec in args.precision:
+        dt = torch.bfloat16 if prec == "bf16" else torch.float32
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
+        for layout in ("channels-last", "nchw"):
+            x = torch.randn(n, c, *sp, device="cuda", dtype=dt)
+            w = torch.randn(co, c, *(k,) * nd, device="cuda", dtype=dt) * 0.1
+            if layout == "channels-last":
+                fmt = torch.channels_last if nd == 2 else torch.channels_last_3d
+                x, w = x.to(memory_format=fmt), w.to(memory_format=fmt)
+            ref = conv(x, w, padding=p)
+            ms = do_bench(lambda: conv(x, w, padding=p), return_mode="median")
+            base = dict(shape=name, precision=prec, layout=layout)
+            emit(**base, impl="cuDNN", ms=ms, tflops=flops / ms / 1e9)
+            configs = conv_space(M=pixels, N=co, K=c * k ** nd, precision=prec, elem_bytes=x.element_size(),
+                                 spec=spec, channels=c, box_out=(1,) * (3 - nd) + tuple(sp))[:args.configs]
+            for cfg in configs:
+                kw = dict(cfg, padding=p, out_channels_last=layout == "channels-last",
+                          INPUT_PRECISION="tf32" if prec == "tf32" else "ieee")
+                try:
+                    y = mod.launch(x, w, **kw)
+                    err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+                    ms = do_bench(lambda: mod.launch(x, w, **kw), return_mode="median")
+                except Exception as e:  # a config that fails is a row too
+                    emit(**base, impl="template", config=cfg, error=str(e).splitlines()[0][:200])
+                    continue
+                emit(**base, impl="template", config=cfg, ms=ms, tflops=flops / ms / 1e9, rel_err=err)
+log.close()
