@@ -1,11 +1,16 @@
-"""Leave-one-problem-out learning curve of the cost model over a trial database (CPU only).
+"""The learning loop over a trial database, offline (CPU only): the cost model's leave-one-problem-out
+learning curve, or (--replay) search strategies replayed on the measured units.
 
 usage: PYTHONPATH=src python3 scripts/cost_model_curve.py [DB.jsonl ...] [--sizes 0,100,300,1000,100000]
        [--precision tf32] [--min-configs 6] [--seed 0]
-Without a file it reads the packaged priors (the trials measured on the H200). Prints a markdown
-table: per training size, the held-out tasks, mean Spearman rho, and the geometric-mean regret of
-the predicted-fastest config (and of the best of the predicted three) against the fastest measured.
-See kernelwright.search.evaluate for the protocol.
+       PYTHONPATH=src python3 scripts/cost_model_curve.py --replay [DB.jsonl ...] [--precision tf32]
+       [--min-configs 20] [--seeds 0,1,2] [--strategies random,model-cold,model-warm,recorded]
+Without a file it reads the packaged priors (the trials measured on the H200). The curve: a markdown
+table per training size of the held-out tasks, mean Spearman rho, and the geometric-mean regret of
+the predicted-fastest config (and of the best of the predicted three) against the fastest measured
+(kernelwright.search.evaluate). --replay: per strategy, the trials to reach 95% and 99% of each
+unit's fastest measured config, median over units (the spread: one median per seed), and a line per
+unit (kernelwright.search.study; warm models learn from the other problems' records).
 """
 import argparse
 import sys
@@ -22,7 +27,12 @@ def main() -> int:
     ap.add_argument("--precision")
     ap.add_argument("--min-configs", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--replay", action="store_true", help="replay search strategies on the measured units")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--strategies", default="random,model-cold,model-warm,recorded")
     a = ap.parse_args()
+    if a.replay:
+        return replay(a)
     try:
         sizes = [int(x) for x in a.sizes.split(",")]
     except ValueError:
@@ -42,6 +52,41 @@ def main() -> int:
     print("|---:|---:|---:|---:|---:|---:|")
     for p in curve:
         print(f"| {p.n_train if p.n_train else '0 (chance)'} | {p.train_mean:.0f} | {p.tasks} | {p.rho:.3f} | {p.regret1:.3f} | {p.regret3:.3f} |")
+    return 0
+
+
+def replay(a) -> int:
+    """--replay: the strategies' trials to 95% / 99% of each unit's best, as markdown."""
+    from kernelwright.search.study import STRATEGIES, study, surfaces
+
+    names = a.strategies.split(",")
+    if not set(names) <= set(STRATEGIES):
+        print(f"error: --strategies takes {', '.join(STRATEGIES)}, got {a.strategies!r}", file=sys.stderr)
+        return 2
+    try:
+        seeds = [int(x) for x in a.seeds.split(",")]
+    except ValueError:
+        print(f"error: --seeds must be integers separated by commas, got {a.seeds!r}", file=sys.stderr)
+        return 2
+    paths = a.db or packaged_priors()
+    records = [r for p in paths for r in TrialDB(p)]
+    min_configs = a.min_configs if a.min_configs != 6 else 20
+    surfs = surfaces(records, min_configs=min_configs, precision=a.precision)
+    if not surfs:
+        print(f"error: no unit has {min_configs} measured configs in {', '.join(map(str, paths))}", file=sys.stderr)
+        return 1
+    t0 = time.time()
+    rows = study(surfs, records, strategies=names, seeds=seeds)
+    sizes = sorted(len(s.times) for s in surfs)
+    print(f"{len(records)} records; precision {a.precision or 'all'}; {len(surfs)} units of {sizes[0]}-{sizes[-1]} "
+          f"measured configs (median {sizes[len(sizes) // 2]}); seeds {a.seeds}; {time.time() - t0:.0f} s\n")
+    print("| strategy | trials to 95% of the best (per seed) | trials to 99% (per seed) |")
+    print("|---|---|---|")
+    for r in rows:
+        print(f"| {r.strategy} | {r.median95:g} ({', '.join(f'{v:g}' for v in r.to95)}) | "
+              f"{r.median99:g} ({', '.join(f'{v:g}' for v in r.to99)}) |")
+    print("\nper unit, trials to 95% (median over seeds): " + "; ".join(
+        f"{k}: " + ", ".join(f"{r.strategy} {r.per_surface[k]:g}" for r in rows) for k in rows[0].per_surface))
     return 0
 
 

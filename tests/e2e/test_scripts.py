@@ -113,6 +113,25 @@ def test_cost_model_curve_errors(tmp_path):
     empty.write_text("")
     r = py("cost_model_curve.py", empty)
     assert r.returncode == 1 and r.stderr.startswith("error: no task to hold out")
+    r = py("cost_model_curve.py", "--replay", empty)
+    assert r.returncode == 1 and r.stderr.startswith("error: no unit has 20 measured configs")
+    r = py("cost_model_curve.py", "--replay", "--strategies", "random,greedy")
+    assert r.returncode == 2 and "--strategies takes" in r.stderr
+
+
+def test_cost_model_curve_replay(tmp_path):
+    """--replay on a small database: one unit of 8 configs measured, every strategy replayed."""
+    rows = [{"task_key": f"p{i % 2}/g0", "precision": "tf32", "template": "triton.row", "error": None,
+             "config": {"template": "triton.row", "params": {"BLOCK_M": 2 ** j}}, "time_ms": 1.0 + abs(j - 3),
+             "task_features": {"kind": "reduction"}, "timestamp": float(j)} for i in range(2) for j in range(8)]
+    db = tmp_path / "trials.jsonl"
+    db.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = py("cost_model_curve.py", "--replay", db, "--min-configs", "8", "--seeds", "0,1")
+    assert r.returncode == 0, r.stderr
+    assert "2 units of 8-8 measured configs" in r.stdout
+    for name in ("random", "model-cold", "model-warm", "recorded"):
+        assert f"| {name} |" in r.stdout
+    assert "| recorded | 4 (4) |" in r.stdout  # the recorded order reaches BLOCK_M=8 (j = 3) at its 4th trial
 
 
 @pytest.mark.parametrize("name", SHELL_TOOLS)

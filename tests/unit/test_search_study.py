@@ -1,0 +1,89 @@
+"""Search strategies replayed on measured surfaces (search/study.py): a synthetic surface where the
+cost-model strategy must reach 95% of the best in far fewer trials than random search, and the
+surfaces of the packaged H200 trials."""
+import itertools
+import math
+import random
+
+import pytest
+
+from kernelwright.search import TrialDB, packaged_priors
+from kernelwright.search.cost_model import CostModel
+from kernelwright.search.strategies import Exhaustive, RandomSearch
+from kernelwright.search.study import STRATEGIES, Surface, make_strategy, replay, study, surfaces, trials_to
+from kernelwright.space.config import Config
+
+
+def _synthetic(seed=0, fail=True) -> Surface:
+    """A tiling surface of 400 configs: time falls with tile area up to a register limit, is best at
+    4 warps per 128 x 128 of tile and 3 stages, with 4% multiplicative noise; tiles past the
+    shared-memory limit fail."""
+    rng = random.Random(seed)
+    times = {}
+    for bm, bn, w, s in itertools.product((16, 32, 64, 128, 256), (16, 32, 64, 128, 256), (2, 4, 8, 16), (1, 2, 3, 4)):
+        cfg = Config.make("triton.test", BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=s)
+        area = bm * bn
+        if fail and area * s > 256 * 128 * 3:
+            times[cfg] = None
+            continue
+        t = 1.0 / min(area, 128 * 128) ** 0.5 * (1 + 0.6 * abs(math.log2(w * 128 * 128 / area / 4)))
+        t *= 1 + 0.25 * abs(s - 3) + 0.3 * abs(math.log2(bm / bn))
+        times[cfg] = t * rng.uniform(0.98, 1.02)
+    return Surface("synthetic/g0", "triton.test", "tf32", {"kind": "synthetic"}, times)
+
+
+def test_trials_to_and_replay_basics():
+    assert trials_to([3.0, 2.0, 1.0], 1.0, 0.95) == 3
+    assert trials_to([1.04, 1.0], 1.0, 0.95) == 1  # within 95% of the best's speed
+    assert trials_to([5.0, 5.0], 1.0, 0.99) == 3  # never: one past the end
+    s = _synthetic()
+    curve = replay(Exhaustive(), s)
+    assert len(curve) == len(s.times) and curve[-1] == s.best
+    assert all(a >= b for a, b in zip(curve, curve[1:]))  # best so far only improves
+    assert curve[0] == math.inf or curve[0] == next(iter(s.times.values()))
+    assert len(replay(RandomSearch(seed=1), s, trials=10)) == 10
+
+
+def test_the_cost_model_beats_random_search_on_a_tiling_surface():
+    """Cold (no earlier trials), the model-based strategy reaches 95% of the best in well under
+    half of random search's trials, median over seeds."""
+    s = _synthetic()
+    fast = lambda seed: CostModel(n_estimators=12, seed=seed)  # noqa: E731
+    rows = {r.strategy: r for r in study([s], [], strategies=("random", "model-cold"), seeds=range(4), trials=100,
+                                        model=fast)}
+    rand, model = rows["random"].median95, rows["model-cold"].median95
+    assert model <= 0.5 * rand, (model, rand, rows["model-cold"].to95, rows["random"].to95)
+
+
+def test_warm_models_learn_from_other_problems_only():
+    """model-warm's prior holds the records of other problems with the surface's template and
+    precision, never the surface's own problem; with them it starts fitted."""
+    s = _synthetic()
+    own = {"task_key": "synthetic/g1", "precision": "tf32", "config": next(iter(s.times)).to_dict(),
+           "time_ms": 1.0, "error": None}
+    other = [{"task_key": f"other/g{i}", "precision": "tf32", "config": c.to_dict(), "time_ms": t, "error": None,
+              "task_features": {"kind": "synthetic"}} for i, (c, t) in enumerate(_synthetic(seed=5).times.items())
+             if t is not None]
+    wrong = {**other[0], "precision": "bf16"}
+    strat = make_strategy("model-warm", s, [own, wrong] + other, seed=0)
+    assert strat.model.fitted and strat.model.n_records == len(other)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        make_strategy("greedy", s, [], 0)
+
+
+def test_surfaces_of_the_packaged_trials():
+    """Surfaces group records by task, template and precision, keep tasks with enough configs, and
+    take a config measured twice at its median; every strategy replays on one of them."""
+    records = [r for p in packaged_priors() for r in TrialDB(p)]
+    surfs = surfaces(records, min_configs=20, precision="tf32")
+    assert len(surfs) >= 10
+    assert all(len(s.times) >= 20 and s.precision == "tf32" and s.best > 0 for s in surfs)
+    small = min(surfs, key=lambda s: len(s.times))
+    rows = study([small], records, strategies=STRATEGIES, seeds=(0,), model=lambda seed: CostModel(n_estimators=8, seed=seed))
+    assert [r.strategy for r in rows] == list(STRATEGIES)
+    assert all(1 <= r.median95 <= len(small.times) + 1 for r in rows)
+    c = Config.make("triton.row", BLOCK_M=8)
+    twice = [{"task_key": "p/g0", "precision": "fp32", "config": c.to_dict(), "time_ms": t, "error": None}
+             for t in (1.0, 3.0, 2.0)]
+    (s,) = surfaces(twice, min_configs=1)
+    assert s.times[c] == 2.0
