@@ -58,6 +58,7 @@ class Options:
     # tests and for KernelBench-style comparisons without library kernels (search/plan_search.py reads it)
     no_library: bool = False
     no_rewrites: bool = False  # leave out the exact algebra rules of plan/algebra.py (they change what is computed)
+    retune: bool = False  # search units the trial database measured before here (else their stored best runs alone)
     log: Callable[[str], None] = print
 
     def mode_share(self, i: int, n: int) -> Options:

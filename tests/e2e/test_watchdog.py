@@ -169,3 +169,38 @@ def test_a_kernel_that_never_ends_is_stopped(tmp_path):
     assert proc.returncode == watchdog.HANG_EXIT_CODE, proc.stderr[-2000:]
     assert "not reached" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1].startswith("kernelwright: error: spin did not finish")
+
+
+def test_a_unit_measured_before_runs_its_stored_best_alone(tmp_path):
+    """With reuse, a unit this device, precision and version measured before runs the fastest of its
+    stored verified configs alone (timed and recorded again); another device's records, the packaged
+    priors' and a failing stored config do not count, and without reuse the search runs in full."""
+    from kernelwright import __version__
+    from kernelwright.search.plan_search import stored_best
+
+    db = TrialDB(tmp_path / "trials.jsonl")
+    space = [Config.make("triton.gemm", BLOCK_M=m) for m in (16, 32, 64, 128)]
+    common = dict(db=db, task_key="p/g0/gemm", task_features={}, precision="bf16", device="GPU X")
+    assert stored_best(db, common, space) is None
+    for cfg, ms, dev in ((space[0], 3.0, "GPU X"), (space[2], 1.5, "GPU X"), (space[3], 0.5, "GPU Y")):
+        db.add_result(RunResult(cfg, ms), "p/g0/gemm", device=dev, precision="bf16")
+    db.add_result(RunResult.failure(space[1], "wrong", "mismatch"), "p/g0/gemm", device="GPU X", precision="bf16")
+    assert stored_best(db, common, space) == space[2]
+    assert stored_best(db, common, space[:2]) == space[0]  # only configs of today's space
+    assert all(r["version"] == __version__ for r in db.records())
+    tuner = _Tuner(space)
+    results = search_unit(tuner, None, None, {**common, "reuse": True})
+    assert tuner.ran == [space[2]] and [r.config for r in results] == [space[2]]
+    assert len(db.records(task_key="p/g0/gemm")) == 5  # the rerun is recorded too
+    full = _Tuner(space)
+    search_unit(full, None, None, {**common, "reuse": False})
+    assert set(full.ran) == set(space)
+
+    class Broken(_Tuner):  # the stored config fails now: the search runs after all
+        def run(self, configs):
+            self.ran += configs
+            return [RunResult.failure(c, "wrong", "mismatch") if c == space[2] else RunResult(c, 2.0) for c in configs]
+
+    broken = Broken(space)
+    search_unit(broken, None, None, {**common, "reuse": True})
+    assert broken.ran[0] == space[2] and set(broken.ran) == set(space)

@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from kernelwright import __version__
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.execute import run_graph
 from kernelwright.codegen import conv_epilogue, cuda_unit, gemm_epilogue
@@ -118,10 +119,11 @@ class _Job:
     # unit name -> the anchor of the pair whose kernel computes it (two convolutions read by one
     # group, a residual add, make two pairs: the second must not fuse a unit the first already did)
     fused_into: dict = field(default_factory=dict)
+    reuse: bool = False  # a unit measured before here runs its stored best config alone (search_unit)
 
     def common(self, row: UnitResult, tuner: KernelTuner) -> dict:
         task = dict(db=self.db, task_key=f"{self.problem.name}/{row.id}/{tuner.task}", task_features=tuner.features,
-                    precision=self.policy.name)
+                    precision=self.policy.name, reuse=self.reuse)
         if self.timed:
             task["device"] = torch.cuda.get_device_name(self.device)
         return task
@@ -137,7 +139,7 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
         env = run_graph(graph, model, inputs, keep={v for u in plan.units for v in u.outputs} | set(graph.mutations))
     job = _Job(problem, graph, env, policy, device, timed, cache_dir, opts.backend,
                TrialDB(default_db_path(opts.db_path), priors=packaged_priors()), opts.log, [], Tuned(), device_spec(),
-               bool(getattr(opts, "no_library", False)))
+               bool(getattr(opts, "no_library", False)), reuse=not getattr(opts, "retune", True))
     templates = {u.node: template_for(graph, graph.node(u.node))[0] for u in plan.units if u.group is None}
     units = [u for u in plan.units if u.group is not None or templates[u.node] is not None or _conv(graph, u.node)]
     trials, seconds, once = _budgets(graph, units, templates, opts)
@@ -472,9 +474,31 @@ def _hung_configs(db, common) -> set[str]:
     return keys
 
 
+def stored_best(db, common, space) -> Config | None:
+    """The fastest config of `space` that this task measured before on this device, precision and
+    kernelwright version (verified then: no error), from the user's database only (never the
+    packaged priors); None without one."""
+    keys = {c.key(): c for c in space}
+    best, best_ms = None, None
+    for r in db.records(task_key=common["task_key"], device=common.get("device"), precision=common.get("precision"),
+                        ok_only=True):
+        if r.get("version") != __version__:
+            continue
+        try:
+            res = record_result(r)
+        except (KeyError, TypeError, ValueError):
+            continue
+        cfg = keys.get(res.config.key())
+        if cfg is not None and res.ok and (best_ms is None or res.time_ms < best_ms):
+            best, best_ms = cfg, res.time_ms
+    return best
+
+
 def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult]:
     """Expert seeds first (in order), then model-based search over the rest of the space; configs
-    that hung here before are left out, and one that hangs now is recorded before the process ends."""
+    that hung here before are left out, and one that hangs now is recorded before the process ends.
+    With common["reuse"] a unit this device measured before (`stored_best`) runs its fastest
+    stored config alone, verified and timed again; the search runs only if that one fails now."""
     db = common["db"]
     hung = _hung_configs(db, common)
     tuner.on_hang = lambda cfg, msg: db.add_result(RunResult.failure(cfg, watchdog.HANG, msg), common["task_key"],
@@ -483,6 +507,12 @@ def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult
     fresh = [c for c in tuner.space if c.key() not in hung]
     if not fresh:
         return []
+    common = dict(common)
+    reuse = common.pop("reuse", False)
+    if reuse and (known := stored_best(db, common, fresh)) is not None:
+        again = tune([known], tuner.run, budget_trials=1, strategy=Exhaustive(), **common).results
+        if any(r.ok for r in again):
+            return list(again)
     space = set(fresh)
     seeds = [c for c in tuner.seeds if c in space] or fresh[:1]
     n_seed = len(seeds) if per_trials is None else min(len(seeds), per_trials)
