@@ -360,16 +360,25 @@ RESULT_KEYS = ("problem", "precision", "device")  # what every result.json names
 
 
 @app.command()
-def report(folder: str = typer.Argument(..., help="An optimize output folder")):
-    """Print (and rewrite) report.md from result.json."""
+def report(folder: str = typer.Argument(..., help="An optimize output folder"),
+           db: Optional[Path] = typer.Option(None, "--db", help="Trial database for the search curves of report.html "
+                                             "(default $KERNELWRIGHT_DB, else ~/.cache/kernelwright/trials.jsonl)")):
+    """Print (and rewrite) report.md from result.json, and write report.html beside it."""
     from kernelwright.emit.report import write_report
+    from kernelwright.emit.report_html import write_html_report
+    from kernelwright.search.database import default_db_path
 
     result = _read_result(folder)
-    try:
-        path = write_report(Path(folder), result)
-    except OSError as e:
-        raise UserError(f"{Path(folder) / 'report.md'}: cannot write ({e.strerror})") from e
-    typer.echo(path.read_text())
+    for name, write in (("report.md", lambda: write_report(Path(folder), result)),
+                        ("report.html", lambda: write_html_report(Path(folder), result, default_db_path(db)))):
+        try:
+            path = write()
+        except OSError as e:
+            raise UserError(f"{Path(folder) / name}: cannot write ({e.strerror})") from e
+        if name == "report.md":
+            typer.echo(path.read_text())
+        else:
+            typer.echo(f"{path} written", err=True)
 
 
 def _read_result(folder: str) -> dict:
