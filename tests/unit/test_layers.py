@@ -29,7 +29,7 @@ LAYERS = [
     {"emit"},
     {"pipeline"},
     {"fuzz", "bench"},  # both drive the whole pipeline
-    {"cli", "__main__", "doctor", "__init__"},  # `__init__`: the package's optimize() entry point
+    {"cli", "__main__", "doctor", "__init__", "backend"},  # `__init__`: optimize(); `backend`: torch.compile's
 ]
 
 # names the package root defines before any import; any layer may read them

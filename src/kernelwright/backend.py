@@ -1,0 +1,136 @@
+"""kernelwright as a torch.compile backend: ``torch.compile(model, backend="kernelwright")``.
+
+Dynamo hands over each captured graph with example inputs, the module's parameters and buffers
+among them (their placeholders are named ``*_parameters_*`` / ``*_buffers_*``). The backend puts
+that state back on a small module (`Lifted`), optimises it like any module (capture, rewrites,
+plan, search, codegen, verification against the graph itself), and returns a function that takes
+Dynamo's inputs and runs the optimised forward on the data inputs, the live state read through the
+module (an optimizer's in-place updates are seen). Results are kept per graph, input signature and
+options under ``$XDG_CACHE_HOME/kernelwright/compiled/`` (a later process loads the verified module
+instead of optimising again).
+
+What runs the graph as Dynamo captured it, with one warning line: a graph that needs gradients
+(the generated kernels have no backward yet), a graph without tensor inputs, and any failure to
+optimise or verify. ``backend(**options)`` makes a backend with options of
+kernelwright.pipeline.Options (budget_trials, precision, ...): ``torch.compile(model,
+backend=kernelwright.backend.backend(budget_trials=4))``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+NAME = "kernelwright"
+
+
+class Lifted(torch.nn.Module):
+    """A Dynamo graph whose parameter and buffer inputs are this module's own state again; its
+    forward takes the other inputs, in order."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, state: list[int]):
+        super().__init__()
+        self.gm = gm
+        self.state = state
+        for k, i in enumerate(state):
+            t = example_inputs[i]
+            if isinstance(t, torch.nn.Parameter):
+                self.register_parameter(f"s{k}", t)
+            else:
+                self.register_buffer(f"s{k}", t)
+        self.arity = len(example_inputs)
+
+    def merged(self, data) -> list:
+        """Dynamo's full input list from the data inputs and this module's state."""
+        out, it = [], iter(data)
+        state = dict(zip(self.state, (getattr(self, f"s{k}") for k in range(len(self.state)))))
+        for i in range(self.arity):
+            out.append(state[i] if i in state else next(it))
+        return out
+
+    def forward(self, *data):
+        return self.gm(*self.merged(data))
+
+
+def state_positions(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
+    """Positions of the inputs that are module state: parameters, and placeholders Dynamo named
+    after a module's parameters or buffers."""
+    names = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
+    out = []
+    for i, x in enumerate(example_inputs):
+        name = str(names[i]) if i < len(names) else ""
+        if isinstance(x, torch.nn.Parameter) or "_parameters_" in name or "_buffers_" in name:
+            out.append(i)
+    return out
+
+
+def _cache_dir(gm: torch.fx.GraphModule, example_inputs, options: dict) -> Path:
+    sig = [(tuple(x.shape), str(x.dtype), x.stride(), x.requires_grad) if isinstance(x, torch.Tensor) else repr(x)
+           for x in example_inputs]
+    key = hashlib.sha256(json.dumps([gm.code, sig, sorted((k, repr(v)) for k, v in options.items()),
+                                     torch.__version__], default=str).encode()).hexdigest()[:20]
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kernelwright" / "compiled"
+    return root / key
+
+
+def _as_captured(gm: torch.fx.GraphModule, why: str) -> Callable:
+    warnings.warn(f"kernelwright: {why}; the graph runs as captured", stacklevel=3)
+    return gm.forward
+
+
+def backend(**options) -> Callable:
+    """A torch.compile backend optimising each graph with `options` (kernelwright.pipeline.Options)."""
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs):
+        from kernelwright import optimize
+
+        state = state_positions(gm, example_inputs)
+        data = [x for i, x in enumerate(example_inputs) if i not in state]
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+            return _as_captured(gm, "a graph that needs gradients (no generated backward)")
+        if not any(isinstance(x, torch.Tensor) for x in data):
+            return _as_captured(gm, "a graph without tensor inputs")
+        lifted = Lifted(gm, example_inputs, state).eval()
+        out = _cache_dir(gm, example_inputs, options)
+        try:
+            fast = _load(out, lifted)
+            if fast is None:
+                fast = optimize(lifted, data, str(out), mode="eval", **options)
+        except Exception as e:  # noqa: BLE001 - any failure runs the captured graph
+            return _as_captured(gm, f"optimisation failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
+
+        def run(*inputs):
+            return fast(*[x for i, x in enumerate(inputs) if i not in state])
+
+        return run
+
+    return compile_graph
+
+
+def _load(out: Path, lifted: Lifted):
+    """The module optimised before into `out`, attached to `lifted`, when it passed verification."""
+    from kernelwright.emit.module import import_model_new
+
+    try:
+        result = json.loads((out / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not (result.get("verify") or {}).get("passed") or not (out / "model_new.py").is_file():
+        return None
+    return import_model_new(str(out / "model_new.py")).attach(lifted)
+
+
+kernelwright_backend = backend()
+
+
+def register() -> None:
+    """Register the backend under "kernelwright" with torch._dynamo (once)."""
+    from torch._dynamo import list_backends, register_backend
+
+    if NAME not in list_backends(exclude_tags=()):
+        register_backend(kernelwright_backend, name=NAME)

@@ -1,0 +1,107 @@
+"""kernelwright as a torch.compile backend (kernelwright/backend.py), on the CPU (Triton
+interpreter): eval graphs optimised and verified, the state Dynamo lifts into inputs put back on a
+module, recompiles at another batch size, graphs that need gradients and failures run as
+captured, and results cached per graph across processes."""
+import json
+import warnings
+
+import pytest
+import torch
+
+from kernelwright import backend as kwb
+
+pytestmark = pytest.mark.interpreter
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+@pytest.fixture
+def net(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = Net().eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-1, 1)
+        m.bn.running_var.uniform_(0.5, 2.0)
+    yield m
+    torch._dynamo.reset()
+
+
+def _results(tmp_path):
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "kernelwright" / "compiled").glob("*/result.json"))]
+
+
+def test_the_backend_is_registered_by_name():
+    assert "kernelwright" in torch._dynamo.list_backends()
+
+
+def test_eval_graphs_are_optimised_and_match_eager_at_two_batch_sizes(net, tmp_path):
+    compiled = torch.compile(net, backend="kernelwright")
+    with torch.no_grad():
+        for batch in (2, 3):  # the second batch size recompiles (static shapes first)
+            x = torch.randn(batch, 3, 8, 8)
+            torch.testing.assert_close(compiled(x), net(x), rtol=1e-4, atol=1e-5)
+    results = _results(tmp_path)
+    assert len(results) >= 2 and all(r["verify"]["passed"] for r in results)
+    assert any(g["strategy"] == "triton" for r in results for g in r["groups"])  # a generated kernel runs
+    with torch.no_grad():  # the live state is read: a changed parameter changes the result
+        net.fc.bias.add_(1.0)
+        x = torch.randn(2, 3, 8, 8)
+        torch.testing.assert_close(compiled(x), net(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_graph_that_needs_gradients_runs_as_captured(net):
+    net.train()
+    ref_model = Net().train()
+    ref_model.load_state_dict(net.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = torch.compile(net, backend="kernelwright")(x)
+    assert any("needs gradients" in str(w.message) for w in seen)
+    out.sum().backward()
+    ref_model(x).sum().backward()
+    torch.testing.assert_close(net.conv.weight.grad, ref_model.conv.weight.grad)
+
+
+def test_a_failure_runs_the_graph_as_captured_and_a_verified_result_is_reused(net, tmp_path, monkeypatch):
+    import kernelwright
+
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.compile(net, backend=kwb.backend())(x)  # optimised and cached
+    torch._dynamo.reset()
+
+    def fail(*a, **k):
+        raise RuntimeError("optimize was called")
+
+    monkeypatch.setattr(kernelwright, "optimize", fail)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(torch.compile(net, backend=kwb.backend())(x), net(x), rtol=1e-4, atol=1e-5)
+    assert not any("kernelwright" in str(w.message) for w in seen)  # the cached module ran
+    torch._dynamo.reset()
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        other = torch.compile(net, backend=kwb.backend(budget_trials=3))  # other options: not cached
+        torch.testing.assert_close(other(x), net(x))
+    assert any("optimisation failed (RuntimeError: optimize was called)" in str(w.message) for w in seen)
+
+
+def test_state_positions_and_the_lifted_module():
+    gm = torch.fx.symbolic_trace(lambda w, x: x * w)
+    w = torch.nn.Parameter(torch.ones(3))
+    assert kwb.state_positions(gm, [w, torch.zeros(3)]) == [0]
+    lifted = kwb.Lifted(gm, [w, torch.zeros(3)], [0])
+    assert [n for n, _ in lifted.named_parameters()] == ["s0"]
+    torch.testing.assert_close(lifted(torch.full((3,), 2.0)), torch.full((3,), 2.0))
