@@ -331,7 +331,9 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
           mode: str = typer.Option("both", "--mode", help=MODE_HELP),
           verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP),
           no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP),
-          no_rewrites: bool = typer.Option(False, "--no-rewrites", help=NO_REWRITES_HELP)):
+          no_rewrites: bool = typer.Option(False, "--no-rewrites", help=NO_REWRITES_HELP),
+          report_dir: Optional[str] = typer.Option(None, "--report", help="Write DIR/bench.html: per-level table, "
+                                                   "fast_p, geometric means, the speedup distribution.")):
     """Time eager, torch.compile (and kernelwright) over problems; per-level geometric means."""
     from kernelwright.bench.runner import run_bench
     from kernelwright.policy import get_policy
@@ -342,6 +344,7 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     _check_compile_mode(compile_mode)
     trials, seconds = parse_budget(budget)
     out_dir = _out_folder(out)
+    report_folder = _out_folder(report_dir, "--report") if report_dir is not None else None
     files = discover([str(p) for p in paths])
     if not files:
         raise UserError("no problem files found under " + ", ".join(map(str, paths)))
@@ -350,10 +353,21 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     from kernelwright.measure.watchdog import limit_seconds
 
     limit_seconds()  # a bad $KERNELWRIGHT_HANG_S: one line, before any worker starts
-    run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
-              seconds=seconds, json_out=json_out, out_dir=out_dir, small=small, compile_mode=compile_mode,
-              cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s), mode=mode, timed=not verify_only,
-              no_library=no_library, no_rewrites=no_rewrites)
+    ran = run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
+                    seconds=seconds, json_out=json_out, out_dir=out_dir, small=small, compile_mode=compile_mode,
+                    cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s), mode=mode, timed=not verify_only,
+                    no_library=no_library, no_rewrites=no_rewrites)
+    if report_folder is not None:
+        rows, summary = ran
+        import torch
+
+        from kernelwright.emit.bench_html import write_bench_report
+
+        options = dict(baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
+                       seconds=seconds, compile_mode=compile_mode)
+        page = write_bench_report(report_folder, {"rows": rows, "summary": summary, "options": options,
+                                                  "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__})
+        typer.echo(f"{page} written")
 
 
 RESULT_KEYS = ("problem", "precision", "device")  # what every result.json names

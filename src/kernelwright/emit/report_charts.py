@@ -163,6 +163,9 @@ def histogram_svg(title: str, values: list[float], xlabel: str, mark: float | No
     ax.hist(vals, bins=edges, color=COLOURS["kernelwright"], edgecolor="black", lw=0.5)
     if mark is not None:
         ax.axvline(mark, color="black", ls="--", lw=1)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of problems
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("problems")
