@@ -9,9 +9,10 @@ module (an optimizer's in-place updates are seen). Results are kept per graph, i
 options under ``$XDG_CACHE_HOME/kernelwright/compiled/`` (a later process loads the verified module
 instead of optimising again).
 
-What runs the graph as Dynamo captured it, with one warning line: a graph that needs gradients
-(the generated kernels have no backward yet), a graph without tensor inputs, and any failure to
-optimise or verify. ``backend(**options)`` makes a backend with options of
+A graph that needs gradients goes through AOTAutograd: its forward graph (returning what the
+backward saves) and its backward graph are plain ATen graphs, each optimised and verified like an
+inference graph. What runs a graph as captured, with one warning line: a graph without tensor
+inputs, and any failure to optimise or verify. ``backend(**options)`` makes a backend with options of
 kernelwright.pipeline.Options (budget_trials, precision, ...): ``torch.compile(model,
 backend=kernelwright.backend.backend(budget_trials=4))``.
 """
@@ -83,31 +84,59 @@ def _as_captured(gm: torch.fx.GraphModule, why: str) -> Callable:
     return gm.forward
 
 
+def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], options: dict) -> Callable:
+    """gm's inputs -> gm's outputs through the optimised module (cached), or gm itself with a
+    warning when optimisation fails."""
+    from kernelwright import optimize
+
+    data = [x for i, x in enumerate(example_inputs) if i not in state]
+    if not any(isinstance(x, torch.Tensor) for x in data):
+        return _as_captured(gm, "a graph without tensor inputs")
+    lifted = Lifted(gm, example_inputs, state).eval()
+    out = _cache_dir(gm, example_inputs, options)
+    try:
+        fast = _load(out, lifted)
+        if fast is None:
+            with torch.no_grad():
+                fast = optimize(lifted, data, str(out), mode="eval", **options)
+    except Exception as e:  # noqa: BLE001 - any failure runs the captured graph
+        return _as_captured(gm, f"optimisation failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
+
+    def run(*inputs):
+        return fast(*[x for i, x in enumerate(inputs) if i not in state])
+
+    return run
+
+
+def _real(x):
+    """A real tensor like the fake one AOTAutograd passes (shape, dtype, strides; random values:
+    only the metadata is an example, fresh inputs are drawn for verification)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    t = torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device=x.device.type)
+    return t.normal_() if t.is_floating_point() else t.zero_()
+
+
 def backend(**options) -> Callable:
-    """A torch.compile backend optimising each graph with `options` (kernelwright.pipeline.Options)."""
+    """A torch.compile backend optimising each graph with `options` (kernelwright.pipeline.Options).
+    A graph that needs gradients goes through AOTAutograd: its forward graph (which also returns
+    what the backward saves) and its backward graph are each optimised as an inference graph."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def joint_part(gm: torch.fx.GraphModule, example_inputs):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
+            real = [_real(x) for x in example_inputs]
+            return make_boxed_func(_optimised(gm, real, [], options))
+
+    training = aot_autograd(fw_compiler=joint_part, bw_compiler=joint_part)
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
-        from kernelwright import optimize
-
-        state = state_positions(gm, example_inputs)
-        data = [x for i, x in enumerate(example_inputs) if i not in state]
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
-            return _as_captured(gm, "a graph that needs gradients (no generated backward)")
-        if not any(isinstance(x, torch.Tensor) for x in data):
-            return _as_captured(gm, "a graph without tensor inputs")
-        lifted = Lifted(gm, example_inputs, state).eval()
-        out = _cache_dir(gm, example_inputs, options)
-        try:
-            fast = _load(out, lifted)
-            if fast is None:
-                fast = optimize(lifted, data, str(out), mode="eval", **options)
-        except Exception as e:  # noqa: BLE001 - any failure runs the captured graph
-            return _as_captured(gm, f"optimisation failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
-
-        def run(*inputs):
-            return fast(*[x for i, x in enumerate(inputs) if i not in state])
-
-        return run
+            return training(gm, example_inputs)
+        return _optimised(gm, example_inputs, state_positions(gm, example_inputs), options)
 
     return compile_graph
 

@@ -1,7 +1,7 @@
 """kernelwright as a torch.compile backend (kernelwright/backend.py), on the CPU (Triton
 interpreter): eval graphs optimised and verified, the state Dynamo lifts into inputs put back on a
-module, recompiles at another batch size, graphs that need gradients and failures run as
-captured, and results cached per graph across processes."""
+module, recompiles at another batch size, training graphs through AOTAutograd (forward and
+backward optimised), failures run as captured, and results cached per graph across processes."""
 import json
 import warnings
 
@@ -60,18 +60,30 @@ def test_eval_graphs_are_optimised_and_match_eager_at_two_batch_sizes(net, tmp_p
         torch.testing.assert_close(compiled(x), net(x), rtol=1e-4, atol=1e-5)
 
 
-def test_a_graph_that_needs_gradients_runs_as_captured(net):
+def test_training_graphs_go_through_aot_autograd_forward_and_backward_optimised(net, tmp_path):
+    """A graph that needs gradients: AOTAutograd's forward graph (batch norm in train mode fused
+    with the ReLU here) and backward graph are each optimised and verified; the outputs, the
+    gradients and the running statistics equal eager's."""
     net.train()
-    ref_model = Net().train()
-    ref_model.load_state_dict(net.state_dict())
+    ref = Net().train()
+    ref.load_state_dict(net.state_dict())
     x = torch.randn(2, 3, 8, 8)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         out = torch.compile(net, backend="kernelwright")(x)
-    assert any("needs gradients" in str(w.message) for w in seen)
-    out.sum().backward()
-    ref_model(x).sum().backward()
-    torch.testing.assert_close(net.conv.weight.grad, ref_model.conv.weight.grad)
+        out.sum().backward()
+    assert not any("kernelwright" in str(w.message) for w in seen)
+    want = ref(x)
+    want.sum().backward()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for a, b in ((net.conv.weight.grad, ref.conv.weight.grad), (net.bn.weight.grad, ref.bn.weight.grad),
+                 (net.fc.bias.grad, ref.fc.bias.grad), (net.bn.running_var, ref.bn.running_var)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert net.bn.num_batches_tracked.item() == 1
+    results = _results(tmp_path)
+    assert len(results) == 2 and all(r["verify"]["passed"] for r in results)  # forward and backward
+    ops = [op for r in results for g in r["groups"] if g["strategy"] == "triton" for op in g["ops"]]
+    assert "_native_batch_norm_legit_functional" in ops
 
 
 def test_a_failure_runs_the_graph_as_captured_and_a_verified_result_is_reused(net, tmp_path, monkeypatch):
