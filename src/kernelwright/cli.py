@@ -109,6 +109,8 @@ MODE_HELP = ("Training modes to generate a forward for: train | eval | both (a m
 VERIFY_ONLY_HELP = "On a GPU: verify generated kernels there, without tuning trials or timing (configs untimed)."
 NO_REWRITES_HELP = ("Leave out the exact algebra rules (plan/algebra.py: reductions of matrix products and "
                     "convolutions, over size-1 dims, through affine ops), which change what is computed.")
+RETUNE_HELP = ("Search every unit again; without it a unit this device measured before (same precision and "
+               "kernelwright version, in the trial database) runs its fastest stored config alone, verified and timed.")
 NO_LIBRARY_HELP = ("Every unit with a generated strategy uses it, even where the library call is faster "
                    "(report.md lists the units left to a library).")
 
@@ -276,6 +278,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
              verify_only: bool = typer.Option(False, "--verify-only", help=VERIFY_ONLY_HELP),
              no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP),
              no_rewrites: bool = typer.Option(False, "--no-rewrites", help=NO_REWRITES_HELP),
+             retune: bool = typer.Option(False, "--retune", help=RETUNE_HELP),
              single_file: bool = typer.Option(False, "--single-file",
                                               help="Write model_new.py with the kernels and their runtime embedded "
                                                    "(no kernels/ folder).")):
@@ -300,7 +303,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     _check_mode(mode)
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
                    db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
-                   mode=mode, timed=not verify_only, no_library=no_library, no_rewrites=no_rewrites,
+                   mode=mode, timed=not verify_only, no_library=no_library, no_rewrites=no_rewrites, retune=retune,
                    log=lambda s: typer.echo(s, err=True))
 
     def run(folder: Path) -> dict:

@@ -484,6 +484,21 @@ def test_optimize_no_library_sets_the_option(run, tmp_path, monkeypatch, flag):
     assert [o.no_library for o in seen] == [bool(flag)]
 
 
+@pytest.mark.parametrize("flag", [[], ["--retune"]])
+def test_optimize_retune_sets_the_option(run, tmp_path, monkeypatch, flag):
+    fake_pipeline(monkeypatch)
+    fake, seen = pipeline.optimize_problem, []
+
+    def optimize_problem(problem, out_dir, opts):
+        seen.append(opts)
+        return fake(problem, out_dir, opts)
+
+    monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
+    p = run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu", *flag)
+    assert p.returncode == 0, p.stderr
+    assert [o.retune for o in seen] == [bool(flag)]
+
+
 @pytest.mark.parametrize("flag", [[], ["--no-library"]])
 def test_bench_no_library_reaches_each_problems_options(run, tmp_path, monkeypatch, flag):
     """bench --no-library: run_bench gets it, and each problem's optimize runs with Options.no_library."""
@@ -509,3 +524,4 @@ def test_bench_no_library_reaches_each_problems_options(run, tmp_path, monkeypat
     row = runner._one(str(RELU), opts)
     assert "error" not in row, row
     assert [o.no_library for o in seen] == [bool(flag)]
+    assert [o.retune for o in seen] == [True]  # a benchmark times the whole search, never a stored choice

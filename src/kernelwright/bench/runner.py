@@ -51,6 +51,7 @@ def _one(path: str, opts: dict) -> dict:
                                                    mode=opts.get("mode", "both"), timed=opts.get("timed", True),
                                                    no_library=opts.get("no_library", False),
                                                    no_rewrites=opts.get("no_rewrites", False),
+                                                   retune=True,  # a benchmark times the whole search
                                                    log=lambda s: None))
             t = res.get("timing") or {}
             row["times"] = {k: v["median_ms"] for k, v in t.items() if isinstance(v, dict) and "median_ms" in v}
