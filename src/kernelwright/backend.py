@@ -32,12 +32,14 @@ NAME = "kernelwright"
 
 class Lifted(torch.nn.Module):
     """A Dynamo graph whose parameter and buffer inputs are this module's own state again; its
-    forward takes the other inputs, in order."""
+    forward takes the other inputs, in order, and returns the graph's outputs but those that are
+    always None (`none_outputs`: a backward graph's gradients of inputs that need none)."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs, state: list[int]):
         super().__init__()
         self.gm = gm
         self.state = state
+        self.nones = none_outputs(gm)
         for k, i in enumerate(state):
             t = example_inputs[i]
             if isinstance(t, torch.nn.Parameter):
@@ -55,7 +57,29 @@ class Lifted(torch.nn.Module):
         return out
 
     def forward(self, *data):
-        return self.gm(*self.merged(data))
+        out = self.gm(*self.merged(data))
+        if not self.nones:
+            return out
+        return tuple(o for i, o in enumerate(out) if i not in self.nones)
+
+    def with_nones(self, out):
+        """The graph's outputs from forward's (the None outputs put back)."""
+        if not self.nones:
+            return out
+        it = iter(out if isinstance(out, (tuple, list)) else (out,))
+        return tuple(None if i in self.nones else next(it) for i in range(self.n_outputs))
+
+    @property
+    def n_outputs(self) -> int:
+        (node,) = [n for n in self.gm.graph.nodes if n.op == "output"]
+        return len(node.args[0])
+
+
+def none_outputs(gm: torch.fx.GraphModule) -> set[int]:
+    """Positions of a graph's outputs that are the constant None."""
+    (node,) = [n for n in gm.graph.nodes if n.op == "output"]
+    outs = node.args[0]
+    return {i for i, o in enumerate(outs) if o is None} if isinstance(outs, (tuple, list)) else set()
 
 
 def state_positions(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
@@ -103,7 +127,7 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
         return _as_captured(gm, f"optimisation failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
 
     def run(*inputs):
-        return fast(*[x for i, x in enumerate(inputs) if i not in state])
+        return lifted.with_nones(fast(*[x for i, x in enumerate(inputs) if i not in state]))
 
     return run
 
@@ -115,6 +139,23 @@ def _real(x):
         return x
     t = torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device=x.device.type)
     return t.normal_() if t.is_floating_point() else t.zero_()
+
+
+# ATen's fused backward ops, decomposed (torch._decomp) into the pointwise ops and reductions the
+# planner fuses: activation, softmax and norm gradients then join the groups around them
+BACKWARD_OPS = ("gelu_backward", "threshold_backward", "sigmoid_backward", "tanh_backward", "silu_backward",
+                "hardtanh_backward", "leaky_relu_backward", "hardswish_backward", "hardsigmoid_backward",
+                "elu_backward", "softplus_backward", "mish_backward", "_softmax_backward_data",
+                "_log_softmax_backward_data", "native_layer_norm_backward", "native_group_norm_backward",
+                "native_batch_norm_backward", "mse_loss_backward", "smooth_l1_loss_backward")
+
+
+def backward_decompositions() -> dict:
+    """The decompositions of BACKWARD_OPS that this torch has."""
+    from torch._decomp import get_decompositions
+
+    ops = [getattr(torch.ops.aten, name) for name in BACKWARD_OPS if hasattr(torch.ops.aten, name)]
+    return get_decompositions(ops)
 
 
 def backend(**options) -> Callable:
@@ -131,7 +172,7 @@ def backend(**options) -> Callable:
             real = [_real(x) for x in example_inputs]
             return make_boxed_func(_optimised(gm, real, [], options))
 
-    training = aot_autograd(fw_compiler=joint_part, bw_compiler=joint_part)
+    training = aot_autograd(fw_compiler=joint_part, bw_compiler=joint_part, decompositions=backward_decompositions())
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):

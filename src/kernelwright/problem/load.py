@@ -231,9 +231,9 @@ def load_problem(path: str | Path, small: bool = False) -> Problem:
 def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str = "module") -> Problem:
     """Python API: a problem from a live module and example inputs.
 
-    Fresh input sets keep the examples' shapes and dtypes: floating tensors are redrawn from a
-    standard normal, integer tensors uniformly from their observed range. The problem's models are
-    in the module's current training mode.
+    Fresh input sets keep the examples' shapes, dtypes and memory layouts (strides, where dense):
+    floating tensors are redrawn from a standard normal, integer tensors uniformly from their
+    observed range. The problem's models are in the module's current training mode.
     """
     if not isinstance(model, torch.nn.Module):
         raise UserError("from_module: model must be a torch.nn.Module")
@@ -243,10 +243,10 @@ def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str 
         fresh = []
         for x in examples:
             if isinstance(x, torch.Tensor) and x.is_floating_point():
-                fresh.append(torch.randn(x.shape, dtype=x.dtype))
+                fresh.append(torch.randn_like(x, device="cpu"))
             elif isinstance(x, torch.Tensor) and x.dtype != torch.bool and x.numel():
                 lo, hi = int(x.min()), int(x.max())
-                fresh.append(torch.randint(lo, hi + 1, x.shape, dtype=x.dtype))
+                fresh.append(torch.randint_like(x, lo, hi + 1, device="cpu"))
             elif isinstance(x, torch.Tensor):
                 fresh.append(x.clone())
             else:
