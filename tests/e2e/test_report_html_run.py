@@ -28,3 +28,7 @@ def test_the_page_of_a_cpu_run_says_nothing_was_timed(run, tmp_path):
     kernels = sorted(p.name for p in (out / "kernels").glob("*.py") if not p.name.startswith("_"))
     assert kernels and all(f"kernels/{k}" in page.text for k in kernels)
     assert "def launch" in page.text and 'class="hl"' in raw
+    import json
+
+    (unit,) = json.loads((out / "result.json").read_text())["groups"]
+    assert unit["flops"] > 0 and unit["bytes"] > 0  # what places a timed unit on the roofline

@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from kernelwright import __version__
+from kernelwright.analyze.cost import node_flops
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.execute import run_graph
 from kernelwright.codegen import conv_epilogue, cuda_unit, gemm_epilogue
@@ -51,6 +52,7 @@ class UnitResult:
     excess: float | None = None
     eager_excess: float | None = None
     bytes: int = 0
+    flops: int = 0  # the unit's nodes' FLOPs per call (analyze.cost.node_flops)
     gbps: float | None = None
     trials: int = 0
     failed: int = 0
@@ -233,6 +235,7 @@ def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> 
     # minimum bytes: the unit's inputs and the outputs it produces (max-pool indices often are not)
     row.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs) + sum(
         graph.node(name).outs[idx or 0].nbytes for name, idx in tuner.outputs)
+    row.flops = _flops(graph, tuner.nodes)
     if job.timed:
         cfg, tuner = _timed_choice(job, row, [tuner], makers[1:], trials, seconds, 1 if once else 2)
     elif tuner.backend == "torch":
@@ -361,6 +364,7 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
     last = pair.units[-1]  # the unit whose result the pair produces
     outputs = list(group.outputs) if pair.kind == "gemm" else [fused.out]
     row.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + outputs)
+    row.flops = _flops(graph, tuner.nodes)
     if not job.timed and not job.no_library:
         row.note = "untimed: the library node + epilogue kernel is kept"
         return
@@ -402,6 +406,11 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
             else "no candidate passed"
     job.log(f"{row.id} [{kind}]: {row.strategy} {row.time_ms or 0:.3f} ms, {pair.kind} + epilogue "
             f"{(tuner.library_ms or 0):.3f} ms ({row.trials} trials, {row.failed} failed)")
+
+
+def _flops(graph, nodes) -> int:
+    """FLOPs per call of the graph nodes `nodes`."""
+    return sum(node_flops(graph.node(n), graph) for n in nodes)
 
 
 def _unit_nodes(plan, name: str) -> list[str]:
