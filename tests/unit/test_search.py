@@ -341,3 +341,35 @@ def test_budget_shares_follow_bytes_with_a_minimum_per_unit():
     assert shares(3, [1.0, 5.0, 9.0], 2) == [2, 2, 2]  # the minimums alone exceed the total
     assert shares(10, [0.0, 0.0], 2) == pytest.approx([5, 5])
     assert shares(10, [], 2) == []
+
+
+def _write_records(path, writer, n):
+    from kernelwright.search import RunResult, TrialDB
+
+    db = TrialDB(path)
+    for i in range(n):
+        cfg = Config.make("triton.row", BLOCK_M=16, WRITER=writer, I=i)
+        db.add_result(RunResult(cfg, 1.0 + i, extra={"pad": "x" * (50 * (i % 40))}), f"p{writer}/g0/row",
+                      {"kind": "reduction"}, "GPU X", "fp32")
+
+
+def test_concurrent_writers_lose_no_record(tmp_path):
+    """Processes appending to one trial database at once: every record arrives whole (one write per
+    record on an O_APPEND descriptor), none is lost or interleaved."""
+    import multiprocessing
+
+    from kernelwright.search import TrialDB
+
+    path = tmp_path / "trials.jsonl"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_records, args=(path, w, 150)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    db = TrialDB(path)
+    recs = list(db)
+    assert db.skipped_lines == 0 and len(recs) == 600
+    seen = {(r["task_key"], r["config"]["params"]["I"]) for r in recs}
+    assert seen == {(f"p{w}/g0/row", i) for w in range(4) for i in range(150)}
