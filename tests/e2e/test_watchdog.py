@@ -204,3 +204,61 @@ def test_a_unit_measured_before_runs_its_stored_best_alone(tmp_path):
     broken = Broken(space)
     search_unit(broken, None, None, {**common, "reuse": True})
     assert broken.ran[0] == space[2] and set(broken.ran) == set(space)
+
+
+def test_a_candidate_that_faults_the_gpu_is_recorded_and_never_tried_again(tmp_path, monkeypatch):
+    """A candidate whose first run reports a lost CUDA context (an illegal instruction) reaches
+    `fault_exit` on the timed path, is recorded as kind "fault" in the trial database, and later
+    searches on that device leave it out; other errors stay ordinary crash results, and untimed
+    runs never exit."""
+    import torch
+
+    from kernelwright.capture import capture
+    from kernelwright.capture.execute import run_graph
+    from kernelwright.plan import plan_graph
+    from kernelwright.policy import get_policy
+    from kernelwright.problem import from_module
+    from kernelwright.search.units import GroupTuner
+
+    assert watchdog.is_device_fault(RuntimeError("CUDA error: an illegal instruction was encountered"))
+    assert watchdog.is_device_fault(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not watchdog.is_device_fault(RuntimeError("CUDA error: out of memory"))
+    assert not watchdog.is_device_fault(ValueError("illegal instruction"))
+
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2
+
+    x = torch.randn(4, 8)
+    graph = capture(from_module(Scale(), [x]))
+    group = plan_graph(graph).groups[0]
+    with torch.no_grad():
+        env = run_graph(graph, Scale(), [x], keep=True)
+    db = TrialDB(tmp_path / "trials.jsonl")
+    common = dict(db=db, task_key="p/g0/t", task_features={}, precision="fp32", device="GPU X")
+    exits = []
+    monkeypatch.setattr(watchdog, "hang_exit", lambda msg, record: (exits.append(msg), record(msg)))
+    monkeypatch.setattr("kernelwright.search.units._time_fns", lambda fns, device: {k: 1.0 for k in fns})
+    for timed in (False, True):
+        tuner = GroupTuner(graph, group, env, get_policy("fp32"), torch.device("cpu"), tmp_path, timed)
+        bad = tuner.space[0]
+
+        def check(ins, mod, tuner=tuner, bad=bad):
+            if tuner.modules.get(bad.key()) is mod:
+                raise RuntimeError("CUDA error: an illegal instruction was encountered")
+            return 0.0
+
+        monkeypatch.setattr(tuner, "check", check)
+        tuner.space, tuner.seeds = tuner.space[:3], [bad]
+        results = search_unit(tuner, None, None, common)
+        assert len(exits) == (1 if timed else 0)
+        assert any(r.config == bad and r.error_kind == "crash" for r in results)
+    assert bad.key() in exits[0] and "faulted the GPU" in exits[0]
+    (rec,) = [r for r in db.records(task_key="p/g0/t") if str(r["error"]).startswith("fault")]
+    assert rec["device"] == "GPU X"
+    again = GroupTuner(graph, group, env, get_policy("fp32"), torch.device("cpu"), tmp_path, True)
+    again.space, again.seeds = again.space[:3], [bad]
+    ran = []
+    monkeypatch.setattr(again, "run", lambda configs: ran.extend(configs) or [RunResult(c, 1.0) for c in configs])
+    search_unit(again, None, None, common)
+    assert bad not in ran and ran

@@ -1,4 +1,4 @@
-"""A guard against candidates that never finish on the GPU.
+"""A guard against candidates that never finish on the GPU, or that fault it.
 
 A kernel that deadlocks blocks the process in its next synchronisation, where no Python exception
 can reach it (on the H200 a bench never returned from a GEMM search whose first candidate was a
@@ -6,7 +6,10 @@ warp-specialized persistent kernel; docs/benchmarks.md, "Design choices": the ha
 around a candidate's first run (its JIT compile and verification); when the timer fires, the
 candidate is recorded as failed (error kind "hang", which the search never retries) and the
 process exits with one line on stderr: the CUDA context cannot be recovered in-process, and a
-rerun continues without that candidate.
+rerun continues without that candidate. A candidate whose first run faults the GPU (an illegal
+instruction or memory access: the CUDA context is lost for the whole process; seen on the H200 with
+a tensor-descriptor box of NCHW memory) is handled alike, as error kind "fault" (`is_device_fault`,
+`fault_exit`).
 """
 from __future__ import annotations
 
@@ -19,7 +22,12 @@ from typing import Callable, Iterator, Optional
 from kernelwright.errors import UserError
 
 HANG = "hang"
+FAULT = "fault"
+NEVER_AGAIN = (HANG, FAULT)  # error kinds a search does not retry on the device that recorded them
 HANG_EXIT_CODE = 75  # EX_TEMPFAIL: run the same command again
+# what CUDA says when a kernel has lost the process's context (every later call fails too)
+_FAULTS = ("illegal instruction", "illegal memory access", "unspecified launch failure", "misaligned address",
+           "device-side assert", "an illegal address")
 DEFAULT_SECONDS = 240.0
 
 
@@ -48,6 +56,18 @@ def hang_exit(message: str, record: Optional[Callable[[str], None]] = None) -> N
                          "to continue without it\n")
         sys.stderr.flush()
         os._exit(HANG_EXIT_CODE)
+
+
+def is_device_fault(error: BaseException) -> bool:
+    """Whether `error` is CUDA reporting a lost context (a kernel faulted the GPU)."""
+    text = str(error)
+    return "CUDA error" in text and any(f in text for f in _FAULTS)
+
+
+def fault_exit(message: str, record: Optional[Callable[[str], None]] = None) -> None:
+    """Record the fault (best effort), say so on stderr and end the process at once (HANG_EXIT_CODE:
+    a rerun continues without the candidate)."""
+    hang_exit(message, record)
 
 
 @contextmanager

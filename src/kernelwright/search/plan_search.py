@@ -471,14 +471,14 @@ def _nbytes(graph, name) -> int:
 
 
 def _hung_configs(db, common) -> set[str]:
-    """Keys of the configs that hung on this device before (never tried again)."""
+    """Keys of the configs that hung or faulted the GPU on this device before (never tried again)."""
     keys = set()
     for r in db.records(task_key=common["task_key"], device=common.get("device"), precision=common.get("precision")):
         try:
             res = record_result(r)
         except (KeyError, TypeError, ValueError):
             continue
-        if res.error_kind == watchdog.HANG:
+        if res.error_kind in watchdog.NEVER_AGAIN:
             keys.add(res.config.key())
     return keys
 
@@ -510,9 +510,9 @@ def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult
     stored config alone, verified and timed again; the search runs only if that one fails now."""
     db = common["db"]
     hung = _hung_configs(db, common)
-    tuner.on_hang = lambda cfg, msg: db.add_result(RunResult.failure(cfg, watchdog.HANG, msg), common["task_key"],
-                                                   common.get("task_features"), common.get("device"),
-                                                   common.get("precision"))
+    tuner.on_hang = lambda cfg, msg, kind=watchdog.HANG: db.add_result(
+        RunResult.failure(cfg, kind, msg), common["task_key"], common.get("task_features"), common.get("device"),
+        common.get("precision"))
     fresh = [c for c in tuner.space if c.key() not in hung]
     if not fresh:
         return []
