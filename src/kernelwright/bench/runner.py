@@ -107,8 +107,8 @@ def _worker(gpu: int, paths: list[str], opts: dict, conn, one=None):
 
 def _died_row(path: str, code) -> dict:
     if code == HANG_EXIT_CODE:
-        why = ("hang or fault: a candidate kernel never finished on the GPU or faulted it, twice (each "
-               "recorded in the trial database as failed and left out of later runs)")
+        why = ("hang: a candidate kernel never finished on the GPU or faulted it, twice (each recorded in "
+               "the trial database as failed and left out of later runs)")
     else:
         why = f"crash: the worker process died (exit code {code})"
     return {"problem": Path(path).stem, "path": path, "level": level_of(path), "correct": False, "error": why}
