@@ -243,10 +243,10 @@ def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str 
         fresh = []
         for x in examples:
             if isinstance(x, torch.Tensor) and x.is_floating_point():
-                fresh.append(torch.randn_like(x, device="cpu"))
+                fresh.append(_like(x).normal_())
             elif isinstance(x, torch.Tensor) and x.dtype != torch.bool and x.numel():
                 lo, hi = int(x.min()), int(x.max())
-                fresh.append(torch.randint_like(x, lo, hi + 1, device="cpu"))
+                fresh.append(_like(x).random_(lo, hi + 1))
             elif isinstance(x, torch.Tensor):
                 fresh.append(x.clone())
             else:
@@ -262,6 +262,17 @@ def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str 
         training=model.training,
         _instance=model,
     )
+
+
+def _like(x: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor of x's shape and dtype on the current default device, with x's
+    strides where they are dense and non-overlapping (else contiguous)."""
+    step = 1
+    for stride, size in sorted((st, sh) for sh, st in zip(x.shape, x.stride()) if sh != 1):
+        if stride != step:
+            return torch.empty(tuple(x.shape), dtype=x.dtype)
+        step *= size
+    return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype)
 
 
 def discover(paths: list[str | Path]) -> list[Path]:
