@@ -162,6 +162,35 @@ def test_no_library_ships_the_generated_convolution(name, policy, kind, tmp_path
     assert "Library units: " in (tmp_path / "out" / "report.md").read_text()
 
 
+@pytest.mark.parametrize("policy", ["tf32", "bf16"])
+def test_a_stride_1_convolution_with_16_channels_ships_a_box_config(policy, tmp_path, monkeypatch):
+    """Where the descriptor path applies (stride 1, one group, >= 16 channels, tf32 / bf16), the
+    space's first config is a box one: with no_library and no prior trials (the untimed choice is
+    then the space's first config) the emitted fused kernel reads the input through tensor
+    descriptors (in the interpreter) and ModelNew matches Model."""
+    from kernelwright.search import plan_search
+
+    monkeypatch.setattr(plan_search, "packaged_priors", lambda: [])
+
+    class ConvAct(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.conv(x)) * 0.5
+
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(ConvAct().eval(), [torch.randn(2, 16, 8, 8)]), out,
+                              Options(device="cpu", budget_trials=1, precision=policy, no_library=True, mode="eval",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    (pair,) = [g for g in result["groups"] if g["kind"] == "conv_epilogue"]
+    assert pair["strategy"] == "triton" and pair["config"].get("BOX_W", 0) > 0, pair
+    text = next(k.read_text() for k in (out / "kernels").glob("*_conv.py"))
+    assert f"BOX_W={pair['config']['BOX_W']}" in text and "TensorDescriptor" in text
+
+
 def test_two_convolutions_read_by_one_group_fuse_one_of_them(tmp_path):
     """A residual add of two convolutions makes two pairs around one group: once the first fuses
     the group, the second (whose fused kernel would read the first's never-written result) is not
