@@ -279,6 +279,9 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
              no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP),
              no_rewrites: bool = typer.Option(False, "--no-rewrites", help=NO_REWRITES_HELP),
              retune: bool = typer.Option(False, "--retune", help=RETUNE_HELP),
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines (one per searched unit)."),
+             json_summary: bool = typer.Option(False, "--json", help="Print a one-line JSON summary on stdout: "
+                                               "verification, times, speedups, the output folder."),
              single_file: bool = typer.Option(False, "--single-file",
                                               help="Write model_new.py with the kernels and their runtime embedded "
                                                    "(no kernels/ folder).")):
@@ -304,7 +307,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
                    db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
                    mode=mode, timed=not verify_only, no_library=no_library, no_rewrites=no_rewrites, retune=retune,
-                   log=lambda s: typer.echo(s, err=True))
+                   log=(lambda s: None) if quiet else (lambda s: typer.echo(s, err=True)))
 
     def run(folder: Path) -> dict:
         result = optimize_problem(p, folder, opts)
@@ -312,11 +315,38 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
             from kernelwright.emit.module import single_file as fold
 
             fold(folder)
+        _html_report(folder, result, db)
         return result
 
     result = _staged(out_dir, run)
-    typer.echo(f"{out_dir}/model_new.py written; report: {out_dir}/report.md")
+    if json_summary:
+        typer.echo(json.dumps(_summary(result, out_dir)))
+    else:
+        typer.echo(f"{out_dir}/model_new.py written; report: {out_dir}/report.md (and report.html)")
     _verdict(result, out_dir)
+
+
+def _html_report(folder: Path, result: dict, db: Optional[Path]) -> None:
+    """report.html beside report.md; a page that cannot be drawn costs one line on stderr, not the run."""
+    from kernelwright.emit.report_html import write_html_report
+    from kernelwright.search.database import default_db_path
+
+    try:
+        write_html_report(folder, result, default_db_path(db))
+    except Exception as e:  # noqa: BLE001 - the report is a view of result.json, which is written
+        typer.echo(f"kernelwright: report.html not written ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})",
+                   err=True)
+
+
+def _summary(result: dict, out: Path) -> dict:
+    """optimize --json: what a script needs from result.json in one line."""
+    timing = result.get("timing") or {}
+    times = {k: v["median_ms"] for k, v in timing.items() if isinstance(v, dict) and "median_ms" in v}
+    kw = times.get("kernelwright")
+    return {"problem": result.get("problem"), "out": str(out), "precision": result.get("precision"),
+            "verified": bool((result.get("verify") or {}).get("passed")), "times_ms": times,
+            "speedup_vs_eager": times["eager"] / kw if kw and times.get("eager") else None,
+            "speedup_vs_compile": times["compile"] / kw if kw and times.get("compile") else None}
 
 
 @app.command()

@@ -338,7 +338,9 @@ def test_output_is_staged_beside_out_and_moved_in(run, tmp_path, monkeypatch):
     assert f"{out}/model_new.py written" in p.stdout
     assert seen[0].parent == tmp_path and seen[0].name.startswith(".o.partial-")
     files = tree(out)
-    assert set(files) == {".build/any/k_1.py", "kernels/g0.py", "model_new.py", "result.json", "report.md"}
+    assert set(files) == {".build/any/k_1.py", "kernels/g0.py", "model_new.py", "result.json", "report.md",
+                          "report.html"}
+    assert ".partial-" not in files["report.html"]
     for record in ("result.json", "report.md"):  # the folder the user named, never the staging one
         assert ".partial-" not in files[record]
         assert str(out / ".build" / "any" / "k_1.py") in files[record]
@@ -497,6 +499,29 @@ def test_optimize_retune_sets_the_option(run, tmp_path, monkeypatch, flag):
     p = run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu", *flag)
     assert p.returncode == 0, p.stderr
     assert [o.retune for o in seen] == [bool(flag)]
+
+
+def test_optimize_json_and_quiet(run, tmp_path, monkeypatch):
+    """--json: one JSON line on stdout (verification, times, speedups, the folder); --quiet: the
+    pipeline's progress lines are dropped."""
+    timed = {**PASSED, "timing": {"eager": {"median_ms": 2.0}, "compile": {"median_ms": 1.0},
+                                  "kernelwright": {"median_ms": 0.5}}}
+    fake_pipeline(monkeypatch, result=timed)
+    fake, logged = pipeline.optimize_problem, []
+
+    def optimize_problem(problem, out_dir, opts):
+        logged.append(opts.log("progress line"))
+        return fake(problem, out_dir, opts)
+
+    monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
+    p = run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu", "--json", "--quiet")
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["verified"] is True and summary["out"] == str(tmp_path / "o")
+    assert summary["speedup_vs_compile"] == 2.0 and summary["speedup_vs_eager"] == 4.0
+    assert "progress line" not in p.stderr
+    p = run("optimize", RELU, "--out", tmp_path / "o2", "--device", "cpu")
+    assert p.returncode == 0 and "progress line" in p.stderr and "model_new.py written" in p.stdout
 
 
 @pytest.mark.parametrize("flag", [[], ["--no-library"]])
