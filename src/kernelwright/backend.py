@@ -158,11 +158,19 @@ def backward_decompositions() -> dict:
     return get_decompositions(ops)
 
 
+DEFAULT_TRIALS = 8  # per graph: a model compiles several graphs (two per graph in training)
+
+
 def backend(**options) -> Callable:
-    """A torch.compile backend optimising each graph with `options` (kernelwright.pipeline.Options).
-    A graph that needs gradients goes through AOTAutograd: its forward graph (which also returns
-    what the backward saves) and its backward graph are each optimised as an inference graph."""
+    """A torch.compile backend optimising each graph with `options` (kernelwright.pipeline.Options;
+    budget_trials defaults to DEFAULT_TRIALS per graph). A graph that needs gradients goes through
+    AOTAutograd: its forward graph (which also returns what the backward saves) and its backward
+    graph are each optimised as an inference graph."""
     from functorch.compile import make_boxed_func
+
+    options = dict(options)
+    if "budget_s" not in options:
+        options.setdefault("budget_trials", DEFAULT_TRIALS)
     from torch._dynamo.backends.common import aot_autograd
 
     def joint_part(gm: torch.fx.GraphModule, example_inputs):
