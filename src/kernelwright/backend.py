@@ -95,8 +95,8 @@ def state_positions(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
 
 
 def _cache_dir(gm: torch.fx.GraphModule, example_inputs, options: dict) -> Path:
-    sig = [(tuple(x.shape), str(x.dtype), x.stride(), x.requires_grad) if isinstance(x, torch.Tensor) else repr(x)
-           for x in example_inputs]
+    sig = [(tuple(x.shape), str(x.dtype), x.stride(), x.requires_grad, x.device.type)
+           if isinstance(x, torch.Tensor) else repr(x) for x in example_inputs]
     key = hashlib.sha256(json.dumps([gm.code, sig, sorted((k, repr(v)) for k, v in options.items()),
                                      torch.__version__], default=str).encode()).hexdigest()[:20]
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kernelwright" / "compiled"
