@@ -12,7 +12,8 @@ instead of optimising again).
 A graph that needs gradients goes through AOTAutograd: its forward graph (returning what the
 backward saves) and its backward graph are plain ATen graphs, each optimised and verified like an
 inference graph. What runs a graph as captured, with one warning line: a graph without tensor
-inputs, and any failure to optimise or verify. ``backend(**options)`` makes a backend with options of
+inputs, a graph with symbolic sizes (``dynamic=True``: the generated kernels are specialised), and
+any failure to optimise or verify. ``backend(**options)`` makes a backend with options of
 kernelwright.pipeline.Options (budget_trials, precision, ...): ``torch.compile(model,
 backend=kernelwright.backend.backend(budget_trials=4))``.
 """
@@ -116,6 +117,9 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
     data = [x for i, x in enumerate(example_inputs) if i not in state]
     if not any(isinstance(x, torch.Tensor) for x in data):
         return _as_captured(gm, "a graph without tensor inputs")
+    if any(isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool) for x in data):
+        return _as_captured(gm, "a graph with symbolic sizes (dynamic shapes: compile with dynamic=False "
+                                "for generated kernels, one graph per shape)")
     lifted = Lifted(gm, example_inputs, state).eval()
     out = _cache_dir(gm, example_inputs, options)
     try:
