@@ -307,7 +307,8 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
                    db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
                    mode=mode, timed=not verify_only, no_library=no_library, no_rewrites=no_rewrites, retune=retune,
-                   log=(lambda s: None) if quiet else (lambda s: typer.echo(s, err=True)))
+                   log=(lambda s: None))
+    opts.log, status = _progress(quiet)
 
     def run(folder: Path) -> dict:
         result = optimize_problem(p, folder, opts)
@@ -318,12 +319,36 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
         _html_report(folder, result, db)
         return result
 
-    result = _staged(out_dir, run)
+    with status:
+        result = _staged(out_dir, run)
     if json_summary:
         typer.echo(json.dumps(_summary(result, out_dir)))
     else:
         typer.echo(f"{out_dir}/model_new.py written; report: {out_dir}/report.md (and report.html)")
     _verdict(result, out_dir)
+
+
+def _progress(quiet: bool):
+    """(log, context) for optimize's progress: nothing with --quiet; one line per searched unit on
+    stderr; on a terminal also a live status line below them (units done, the last one's result)."""
+    from contextlib import nullcontext
+
+    if quiet:
+        return (lambda s: None), nullcontext()
+    if not sys.stderr.isatty():
+        return (lambda s: typer.echo(s, err=True)), nullcontext()
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    status = console.status("capturing and planning")
+    done = [0]
+
+    def log(line: str) -> None:
+        done[0] += 1
+        console.print(line, markup=False, highlight=False)
+        status.update(f"{done[0]} done; searching the next unit (last: {line[:70]})")
+
+    return log, status
 
 
 def _html_report(folder: Path, result: dict, db: Optional[Path]) -> None:
