@@ -215,6 +215,16 @@ def check_triton_gpu(timeout: float = 180.0) -> tuple[bool, str]:
 
 # ------------------------------------------------------------------------- report
 
+def check_compile_backend() -> tuple[bool, str]:
+    """Whether torch.compile finds the "kernelwright" backend (the package's torch_dynamo_backends
+    entry point, present once the package is installed)."""
+    import torch._dynamo
+
+    if "kernelwright" in torch._dynamo.list_backends():
+        return True, 'torch.compile(model, backend="kernelwright") is available'
+    return False, "not registered: install the package (pip install -e .) for its entry point"
+
+
 def _check(fn, *args) -> dict:
     t0 = time.perf_counter()
     try:
@@ -255,6 +265,7 @@ def collect(run_triton: bool = True) -> dict:
     info["cuda"] = {"torch_cuda": torch_cuda, "driver": checks["driver"]["detail"] if checks["driver"]["ok"] else None,
                     "available": bool(info["gpus"])}
     checks["nvrtc"] = _check(check_nvrtc)
+    checks["compile_backend"] = _check(check_compile_backend)
     if run_triton:
         checks["triton_interpreter"] = _check(check_triton_interpreter)
         if info["gpus"]:
@@ -295,7 +306,7 @@ def render(info: dict) -> str:
         lines.append("  GPU: none")
     lines.append("")
     names = {"cuda": "CUDA", "driver": "driver", "nvrtc": "NVRTC", "triton_interpreter": "Triton interpreter",
-             "triton_gpu": "Triton on GPU"}
+             "triton_gpu": "Triton on GPU", "compile_backend": "torch.compile backend"}
     essential = info.get("essential")
     for key, c in (info.get("checks") or {}).items():
         if c.get("ok"):

@@ -23,6 +23,9 @@ def test_collect_is_json_and_complete(info):
         assert isinstance(c["ok"], bool) and isinstance(c["detail"], str)
     text = doctor.render(info)
     assert "NVRTC" in text and "Triton interpreter" in text
+    # installed from pyproject.toml, the package's entry point registers the torch.compile backend
+    assert info["checks"]["compile_backend"]["ok"], info["checks"]["compile_backend"]["detail"]
+    assert "torch.compile backend" in text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this test is for machines without a GPU")
