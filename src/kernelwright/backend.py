@@ -12,8 +12,9 @@ instead of optimising again).
 A graph that needs gradients goes through AOTAutograd: its forward graph (returning what the
 backward saves) and its backward graph are plain ATen graphs, each optimised and verified like an
 inference graph. What runs a graph as captured, with one warning line: a graph without tensor
-inputs, a graph with symbolic sizes (``dynamic=True``: the generated kernels are specialised), and
-any failure to optimise or verify. ``backend(**options)`` makes a backend with options of
+inputs, a graph with symbolic sizes (``dynamic=True``, or Dynamo's default after a second shape:
+the generated kernels are specialised, so compile with ``dynamic=False`` for one optimised graph per
+shape), and any failure to optimise or verify. ``backend(**options)`` makes a backend with options of
 kernelwright.pipeline.Options (budget_trials, precision, ...): ``torch.compile(model,
 backend=kernelwright.backend.backend(budget_trials=4))``.
 """
