@@ -25,7 +25,7 @@ def main() -> int:
     ap.add_argument("db", nargs="*")
     ap.add_argument("--sizes", default="0,100,300,1000,100000")
     ap.add_argument("--precision")
-    ap.add_argument("--min-configs", type=int, default=6)
+    ap.add_argument("--min-configs", type=int, help="configs a task needs (default 6; 20 with --replay)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replay", action="store_true", help="replay search strategies on the measured units")
     ap.add_argument("--seeds", default="0,1,2")
@@ -33,16 +33,13 @@ def main() -> int:
     a = ap.parse_args()
     if a.replay:
         return replay(a)
-    try:
-        sizes = [int(x) for x in a.sizes.split(",")]
-    except ValueError:
-        print(f"error: --sizes must be integers separated by commas, got {a.sizes!r}", file=sys.stderr)
+    sizes = _ints(a.sizes, "--sizes")
+    if sizes is None:
         return 2
-    paths = a.db or packaged_priors()
-    records = [r for p in paths for r in TrialDB(p)]
+    paths, records = _records(a)
     t0 = time.time()
     try:
-        curve = learning_curve(records, sizes, min_configs=a.min_configs, seed=a.seed, precision=a.precision)
+        curve = learning_curve(records, sizes, min_configs=6 if a.min_configs is None else a.min_configs, seed=a.seed, precision=a.precision)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -55,6 +52,21 @@ def main() -> int:
     return 0
 
 
+def _ints(text: str, flag: str):
+    """Comma-separated integers, or None after an error line."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        print(f"error: {flag} must be integers separated by commas, got {text!r}", file=sys.stderr)
+        return None
+
+
+def _records(a):
+    """(the database files, their records): the files named, else the packaged priors."""
+    paths = a.db or packaged_priors()
+    return paths, [r for p in paths for r in TrialDB(p)]
+
+
 def replay(a) -> int:
     """--replay: the strategies' trials to 95% / 99% of each unit's best, as markdown."""
     from kernelwright.search.study import STRATEGIES, study, surfaces
@@ -63,14 +75,11 @@ def replay(a) -> int:
     if not set(names) <= set(STRATEGIES):
         print(f"error: --strategies takes {', '.join(STRATEGIES)}, got {a.strategies!r}", file=sys.stderr)
         return 2
-    try:
-        seeds = [int(x) for x in a.seeds.split(",")]
-    except ValueError:
-        print(f"error: --seeds must be integers separated by commas, got {a.seeds!r}", file=sys.stderr)
+    seeds = _ints(a.seeds, "--seeds")
+    if seeds is None:
         return 2
-    paths = a.db or packaged_priors()
-    records = [r for p in paths for r in TrialDB(p)]
-    min_configs = a.min_configs if a.min_configs != 6 else 20
+    paths, records = _records(a)
+    min_configs = 20 if a.min_configs is None else a.min_configs
     surfs = surfaces(records, min_configs=min_configs, precision=a.precision)
     if not surfs:
         print(f"error: no unit has {min_configs} measured configs in {', '.join(map(str, paths))}", file=sys.stderr)
