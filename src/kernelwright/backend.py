@@ -41,7 +41,7 @@ class Lifted(torch.nn.Module):
         super().__init__()
         self.gm = gm
         self.state = state
-        self.nones = none_outputs(gm)
+        self.nones, self.n_outputs = none_outputs(gm)  # read once: with_nones runs on every call
         for k, i in enumerate(state):
             t = example_inputs[i]
             if isinstance(t, torch.nn.Parameter):
@@ -71,17 +71,14 @@ class Lifted(torch.nn.Module):
         it = iter(out if isinstance(out, (tuple, list)) else (out,))
         return tuple(None if i in self.nones else next(it) for i in range(self.n_outputs))
 
-    @property
-    def n_outputs(self) -> int:
-        (node,) = [n for n in self.gm.graph.nodes if n.op == "output"]
-        return len(node.args[0])
 
-
-def none_outputs(gm: torch.fx.GraphModule) -> set[int]:
-    """Positions of a graph's outputs that are the constant None."""
+def none_outputs(gm: torch.fx.GraphModule) -> tuple[set[int], int]:
+    """(positions of a graph's outputs that are the constant None, how many outputs it has)."""
     (node,) = [n for n in gm.graph.nodes if n.op == "output"]
     outs = node.args[0]
-    return {i for i, o in enumerate(outs) if o is None} if isinstance(outs, (tuple, list)) else set()
+    if not isinstance(outs, (tuple, list)):
+        return set(), 1
+    return {i for i, o in enumerate(outs) if o is None}, len(outs)
 
 
 def state_positions(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
@@ -131,8 +128,10 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
     except Exception as e:  # noqa: BLE001 - any failure runs the captured graph
         return _as_captured(gm, f"optimisation failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
 
+    lifted_at = set(state)
+
     def run(*inputs):
-        return lifted.with_nones(fast(*[x for i, x in enumerate(inputs) if i not in state]))
+        return lifted.with_nones(fast(*[x for i, x in enumerate(inputs) if i not in lifted_at]))
 
     return run
 

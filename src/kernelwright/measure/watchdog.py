@@ -8,8 +8,8 @@ candidate is recorded as failed (error kind "hang", which the search never retri
 process exits with one line on stderr: the CUDA context cannot be recovered in-process, and a
 rerun continues without that candidate. A candidate whose first run faults the GPU (an illegal
 instruction or memory access: the CUDA context is lost for the whole process; seen on the H200 with
-a tensor-descriptor box of NCHW memory) is handled alike, as error kind "fault" (`is_device_fault`,
-`fault_exit`).
+a tensor-descriptor box of NCHW memory) is handled alike, as error kind "fault" (`is_device_fault`; it
+ends the process through `hang_exit` too).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def limit_seconds() -> float:
 
 
 def hang_exit(message: str, record: Optional[Callable[[str], None]] = None) -> None:
-    """Record the hang (best effort), say so on stderr and end the process at once."""
+    """Record the hang or fault (best effort), say so on stderr and end the process at once."""
     try:
         if record is not None:
             record(message)
@@ -62,12 +62,6 @@ def is_device_fault(error: BaseException) -> bool:
     """Whether `error` is CUDA reporting a lost context (a kernel faulted the GPU)."""
     text = str(error)
     return "CUDA error" in text and any(f in text for f in _FAULTS)
-
-
-def fault_exit(message: str, record: Optional[Callable[[str], None]] = None) -> None:
-    """Record the fault (best effort), say so on stderr and end the process at once (HANG_EXIT_CODE:
-    a rerun continues without the candidate)."""
-    hang_exit(message, record)
 
 
 @contextmanager

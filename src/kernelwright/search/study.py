@@ -18,7 +18,6 @@ earlier searches chose to measure, not the whole space, so the fastest of them s
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -168,7 +167,6 @@ def study(surfs: Sequence[Surface], records: Sequence[Mapping], *, strategies: S
         for seed in runs:
             t95, t99 = [], []
             for s in surfs:
-                random.seed(seed)
                 curve = replay(make_strategy(name, s, records, seed, model), s, trials)
                 t95.append(trials_to(curve, s.best, 0.95))
                 t99.append(trials_to(curve, s.best, 0.99))

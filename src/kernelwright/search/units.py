@@ -175,7 +175,7 @@ class KernelTuner:
                 first = (str(e).splitlines() or [''])[0][:200]
                 if self.timed and self.on_hang and watchdog.is_device_fault(e):
                     msg = f"candidate {cfg.key()} of unit {self.name} faulted the GPU ({first})"
-                    watchdog.fault_exit(msg, lambda m, c=cfg: self.on_hang(c, m, watchdog.FAULT))
+                    watchdog.hang_exit(msg, lambda m, c=cfg: self.on_hang(c, m, watchdog.FAULT))
                 results.append(RunResult.failure(cfg, "crash", f"{type(e).__name__}: {first}"))
                 continue
             args = [self.env[v] for v in ins]
