@@ -88,17 +88,14 @@ def test_search_skips_configs_that_hung_before_and_records_new_hangs(tmp_path):
     assert set(again.ran) == {space[1], space[3]}
 
 
-def test_a_tuner_arms_the_guard_around_a_candidates_first_run(tmp_path, monkeypatch):
-    """On the timed path a candidate whose check outlives `hang_s` reaches `hang_exit` with its
-    config named, and `on_hang` records it; untimed (no GPU) nothing is armed."""
+def _relu_scale_group():
+    """(graph, its one fusion group, the graph's values) of relu(x) * 2 on a [4, 8] input."""
     import torch
 
     from kernelwright.capture import capture
     from kernelwright.capture.execute import run_graph
     from kernelwright.plan import plan_graph
-    from kernelwright.policy import get_policy
     from kernelwright.problem import from_module
-    from kernelwright.search.units import GroupTuner
 
     class Scale(torch.nn.Module):
         def forward(self, x):
@@ -106,9 +103,20 @@ def test_a_tuner_arms_the_guard_around_a_candidates_first_run(tmp_path, monkeypa
 
     x = torch.randn(4, 8)
     graph = capture(from_module(Scale(), [x]))
-    group = plan_graph(graph).groups[0]
     with torch.no_grad():
         env = run_graph(graph, Scale(), [x], keep=True)
+    return graph, plan_graph(graph).groups[0], env
+
+
+def test_a_tuner_arms_the_guard_around_a_candidates_first_run(tmp_path, monkeypatch):
+    """On the timed path a candidate whose check outlives `hang_s` reaches `hang_exit` with its
+    config named, and `on_hang` records it; untimed (no GPU) nothing is armed."""
+    import torch
+
+    from kernelwright.policy import get_policy
+    from kernelwright.search.units import GroupTuner
+
+    graph, group, env = _relu_scale_group()
     exits, recorded = [], []
     monkeypatch.setattr(watchdog, "hang_exit", lambda msg, record: (exits.append(msg), record(msg)))
     for timed in (False, True):
@@ -208,16 +216,12 @@ def test_a_unit_measured_before_runs_its_stored_best_alone(tmp_path):
 
 def test_a_candidate_that_faults_the_gpu_is_recorded_and_never_tried_again(tmp_path, monkeypatch):
     """A candidate whose first run reports a lost CUDA context (an illegal instruction) reaches
-    `fault_exit` on the timed path, is recorded as kind "fault" in the trial database, and later
+    `hang_exit` on the timed path, is recorded as kind "fault" in the trial database, and later
     searches on that device leave it out; other errors stay ordinary crash results, and untimed
     runs never exit."""
     import torch
 
-    from kernelwright.capture import capture
-    from kernelwright.capture.execute import run_graph
-    from kernelwright.plan import plan_graph
     from kernelwright.policy import get_policy
-    from kernelwright.problem import from_module
     from kernelwright.search.units import GroupTuner
 
     assert watchdog.is_device_fault(RuntimeError("CUDA error: an illegal instruction was encountered"))
@@ -225,15 +229,7 @@ def test_a_candidate_that_faults_the_gpu_is_recorded_and_never_tried_again(tmp_p
     assert not watchdog.is_device_fault(RuntimeError("CUDA error: out of memory"))
     assert not watchdog.is_device_fault(ValueError("illegal instruction"))
 
-    class Scale(torch.nn.Module):
-        def forward(self, x):
-            return torch.relu(x) * 2
-
-    x = torch.randn(4, 8)
-    graph = capture(from_module(Scale(), [x]))
-    group = plan_graph(graph).groups[0]
-    with torch.no_grad():
-        env = run_graph(graph, Scale(), [x], keep=True)
+    graph, group, env = _relu_scale_group()
     db = TrialDB(tmp_path / "trials.jsonl")
     common = dict(db=db, task_key="p/g0/t", task_features={}, precision="fp32", device="GPU X")
     exits = []

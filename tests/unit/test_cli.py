@@ -471,8 +471,10 @@ def test_both_failed_is_one_line_exit_1(run, tmp_path, monkeypatch):
 
 # -- --no-library ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("flag", [[], ["--no-library"]])
-def test_optimize_no_library_sets_the_option(run, tmp_path, monkeypatch, flag):
+@pytest.mark.parametrize("option", ["no_library", "retune"])
+@pytest.mark.parametrize("given", [False, True])
+def test_optimize_flags_set_their_options(run, tmp_path, monkeypatch, option, given):
+    """--no-library / --retune reach Options.no_library / Options.retune; without them, False."""
     fake_pipeline(monkeypatch)
     fake, seen = pipeline.optimize_problem, []
 
@@ -481,24 +483,10 @@ def test_optimize_no_library_sets_the_option(run, tmp_path, monkeypatch, flag):
         return fake(problem, out_dir, opts)
 
     monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
+    flag = ["--" + option.replace("_", "-")] if given else []
     p = run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu", *flag)
     assert p.returncode == 0, p.stderr
-    assert [o.no_library for o in seen] == [bool(flag)]
-
-
-@pytest.mark.parametrize("flag", [[], ["--retune"]])
-def test_optimize_retune_sets_the_option(run, tmp_path, monkeypatch, flag):
-    fake_pipeline(monkeypatch)
-    fake, seen = pipeline.optimize_problem, []
-
-    def optimize_problem(problem, out_dir, opts):
-        seen.append(opts)
-        return fake(problem, out_dir, opts)
-
-    monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
-    p = run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu", *flag)
-    assert p.returncode == 0, p.stderr
-    assert [o.retune for o in seen] == [bool(flag)]
+    assert [getattr(o, option) for o in seen] == [given]
 
 
 def test_optimize_json_and_quiet(run, tmp_path, monkeypatch):
