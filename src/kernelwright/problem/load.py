@@ -266,13 +266,8 @@ def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str 
 
 def _like(x: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor of x's shape and dtype on the current default device, with x's
-    strides where they are dense and non-overlapping (else contiguous)."""
-    step = 1
-    for stride, size in sorted((st, sh) for sh, st in zip(x.shape, x.stride()) if sh != 1):
-        if stride != step:
-            return torch.empty(tuple(x.shape), dtype=x.dtype)
-        step *= size
-    return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype)
+    strides where they are dense and non-overlapping (else contiguous: torch's preserve_format)."""
+    return torch.empty_like(x, device=torch.get_default_device())
 
 
 def discover(paths: list[str | Path]) -> list[Path]:
