@@ -434,11 +434,12 @@ class ConvTuner(KernelTuner):
         bf16 = f.cast_bf16 or graph.meta(f.w).dtype == "bfloat16"
         precision = "bf16" if bf16 else policy.name
         cin = f.weight_shape[0] // groups if f.transposed else f.weight_shape[1]
+        box_out = f.box_out(graph, precision)
         self.space = [Config.make("triton.conv", **c) for c in
                       conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=graph.meta(f.x).itemsize,
                                  spec=spec or device_spec(), channels=cin, groups=groups,
                                  min_block_m=2 << (math.prod(f.pool_window) - 1).bit_length() if f.pool else 1, whole_n=f.whole_n,
-                                 box_out=f.box_out(graph, precision))]
+                                 box_out=box_out)]
         if not self.space:
             raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over")
         self.seeds = self.space[:4]
@@ -455,7 +456,7 @@ class ConvTuner(KernelTuner):
                          "transposed": float(f.transposed), "spatial": len(f.out_shape) - 2,
                          "kind": "conv_pool" if f.pool else "conv_epilogue" if f.group is not None else "conv",
                          "pool_window": float(math.prod(f.pool_window)) if f.pool else 1.0,
-                         "box": f.box_out(graph, precision) is not None}
+                         "box": box_out is not None}
         self.task = (f"conv{len(f.out_shape) - 2}d{'T' if f.transposed else ''}/{M}x{N}x{K}/g{groups}"
                      + (f"/{f.group.id}" if f.group is not None else "")
                      + (f"/{f.pool}{list(f.pool_window)}" + (f"/{f.post.id}" if f.post else "") if f.pool else ""))
