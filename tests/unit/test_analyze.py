@@ -258,7 +258,10 @@ def test_bench_summary_gives_each_anchor_its_geometric_mean():
                 "times": {"eager": 4.0, "compile": compile_ms, "kernelwright": kw_ms}}
     rows = [row(2, "conv", 2.0, 1.0), row(2, "conv", 1.0, 2.0), row(2, "gemm", 3.0, 1.0),
             row(2, "gemm", 9.0, 1.0, correct=False), row(3, "gemm", 1.0, 1.0)]
+    for r, wall in zip(rows, [30.0, 10.0, 20.0, None, 5.0]):
+        r["wall_s"] = wall
     s = summarise(rows, baseline_only=False)
+    assert s["level2"]["wall_s_median"] == 20.0 and s["level3"]["wall_s_median"] == 5.0
     by = s["level2"]["kw_over_compile_by_anchor"]
     assert sorted(by) == ["conv", "gemm"] and by["conv"][0] == 2 and by["gemm"][0] == 1  # wrong rows left out
     assert by["conv"][1] == pytest.approx(1.0) and by["gemm"][1] == pytest.approx(3.0)

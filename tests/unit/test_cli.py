@@ -536,6 +536,7 @@ def test_bench_no_library_reaches_each_problems_options(run, tmp_path, monkeypat
                 compile_mode="default", no_library=calls[0]["no_library"])
     row = runner._one(str(RELU), opts)
     assert "error" not in row, row
+    assert 0 <= row["wall_s"] < 60  # the problem's whole time, recorded per row
     assert [o.no_library for o in seen] == [bool(flag)]
     assert [o.retune for o in seen] == [True]  # a benchmark times the whole search, never a stored choice
 

@@ -28,6 +28,7 @@ def _one(path: str, opts: dict) -> dict:
     from kernelwright.problem import load_problem
 
     row = {"problem": Path(path).stem, "path": path, "level": None}
+    start = time.perf_counter()
     try:
         p = load_problem(path, small=opts["small"])
         row["level"] = p.level
@@ -71,6 +72,7 @@ def _one(path: str, opts: dict) -> dict:
         row["trace"] = traceback.format_exc(limit=3)
     finally:
         torch.cuda.empty_cache()
+        row["wall_s"] = round(time.perf_counter() - start, 2)  # load, optimize (or baselines), all timing
     return row
 
 
@@ -174,6 +176,8 @@ def summarise(rows: list[dict], baseline_only: bool) -> dict:
     out = {}
     for lvl, rs in sorted(levels.items(), key=lambda kv: (kv[0] is None, kv[0])):
         s = {"n": len(rs)}
+        walls = sorted(r["wall_s"] for r in rs if r.get("wall_s") is not None)
+        s["wall_s_median"] = walls[len(walls) // 2] if walls else None  # seconds per problem, end to end
         s["compile_over_eager"] = geomean(r["times"]["eager"] / r["times"]["compile"] for r in rs
                                           if "eager" in r.get("times", {}) and "compile" in r.get("times", {}))
         if not baseline_only:
