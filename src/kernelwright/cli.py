@@ -391,7 +391,12 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
           no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP),
           no_rewrites: bool = typer.Option(False, "--no-rewrites", help=NO_REWRITES_HELP),
           report_dir: Optional[str] = typer.Option(None, "--report", help="Write DIR/bench.html: per-level table, "
-                                                   "fast_p, geometric means, the speedup distribution.")):
+                                                   "fast_p, geometric means, the speedup distribution."),
+          train: bool = typer.Option(False, "--train", help="Time training steps (forward, loss, backward, SGD) "
+                                     "under eager, torch.compile and torch.compile(backend=\"kernelwright\"), from "
+                                     "the same weights; each first step checked against float64 eager."),
+          steps: int = typer.Option(100, "--steps", help="Training steps per implementation with --train (the last "
+                                    "third, at most 30, timed).")):
     """Time eager, torch.compile (and kernelwright) over problems; per-level geometric means."""
     from kernelwright.bench.runner import run_bench
     from kernelwright.policy import get_policy
@@ -411,6 +416,17 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     from kernelwright.measure.watchdog import limit_seconds
 
     limit_seconds()  # a bad $KERNELWRIGHT_HANG_S: one line, before any worker starts
+    if train:
+        from kernelwright.bench.training import run_train_bench
+
+        if steps < 2:
+            raise UserError(f"--steps {steps}: a training benchmark needs at least 2 steps")
+        impls = _train_impls(compile_mode, baseline_only, dict(
+            precision=precision, budget_trials=trials, budget_s=seconds, no_library=no_library,
+            no_rewrites=no_rewrites, cuda_graphs=cuda_graphs, compile_mode=compile_mode))
+        run_train_bench(files, get_policy(precision), impls, steps, max(1, min(30, steps // 3)), json_out,
+                        lambda s: typer.echo(s), small=small)
+        return
     ran = run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
                     seconds=seconds, json_out=json_out, out_dir=out_dir, small=small, compile_mode=compile_mode,
                     cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s), mode=mode, timed=not verify_only,
@@ -426,6 +442,24 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
         page = write_bench_report(report_folder, {"rows": rows, "summary": summary, "options": options,
                                                   "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__})
         typer.echo(f"{page} written")
+
+
+def _train_impls(compile_mode: str, baseline_only: bool, options: dict) -> dict:
+    """bench --train's implementations: name -> how a fresh model copy is called."""
+    import torch
+
+    def compiled(**how):
+        def wrap(model):
+            torch._dynamo.reset()  # each implementation captures its own graphs
+            return torch.compile(model, dynamic=False, **how)
+        return wrap
+
+    impls = {"eager": lambda model: model, "compile": compiled(mode=compile_mode)}
+    if not baseline_only:
+        from kernelwright.backend import backend
+
+        impls["kernelwright"] = compiled(backend=backend(**{k: v for k, v in options.items() if v is not None}))
+    return impls
 
 
 RESULT_KEYS = ("problem", "precision", "device")  # what every result.json names

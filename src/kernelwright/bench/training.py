@@ -1,0 +1,177 @@
+"""Training-step benchmark: a problem's model trained for a few steps under each implementation
+(eager, torch.compile, torch.compile with kernelwright's backend), from identical weights on
+identical data, in train() mode.
+
+One step is: zero the gradients, forward, the loss (the mean square of every floating output, so
+any model trains without labels), backward, an SGD step. Each implementation reports
+
+- ``step_ms``: the median device time of one step (CUDA events) over the last `timed` steps,
+- ``first_s``: the wall time of the first step (Dynamo's capture and the backend's optimisation),
+- ``grad_excess``: the excess over allclose (verify.compare) of its first step's loss and every
+  parameter gradient against float64 eager, under the policy's tolerance: at most ``tol`` is
+  correct (the verification protocol of docs/design.md, applied to the backward),
+- ``loss_drift``: the largest relative difference of its loss curve from eager's (training is
+  chaotic over many steps: reported, not judged),
+- ``peak_mib``: the peak GPU memory of its steps.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Callable
+
+import torch
+
+from kernelwright.errors import UserError
+from kernelwright.problem.load import Problem, flatten_outputs
+from kernelwright.verify.compare import excess
+
+LR = 1e-3  # small enough for every shipped model to train without overflow for a few hundred steps
+
+
+def loss_of(out) -> torch.Tensor:
+    """The mean square of every floating output, in float32 (float64 for float64 outputs)."""
+    outs = [o for o in flatten_outputs(out) if o.is_floating_point()]
+    if not outs:
+        raise UserError("the model returns no floating tensor to train on")
+    return sum(o.to(torch.promote_types(o.dtype, torch.float32)).square().mean() for o in outs)
+
+
+def _first_grads(model: torch.nn.Module, inputs: list) -> tuple[torch.Tensor, list]:
+    model.zero_grad(set_to_none=True)
+    loss = loss_of(model(*inputs))
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() if p.grad is not None else None for p in model.parameters()]
+
+
+def _reference(model: torch.nn.Module, inputs: list):
+    """Loss and gradients of float64 eager on the same weights and data."""
+    m64 = copy.deepcopy(model).double()
+    x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+    return _first_grads(m64, x64)
+
+
+def _grad_excess(loss, grads, ref_loss, ref_grads, tol: float) -> float:
+    worst = excess(loss.reshape(1), ref_loss.reshape(1), tol)
+    for g, r in zip(grads, ref_grads):
+        if (g is None) != (r is None):
+            return float("inf")
+        if g is not None:
+            worst = max(worst, excess(g, r, tol))
+    return worst
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_impl(base: torch.nn.Module, inputs: list, wrap: Callable[[torch.nn.Module], Callable], steps: int,
+               timed: int, device) -> dict:
+    """Train a copy of `base`, called through `wrap(copy)`, for `steps` SGD steps on `inputs`."""
+    model = copy.deepcopy(base)
+    fn = wrap(model)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    losses, times = [], []
+    first_s, grads = 0.0, []
+    for i in range(steps):
+        opt.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        timing = cuda and i >= steps - timed
+        if timing:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        loss = loss_of(fn(*inputs))
+        loss.backward()
+        if i == 0:
+            grads = [p.grad.detach().clone() if p.grad is not None else None for p in model.parameters()]
+        opt.step()
+        if timing:
+            end.record()
+            times.append((start, end))
+        if i == 0:
+            _sync(device)
+            first_s = time.perf_counter() - t0
+        losses.append(loss.detach())
+    _sync(device)
+    step_ms = sorted(s.elapsed_time(e) for s, e in times)
+    return {"losses": [float(x) for x in losses], "first_loss": losses[0], "grads": grads,
+            "step_ms": step_ms[len(step_ms) // 2] if step_ms else None, "first_s": round(first_s, 3),
+            "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None}
+
+
+def train_problem(problem: Problem, policy, impls: dict[str, Callable[[torch.nn.Module], Callable]], steps: int = 100,
+                  timed: int = 30, device="cuda") -> dict:
+    """One bench row: each implementation in `impls` (name -> wrap) trained from the same weights.
+    ``times`` holds the median step times, ``correct`` says whether every implementation's first
+    step matched float64 eager (loss and every gradient within the policy's tolerance)."""
+    if policy.autocast_dtype is not None:
+        raise UserError(f"bench --train runs fp32 and tf32; the {policy.name} policy's autocast is not supported")
+    if steps < 2 or not 1 <= timed < steps:
+        raise UserError(f"bench --train: need steps >= 2 and 1 <= timed steps < steps (got {steps}, {timed})")
+    p = problem.in_mode(True)
+    base = p.make_model(device)
+    inputs = p.make_inputs(1, device)
+    ref_loss, ref_grads = _reference(base, inputs)
+    row: dict = {"problem": problem.name, "level": problem.level, "times": {}, "train": {}}
+    eager_losses = None
+    with policy.active():
+        for name, wrap in impls.items():
+            r = train_impl(base, inputs, wrap, steps, timed, device)
+            ex = _grad_excess(r.pop("first_loss"), r.pop("grads"), ref_loss, ref_grads, policy.tol)
+            losses = r.pop("losses")
+            if eager_losses is None:
+                eager_losses = losses
+            drift = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, eager_losses))
+            row["train"][name] = dict(r, grad_excess=ex, loss_drift=drift, last_loss=losses[-1],
+                                      correct=ex <= policy.tol)
+            if r["step_ms"] is not None:
+                row["times"][name] = r["step_ms"]
+    row["correct"] = all(v["correct"] for v in row["train"].values())
+    return row
+
+
+def run_train_bench(files, policy, impls: dict, steps: int, timed: int, json_out, echo, small: bool = False,
+                    device="cuda") -> tuple[list[dict], dict]:
+    """`train_problem` over problem files, one table line per problem as it finishes, per-level
+    geometric means of the step-time ratios (bench.runner.summarise) at the end."""
+    import json
+    from pathlib import Path
+
+    from kernelwright.bench.runner import summarise
+    from kernelwright.problem import load_problem
+
+    rows: list[dict] = []
+    echo(f"{len(files)} problems, training steps ({steps}, the last {timed} timed), precision {policy.name}")
+    echo(f"{'problem':34s} {'eager ms':>9s} {'compile ms':>10s} {'kw ms':>9s} {'ok':>3s} {'vs compile':>10s} "
+         f"{'kw first s':>10s}")
+    for f in files:
+        start = time.perf_counter()
+        try:
+            row = train_problem(load_problem(f, small=small), policy, impls, steps, timed, device)
+        except Exception as e:  # noqa: BLE001 - a failing problem is a row
+            row = {"problem": Path(f).stem, "level": None, "correct": False,
+                   "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+        row["wall_s"] = round(time.perf_counter() - start, 2)
+        if "kernelwright" in row.get("train", {}):
+            row["correct"] = row["train"]["kernelwright"]["correct"]  # what summarise counts
+        rows.append(row)
+        t, tr = row.get("times", {}), row.get("train", {})
+        kw, cp = t.get("kernelwright"), t.get("compile")
+        line = (f"{('L' + str(row.get('level')) + ' ' + row['problem'])[:34]:34s} {t.get('eager', float('nan')):9.3f} "
+                f"{cp or float('nan'):10.3f} {kw or float('nan'):9.3f} {'yes' if row.get('correct') else 'NO':>3s} "
+                f"{(cp / kw) if kw and cp else float('nan'):10.2f} "
+                f"{tr.get('kernelwright', {}).get('first_s', float('nan')):10.1f}")
+        echo(line + (f"  ERROR {row['error'][:80]}" if row.get("error") else ""))
+        summary = summarise(rows, baseline_only=False)
+        if json_out:
+            Path(json_out).write_text(json.dumps({"rows": rows, "summary": summary, "train": True,
+                                                  "options": {"precision": policy.name, "steps": steps, "timed": timed},
+                                                  "torch": torch.__version__}, indent=2, default=str))
+    summary = summarise(rows, baseline_only=False)
+    for lvl, s in summary.items():
+        echo(f"{lvl}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items()))
+    return rows, summary

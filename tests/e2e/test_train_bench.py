@@ -1,0 +1,83 @@
+"""bench --train (kernelwright/bench/training.py) on the CPU: a problem trained under eager and
+under torch.compile with kernelwright's backend (Triton interpreter) from the same weights, each
+first step's loss and gradients checked against float64 eager, the loss curves compared."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelwright.bench.training import LR, loss_of, run_train_bench, train_problem
+from kernelwright.errors import UserError
+from kernelwright.policy import get_policy
+from kernelwright.problem import load_problem
+
+pytestmark = pytest.mark.interpreter
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEM = ROOT / "problems" / "level2" / "gemm_bias_relu.py"
+
+
+@pytest.fixture
+def fresh_dynamo(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _kernelwright(model):
+    from kernelwright.backend import backend
+
+    torch._dynamo.reset()
+    return torch.compile(model, backend=backend(budget_trials=1, device="cpu"), dynamic=False)
+
+
+def _off_by_a_percent(model):
+    return lambda *xs: model(*xs) * 1.01
+
+
+def test_training_under_the_backend_matches_float64_eager_and_follows_eagers_losses(fresh_dynamo, tmp_path):
+    problem = load_problem(PROBLEM, small=True)
+    rows, summary = run_train_bench([PROBLEM], get_policy("fp32"), {"eager": lambda m: m, "kernelwright": _kernelwright},
+                                    steps=4, timed=1, json_out=tmp_path / "train.json", echo=lambda s: None,
+                                    small=True, device="cpu")
+    (row,) = rows
+    assert row["problem"] == problem.name and "error" not in row, row
+    for name in ("eager", "kernelwright"):
+        r = row["train"][name]
+        assert r["correct"] and r["grad_excess"] <= get_policy("fp32").tol, (name, r)
+        assert r["loss_drift"] < 1e-4 and r["step_ms"] is None and r["first_s"] > 0  # no CUDA events on the CPU
+    assert row["train"]["eager"]["loss_drift"] == 0.0 and row["correct"]
+    assert json.loads((tmp_path / "train.json").read_text())["rows"][0]["train"]["kernelwright"]["correct"]
+    assert summary["level2"]["correct"] == 1.0 and row["wall_s"] > 0
+    # the backend optimised the forward and the backward graphs and verified both
+    results = [json.loads(p.read_text()) for p in (tmp_path / "kernelwright" / "compiled").glob("*/result.json")]
+    assert len(results) == 2 and all(r["verify"]["passed"] for r in results)
+
+
+def test_a_wrong_implementation_fails_its_first_step_check():
+    row = train_problem(load_problem(PROBLEM, small=True), get_policy("fp32"),
+                        {"eager": lambda m: m, "wrong": _off_by_a_percent}, steps=3, timed=1, device="cpu")
+    assert row["train"]["eager"]["correct"] and not row["train"]["wrong"]["correct"]
+    assert row["train"]["wrong"]["grad_excess"] > get_policy("fp32").tol and not row["correct"]
+    assert row["train"]["wrong"]["loss_drift"] > 0.01  # a 1% larger output: a 2% larger mean square
+
+
+def test_the_sgd_step_trains_the_copy_not_the_problems_model():
+    """Each implementation trains its own copy: the second starts from the first's initial weights."""
+    problem = load_problem(PROBLEM, small=True)
+    row = train_problem(problem, get_policy("fp32"), {"a": lambda m: m, "b": lambda m: m}, steps=3, timed=1,
+                        device="cpu")
+    assert row["train"]["a"]["last_loss"] == row["train"]["b"]["last_loss"]
+    assert row["train"]["b"]["loss_drift"] == 0.0 and LR > 0
+
+
+def test_loss_and_argument_errors_are_one_line_user_errors():
+    with pytest.raises(UserError, match="no floating tensor"):
+        loss_of(torch.tensor([1, 2]))
+    problem = load_problem(PROBLEM, small=True)
+    with pytest.raises(UserError, match="steps >= 2"):
+        train_problem(problem, get_policy("fp32"), {"eager": lambda m: m}, steps=1, timed=1, device="cpu")
+    with pytest.raises(UserError, match="autocast is not supported"):
+        train_problem(problem, get_policy("bf16"), {"eager": lambda m: m}, steps=3, timed=1, device="cpu")
