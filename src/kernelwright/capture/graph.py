@@ -105,6 +105,25 @@ def iter_refs(value: Any):
             yield from iter_refs(v)
 
 
+def renamed(value: Any, mapping: dict[str, str]) -> Any:
+    """`value` with every Ref to a name in `mapping` pointing at the mapped name instead."""
+    if isinstance(value, Ref):
+        return Ref(mapping.get(value.name, value.name))
+    if isinstance(value, (list, tuple)):
+        return type(value)(renamed(v, mapping) for v in value)
+    if isinstance(value, dict):
+        return {k: renamed(v, mapping) for k, v in value.items()}
+    return value
+
+
+def reading(node: "OpNode", mapping: dict[str, str]) -> "OpNode":
+    """`node` reading the values `mapping` names in place of the ones it read (itself if none)."""
+    if not mapping or not any(r.name in mapping for r in iter_refs((node.args, node.kwargs))):
+        return node
+    return OpNode(node.name, node.target, renamed(node.args, mapping), renamed(node.kwargs, mapping), node.outs,
+                  node.fx)
+
+
 @dataclass
 class Graph:
     name: str

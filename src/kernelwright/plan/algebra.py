@@ -38,7 +38,7 @@ from kernelwright.analyze.classify import is_view
 from kernelwright.analyze.cost import graph_cost
 from kernelwright.capture.execute import resolve, substitute
 from kernelwright.capture.export import tensor_meta
-from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, iter_refs
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, iter_refs, reading
 from kernelwright.capture.shapes import contiguous_strides
 from kernelwright.plan.dead_code import drop_unread
 
@@ -862,16 +862,6 @@ def _base(graph: Graph, nodes: dict[str, OpNode], name: str) -> str:
     return name
 
 
-def _replace(value, mapping: dict[str, str]):
-    if isinstance(value, Ref):
-        return Ref(mapping.get(value.name, value.name))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_replace(v, mapping) for v in value)
-    if isinstance(value, dict):
-        return {k: _replace(v, mapping) for k, v in value.items()}
-    return value
-
-
 def _splice(graph: Graph, old: OpNode, hit: _Hit) -> Graph:
     """`graph` with `old` replaced by `hit` (its nodes placed where `old` was), the nodes this
     leaves unread dropped. `old`'s name stays: it names the replacing node, or readers read the
@@ -898,8 +888,7 @@ def _splice(graph: Graph, old: OpNode, hit: _Hit) -> Graph:
         if n.name == old.name:
             nodes += new
             continue
-        nodes.append(n if not mapping else OpNode(n.name, n.target, _replace(n.args, mapping),
-                                                  _replace(n.kwargs, mapping), n.outs, n.fx))
+        nodes.append(reading(n, mapping))
     unread_before = {n.name for n in graph.nodes} - {i for n in graph.nodes for i in n.inputs} - kept
     out = Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported)
     among = {n.name for n in nodes} - unread_before

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernelwright.analyze.classify import is_view
-from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, reading
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides, refine_strides
 from kernelwright.ops import COMPOSITES, EVAL_BN, NORMS, POINTWISE, POOLS, REDUCTIONS, reduction_spec
 from kernelwright.plan.algebra import algebra as exact_algebra
@@ -61,16 +61,6 @@ def noop_source(graph: Graph, n: OpNode) -> str | None:
     return None
 
 
-def _replace(value, mapping: dict[str, str]):
-    if isinstance(value, Ref):
-        return Ref(mapping.get(value.name, value.name))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_replace(v, mapping) for v in value)
-    if isinstance(value, dict):
-        return {k: _replace(v, mapping) for k, v in value.items()}
-    return value
-
-
 def _with_nodes(graph: Graph, nodes: list[OpNode]) -> Graph:
     """`graph` with its node list replaced (same inputs, outputs and buffer updates)."""
     return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported)
@@ -84,7 +74,7 @@ def _forward_values(graph: Graph, find) -> tuple[Graph, list[str]]:
     mapping: dict[str, str] = {}
     nodes, notes = [], []
     for n in graph.nodes:
-        n = OpNode(n.name, n.target, _replace(n.args, mapping), _replace(n.kwargs, mapping), n.outs, n.fx)
+        n = reading(n, mapping)
         hit = find(n)
         if hit is not None and n.name not in keep:
             mapping[n.name] = hit[0]
@@ -841,7 +831,7 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
     for n in graph.nodes:
         nodes += new_nodes.get(n.name, [])
         if n.name not in mapping:
-            nodes.append(OpNode(n.name, n.target, _replace(n.args, mapping), _replace(n.kwargs, mapping), n.outs, n.fx))
+            nodes.append(reading(n, mapping))
     return _with_nodes(graph, drop_unread(graph, nodes)), notes
 
 
