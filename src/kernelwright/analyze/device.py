@@ -44,6 +44,7 @@ class DeviceSpec:
     smem_per_block: int  # bytes of shared memory one block may use (the opt-in maximum)
     source: str = "datasheet"  # "measured", "datasheet", "ceilings file PATH", "estimate"
     note: str = ""  # why this entry was chosen (e.g. "no CUDA GPU: showing NVIDIA H200")
+    regs_per_sm: int = 65536  # 32-bit registers per multiprocessor (64 Ki on sm_80 and sm_90)
 
     def peak_tflops(self, precision: str = "fp32", tensor_core_op: bool = True) -> float:
         """Peak for one op: tensor-core rates apply only to GEMM/conv (`tensor_core_op`)."""
@@ -74,7 +75,7 @@ H100_PCIE = DeviceSpec("NVIDIA H100 PCIe", 2000.0, 51.2, 378.0, 756.0, 114, 50 *
 A100_80 = DeviceSpec("NVIDIA A100 80GB", 2039.0, 19.5, 156.0, 312.0, 108, 40 * MiB, 163 * KiB)
 A100_40 = DeviceSpec("NVIDIA A100 40GB", 1555.0, 19.5, 156.0, 312.0, 108, 40 * MiB, 163 * KiB)
 CPU = DeviceSpec("generic CPU", 50.0, 1.0, 1.0, 1.0, 0, 32 * MiB, 0, source="estimate",
-                 note="rough desktop-class numbers; nothing is timed on a CPU")
+                 note="rough desktop-class numbers; nothing is timed on a CPU", regs_per_sm=0)
 
 DEVICES: dict[str, DeviceSpec] = {d.name: d for d in (H200, H100_SXM, H100_PCIE, A100_80, A100_40, CPU)}
 
@@ -181,14 +182,15 @@ def device_spec(name: str | None = None, ceilings: str | Path | dict | None = No
 
 
 def _gpu_properties(spec: DeviceSpec) -> dict:
-    """The current CUDA device's SM count and opt-in shared memory per block, as `DeviceSpec`
-    fields; `spec`'s values where a property cannot be read."""
+    """The current CUDA device's SM count, opt-in shared memory per block and registers per SM,
+    as `DeviceSpec` fields; `spec`'s values where a property cannot be read."""
     try:
         import torch
 
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return {"sms": int(props.multi_processor_count),
-                "smem_per_block": int(getattr(props, "shared_memory_per_block_optin", spec.smem_per_block))}
+                "smem_per_block": int(getattr(props, "shared_memory_per_block_optin", spec.smem_per_block)),
+                "regs_per_sm": int(getattr(props, "regs_per_multiprocessor", spec.regs_per_sm))}
     except Exception:  # noqa: BLE001 - a broken CUDA setup keeps the table's numbers
         return {}
 

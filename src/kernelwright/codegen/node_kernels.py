@@ -30,7 +30,11 @@ class NodeTemplate(Protocol):
 
     `spec` is the device the configs are for (a `DeviceSpec`; None: `device_spec()`, the GPU this
     process sees, or the H200's numbers without one); templates whose schedules do not depend on
-    the device ignore it."""
+    the device ignore it.
+
+    A template whose configs depend on the precision policy (tensor-core matvecs allowed under
+    tf32 / bf16 only) sets ``by_policy = True``: its ``space``, ``default`` and ``seeds`` then also
+    take ``policy=`` (the policy's name; see `policy_kwargs`)."""
 
     name: str
 
@@ -47,10 +51,19 @@ class NodeTemplate(Protocol):
         """The module text for `config`."""
 
 
-def seeds(template: NodeTemplate, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
-    """The configs a search times first: the template's ``seeds`` if it has them, else its default."""
+def policy_kwargs(template: NodeTemplate, policy: str | None) -> dict:
+    """``{"policy": policy}`` for a template whose configs depend on the precision policy
+    (``by_policy``), else nothing: the keyword arguments its space / default / seeds take."""
+    return {"policy": policy} if policy is not None and getattr(template, "by_policy", False) else {}
+
+
+def seeds(template: NodeTemplate, graph: Graph, node: OpNode, spec: DeviceSpec | None = None,
+          policy: str | None = None) -> list[Config]:
+    """The configs a search times first: the template's ``seeds`` if it has them, else its default
+    (`policy`: the precision policy's name, passed to templates that take it)."""
+    kw = policy_kwargs(template, policy)
     own = getattr(template, "seeds", None)
-    return own(graph, node, spec) if own is not None else [template.default(graph, node, spec)]
+    return own(graph, node, spec, **kw) if own is not None else [template.default(graph, node, spec, **kw)]
 
 
 def absorbed(template: NodeTemplate, graph: Graph, node: OpNode):
@@ -82,10 +95,11 @@ def templates() -> list[NodeTemplate]:
     from kernelwright.codegen.triton_depthwise import TEMPLATE as depthwise
     from kernelwright.codegen.triton_layout import TEMPLATE as layout_copy
     from kernelwright.codegen.triton_pool import TEMPLATE as pool
+    from kernelwright.codegen.triton_rnn import TEMPLATE as rnn
     from kernelwright.codegen.triton_scan import TEMPLATE as scan
 
     # a depthwise conv gets the direct kernel before the layout variant
-    return [pool, scan, depthwise, layout_copy, conv_layout]
+    return [pool, scan, depthwise, layout_copy, conv_layout, rnn]
 
 
 def template_for(graph: Graph, node: OpNode) -> tuple[NodeTemplate | None, str]:

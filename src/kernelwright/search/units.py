@@ -278,9 +278,10 @@ class NodeTuner(KernelTuner):
             super().__init__(graph, [node.name], node.inputs, outs, env, policy, device, cache_dir, timed)
         self.backend = template.name.split(".")[0]
         spec = device_spec()
-        self.space = template.space(graph, node, spec)
-        self.default = template.default(graph, node, spec)
-        self.seeds = node_kernels.seeds(template, graph, node, spec)
+        by_policy = node_kernels.policy_kwargs(template, policy.name)  # e.g. tensor-core matvecs under tf32 only
+        self.space = template.space(graph, node, spec, **by_policy)
+        self.default = template.default(graph, node, spec, **by_policy)
+        self.seeds = node_kernels.seeds(template, graph, node, spec, policy.name)
         meta = graph.meta(node.inputs[0]) if node.inputs else None
         self.features = {"log2_bytes": math.log2(max(1, meta.nbytes if meta else 1)), "kind": template.name}
         self.task = f"{node.target}/{'x'.join(map(str, meta.shape)) if meta else ''}"

@@ -1,0 +1,161 @@
+"""Schedule space of the persistent recurrent-layer kernel (codegen/triton_rnn.py).
+
+One launch runs a whole layer: D program groups (one per direction), each of P programs owning
+BLOCK_H hidden units (every gate of them), so P = ceil(H / BLOCK_H). The programs of a group meet
+at a grid-wide barrier after every time step, so all D * P programs must be resident at once:
+P * D is at most the device's SM count (`DeviceSpec.sms`; one program per SM, each free to use
+a whole SM's registers). Where co-residency cannot be shown (the Triton interpreter runs programs
+one after another, so a second program would wait forever for the first) P is 1.
+
+Axes:
+
+* ``BLOCK_H``: hidden units per program (hence P).
+* ``RESIDENT``: whether the program's slice of W_hh (G gates x BLOCK_H rows x H columns) is loaded
+  into registers once, before the time loop, or streamed from L2 in BLOCK_K-column chunks every
+  step. Resident slices must fit half the SM's register file (`DeviceSpec.regs_per_sm`) and at
+  most 128 registers per thread.
+* ``DOT``: the matrix-vector product h_{t-1} @ W_hh^T as broadcast multiply + sum in exact fp32
+  (``"fma"``; the only choice under the fp32 policy), or as ``tl.dot`` on tensor cores with tf32
+  or bf16 operands (``"tf32"`` / ``"bf16"``, under those policies; the batch is padded to 16 rows
+  and BLOCK_H is at least 16).
+* ``num_warps``.
+
+Derived from those (fixed per config): ``BLOCK_B`` batch rows per inner step and ``BLOCK_K``
+columns per chunk, so the product tile [BLOCK_B, BLOCK_H, BLOCK_K] holds at most 32 elements per
+thread on the fma path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernelwright.analyze.device import DeviceSpec, device_spec
+from kernelwright.space.axes import Axis, Space, pow2_range
+from kernelwright.space.config import Config
+
+NAME = "triton.rnn"
+FMA_TILE_PER_THREAD = 32  # product-tile elements per thread on the fma path
+RESIDENT_REGS_PER_THREAD = 128  # registers per thread a resident W_hh slice may take
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class RnnShape:
+    """What the schedule of one recurrent node depends on."""
+
+    hidden: int  # H
+    batch: int  # B
+    gates: int  # G: 4 (LSTM), 3 (GRU), 1 (tanh / relu RNN)
+    directions: int  # D: 1 or 2
+
+
+def programs(shape: RnnShape, block_h: int) -> int:
+    """P, the programs of one direction: ceil(H / BLOCK_H)."""
+    return -(-shape.hidden // block_h)
+
+
+def derived(shape: RnnShape, block_h: int, resident: bool, dot: str, num_warps: int) -> dict:
+    """BLOCK_B and BLOCK_K for the chosen axes (see the module docstring)."""
+    hp = next_pow2(shape.hidden)
+    bp = next_pow2(shape.batch)
+    threads = 32 * num_warps
+    if dot != "fma":
+        # tensor-core tiles: [BLOCK_B >= 16, BLOCK_K >= 16] x [BLOCK_K, BLOCK_H >= 16]
+        block_b = max(16, min(bp, 64))
+        block_k = hp if resident else max(16, min(hp, 64))
+        return {"BLOCK_B": block_b, "BLOCK_K": block_k}
+    block_k = hp if resident else min(hp, 32)
+    budget = FMA_TILE_PER_THREAD * threads
+    block_b = max(1, min(bp, budget // (block_h * block_k)))
+    return {"BLOCK_B": 1 << (block_b.bit_length() - 1), "BLOCK_K": block_k}
+
+
+def _fits(shape: RnnShape, spec: DeviceSpec, interpreter: bool):
+    hp = next_pow2(shape.hidden)
+
+    def ok(c: dict) -> bool:
+        p = programs(shape, c["BLOCK_H"])
+        if interpreter and p != 1:
+            return False
+        if not interpreter and (spec.sms <= 0 or p * shape.directions > spec.sms):
+            return False
+        if c["BLOCK_H"] > hp or (p > 1 and (p - 1) * c["BLOCK_H"] >= shape.hidden):
+            return False
+        threads = 32 * c["num_warps"]
+        if c["DOT"] != "fma" and (c["BLOCK_H"] < 16 or hp < 16):
+            return False
+        if c["RESIDENT"]:
+            elems = shape.gates * c["BLOCK_H"] * hp
+            if elems > spec.regs_per_sm // 2 or elems // threads > RESIDENT_REGS_PER_THREAD:
+                return False
+            if c["DOT"] == "fma" and c["BLOCK_H"] * hp > FMA_TILE_PER_THREAD * threads * 4:
+                return False  # one batch row's product tile [BLOCK_H, H] must stay small
+        d = derived(shape, c["BLOCK_H"], c["RESIDENT"], c["DOT"], c["num_warps"])
+        if c["DOT"] == "fma" and d["BLOCK_B"] * c["BLOCK_H"] * d["BLOCK_K"] < threads // 2 and c["num_warps"] > 1:
+            return False  # a tile too small for the warps
+        return True
+
+    return ok
+
+
+def dot_modes(precision: str) -> list[str]:
+    """The matvec implementations a policy allows: exact fp32 only under fp32."""
+    if precision == "tf32":
+        return ["fma", "tf32"]
+    if precision == "bf16":
+        return ["fma", "bf16"]
+    return ["fma"]
+
+
+def rnn_space(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
+              interpreter: bool = False) -> list[Config]:
+    """Every admissible config for `shape` on `spec` (default `device_spec()`); `interpreter`:
+    the Triton interpreter runs the kernel, so P = 1."""
+    spec = spec or device_spec()
+    hp = next_pow2(shape.hidden)
+    space = Space(NAME, [Axis("DOT", dot_modes(precision)), Axis("RESIDENT", [False, True]),
+                         Axis("BLOCK_H", pow2_range(1, hp)), Axis("num_warps", [1, 2, 4, 8])],
+                  [_fits(shape, spec, interpreter)])
+    return [c.replace(**derived(shape, c["BLOCK_H"], c["RESIDENT"], c["DOT"], c["num_warps"]))
+            for c in space.configs()]
+
+
+def rnn_default(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
+                interpreter: bool = False) -> Config:
+    """The heuristic choice: tensor cores where the policy allows them; the smallest BLOCK_H
+    (most programs, the most SMs streaming W_hh) that keeps D * P within the SM count, W_hh
+    register-resident when it fits, 4 warps (8 for a resident slice of more than 64 registers per
+    thread at 4). In the interpreter: one program per direction holding the whole hidden state."""
+    configs = rnn_space(shape, spec=spec, precision=precision, interpreter=interpreter)
+    if not configs:
+        raise ValueError(f"no persistent-RNN config fits {shape} on {(spec or device_spec()).name}")
+    dot = dot_modes(precision)[-1]
+
+    def rank(c: Config):
+        warps = 4
+        if c["RESIDENT"] and shape.gates * c["BLOCK_H"] * next_pow2(shape.hidden) // (32 * 4) > 64:
+            warps = 8
+        return (c["DOT"] != dot, c["BLOCK_H"], not c["RESIDENT"], c["num_warps"] != warps, c["num_warps"])
+
+    return min(configs, key=rank)
+
+
+def rnn_seeds(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
+              interpreter: bool = False, count: int = 4) -> list[Config]:
+    """The default first, then the best-ranked configs of the other matvec / residency choices
+    and one BLOCK_H twice as wide (fewer programs, shorter barriers)."""
+    configs = rnn_space(shape, spec=spec, precision=precision, interpreter=interpreter)
+    first = rnn_default(shape, spec=spec, precision=precision, interpreter=interpreter)
+    out = [first]
+    for want in ({"RESIDENT": not first["RESIDENT"]}, {"DOT": "fma"}, {"BLOCK_H": first["BLOCK_H"] * 2}):
+        pick = [c for c in configs if all(c[k] == v for k, v in want.items())
+                and c["BLOCK_H"] >= first["BLOCK_H"] and c not in out]
+        if pick:
+            out.append(min(pick, key=lambda c: (c["BLOCK_H"], c["num_warps"] != first["num_warps"])))
+    return out[:count]
+
+
+__all__ = ["NAME", "RnnShape", "derived", "dot_modes", "next_pow2", "programs", "rnn_default", "rnn_seeds",
+           "rnn_space"]
