@@ -111,6 +111,9 @@ NO_REWRITES_HELP = ("Leave out the exact algebra rules (plan/algebra.py: reducti
                     "convolutions, over size-1 dims, through affine ops), which change what is computed.")
 RETUNE_HELP = ("Search every unit again; without it a unit this device measured before (same precision and "
                "kernelwright version, in the trial database) runs its fastest stored config alone, verified and timed.")
+NCU_HELP = ("Profile the emitted module's generated kernels with Nsight Compute (ncu on PATH, --clock-control "
+            "none): achieved occupancy, DRAM throughput, shared-memory bank conflicts, duration per unit, in "
+            "result.json and the reports; without ncu or a GPU the reports say so.")
 NO_LIBRARY_HELP = ("Every unit with a generated strategy uses it, even where the library call is faster "
                    "(report.md lists the units left to a library).")
 
@@ -284,7 +287,8 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
                                                "verification, times, speedups, the output folder."),
              single_file: bool = typer.Option(False, "--single-file",
                                               help="Write model_new.py with the kernels and their runtime embedded "
-                                                   "(no kernels/ folder).")):
+                                                   "(no kernels/ folder)."),
+             ncu: bool = typer.Option(False, "--ncu", help=NCU_HELP)):
     """Generate, verify, time and choose kernels; write a drop-in ModelNew and a report."""
     from kernelwright.policy import get_policy
 
@@ -312,6 +316,8 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
 
     def run(folder: Path) -> dict:
         result = optimize_problem(p, folder, opts)
+        if ncu:
+            _ncu_profile(folder, result)
         if single_file:
             from kernelwright.emit.module import single_file as fold
 
@@ -349,6 +355,19 @@ def _progress(quiet: bool):
         status.update(f"{done[0]} done; searching the next unit (last: {line[:70]})")
 
     return log, status
+
+
+def _ncu_profile(folder: Path, result: dict) -> None:
+    """Nsight Compute counters of the module in `folder` into `result`, result.json and report.md;
+    when there are none (no ncu, no GPU, counters not permitted), one line on stderr says why."""
+    from kernelwright.emit.report import write_report
+    from kernelwright.measure.ncu import attach, profile_output, summary_line
+
+    attach(result, profile_output(folder, result))
+    (folder / "result.json").write_text(json.dumps(result, indent=2, default=str))
+    write_report(folder, result)
+    if result["ncu"].get("status") != "ok":
+        typer.echo(f"kernelwright: {summary_line(result)}", err=True)
 
 
 def _html_report(folder: Path, result: dict, db: Optional[Path]) -> None:
@@ -468,13 +487,19 @@ RESULT_KEYS = ("problem", "precision", "device")  # what every result.json names
 @app.command()
 def report(folder: str = typer.Argument(..., help="An optimize output folder"),
            db: Optional[Path] = typer.Option(None, "--db", help="Trial database for the search curves of report.html "
-                                             "(default $KERNELWRIGHT_DB, else ~/.cache/kernelwright/trials.jsonl)")):
+                                             "(default $KERNELWRIGHT_DB, else ~/.cache/kernelwright/trials.jsonl)"),
+           ncu: bool = typer.Option(False, "--ncu", help=NCU_HELP)):
     """Print (and rewrite) report.md from result.json, and write report.html beside it."""
     from kernelwright.emit.report import write_report
     from kernelwright.emit.report_html import write_html_report
     from kernelwright.search.database import default_db_path
 
     result = _read_result(folder)
+    if ncu:
+        try:
+            _ncu_profile(Path(folder), result)
+        except OSError as e:
+            raise UserError(f"{Path(folder) / 'result.json'}: cannot write ({e.strerror})") from e
     for name, write in (("report.md", lambda: write_report(Path(folder), result)),
                         ("report.html", lambda: write_html_report(Path(folder), result, default_db_path(db)))):
         try:

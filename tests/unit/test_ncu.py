@@ -132,3 +132,48 @@ def test_a_failing_ncu_gives_its_reason(monkeypatch, tmp_path):
     fake.write_text("#!/bin/sh\ncat <<'EOF'\n" + SAMPLE + "EOF\n")
     got = ncu.profile_output(tmp_path, {"device": "cuda:0", "mode": "any", "groups": [dict(GROUPS[0])]})
     assert got["status"] == "ok" and set(got["units"]) == {"g0"} and got["launches"] == 12
+
+
+def _fake_ncu(folder, script: str):
+    """An `ncu` executable in `folder` that runs `script` (sh) instead of profiling."""
+    folder.mkdir(exist_ok=True)
+    fake = folder / "ncu"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    return folder
+
+
+def test_report_ncu_stores_the_counters_and_shows_them(run, tmp_path, monkeypatch):
+    """`report --ncu` on a recorded GPU run: the counters land in result.json, report.md's
+    Nsight Compute table and report.html's units table."""
+    from html_page import Page  # tests/html_page.py
+
+    from test_report_html import gpu_run
+
+    folder = gpu_run(tmp_path)
+    bin_dir = _fake_ncu(tmp_path / "bin", "cat <<'EOF'\n" + SAMPLE + "EOF\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    p = run("report", folder, "--ncu")
+    assert p.returncode == 0, p.stderr
+    result = json.loads((folder / "result.json").read_text())
+    g0 = result["groups"][0]["ncu"]
+    assert g0["occupancy_pct"] == pytest.approx(91.3, abs=0.05) and g0["kernels"]["g0_kernel"]["launches_per_call"] == 1
+    assert result["modes"]["any"]["groups"][0]["ncu"] == g0 and result["ncu"]["status"] == "ok"
+    md = (folder / "report.md").read_text()
+    assert "## Nsight Compute counters" in md and "| g0 | `g0_kernel` | 12.50 | 91% | 88% | 0 | 0 |" in md
+    page = Page((folder / "report.html").read_text())
+    assert "ncu us occupancy DRAM bank conflicts ld / st" in page.text
+    assert "12.50 91% 88% 0 / 0" in page.text and "Nsight Compute: 1 unit profiled" in page.text
+
+
+def test_without_ncu_the_run_says_so_and_succeeds(run, tmp_path, monkeypatch):
+    from test_report_html import gpu_run
+
+    folder = gpu_run(tmp_path)
+    monkeypatch.setenv("PATH", str(_fake_ncu(tmp_path / "empty", "exit 1\n").parent))  # no ncu on it
+    p = run("report", folder, "--ncu")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.splitlines()[0] == "kernelwright: Nsight Compute: Nsight Compute (ncu) is not on PATH: no kernel counters"
+    assert "Nsight Compute (ncu) is not on PATH" in (folder / "report.md").read_text()
+    assert "Nsight Compute (ncu) is not on PATH" in (folder / "report.html").read_text()
+    assert json.loads((folder / "result.json").read_text())["ncu"]["status"].startswith("Nsight Compute (ncu)")

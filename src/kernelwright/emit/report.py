@@ -99,6 +99,35 @@ def rewrite_lines(result: dict) -> list[str]:
     return ["", "## Rewrites (exact, then the precision policy's)", ""] + lines
 
 
+def _num(v, fmt: str = "{:.1f}") -> str:
+    return fmt.format(v) if isinstance(v, (int, float)) else "-"
+
+
+def ncu_lines(result: dict) -> list[str]:
+    """The Nsight Compute section (`--ncu`): per profiled unit its kernels' duration, achieved
+    occupancy, DRAM throughput and shared-memory bank conflicts per call, or the line saying why
+    there are none; nothing when --ncu was not asked for."""
+    from kernelwright.measure.ncu import summary_line
+
+    line = summary_line(result)
+    if line is None:
+        return []
+    lines = ["", "## Nsight Compute counters", "", line]
+    rows = [g for g in result.get("groups", []) if g.get("ncu")]
+    if rows:
+        lines += ["", "| unit | kernels | us per call | achieved occupancy | DRAM throughput | bank conflicts ld | "
+                  "bank conflicts st |", "|---|---|---:|---:|---:|---:|---:|"]
+        for g in rows:
+            n = g["ncu"]
+            lines.append(f"| {g['id']} | {', '.join(f'`{k}`' for k in n.get('kernels') or {})} | "
+                         f"{_num(n.get('duration_us'), '{:.2f}')} | {_num(n.get('occupancy_pct'), '{:.0f}%')} | "
+                         f"{_num(n.get('dram_pct'), '{:.0f}%')} | {_num(n.get('bank_conflicts_ld'), '{:.0f}')} | "
+                         f"{_num(n.get('bank_conflicts_st'), '{:.0f}')} |")
+        lines += ["", "(occupancy: active warps as % of the peak sustained while the SMs are active; DRAM: % of "
+                  "the peak sustained over the kernel's time; bank conflicts summed per call.)"]
+    return lines
+
+
 def render_report(result: dict) -> str:
     from kernelwright.analyze import device_spec
 
@@ -186,6 +215,7 @@ def render_report(result: dict) -> str:
             lines.append(f"|  | | {g['note']} | | | | | | | | | | | |")
     if result.get("groups"):
         lines += ["", library_units(result["groups"])]
+    lines += ncu_lines(result)
     choices = [(g["id"], g["choices"]) for g in result.get("groups", []) if g.get("choices")]
     if choices:
         lines += ["", "## Choices per unit (every implementation, timed alike)", ""]

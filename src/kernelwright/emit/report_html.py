@@ -5,7 +5,8 @@ speedups, verification, trials and tuning time, coverage), then per training mod
 times, a roofline against the device's ceilings (`analyze.device`), each unit's times (the library
 call, every template's best, the chosen one), the best-so-far curve of each unit's search (from
 the trial database, when it holds the unit's trials), a table of the units (strategy, config,
-time, GB/s and TFLOP/s against the ceilings, registers, shared memory, spills) and the generated
+time, GB/s and TFLOP/s against the ceilings, registers, shared memory, spills; with `--ncu` the
+Nsight Compute counters of measure/ncu.py) and the generated
 kernels' source, highlighted with pygments. Charts are inline SVG (`emit/report_charts.py`), the
 style sheet is inline, nothing is fetched. Without times (no CUDA GPU, or a verify-only run) the
 page says that nothing was timed and draws no chart.
@@ -310,6 +311,7 @@ def _curves(rec: dict, trials: Trials) -> str:
 
 def _units_table(rec: dict, spec, precision: str) -> str:
     rows = []
+    profiled = any(g.get("ncu") for g in rec.get("groups") or [])
     for g in rec.get("groups") or []:
         r = g.get("resources") or {}
         cfg = ", ".join(f"{k}={v}" for k, v in (g.get("config") or {}).items()) or "-"
@@ -324,11 +326,43 @@ def _units_table(rec: dict, spec, precision: str) -> str:
                      f"{tflops:.2f}" if tflops else "-", _pct(tflops, peak),
                      _esc(r.get("registers", "-")), _esc(r.get("shared_bytes", "-")), _esc(r.get("spills", "-")),
                      f"{g.get('trials', 0)} ({g.get('failed', 0)} failed)", _esc(g.get("note") or "")])
+        if profiled:
+            rows[-1][-2:-2] = _ncu_cells(g.get("ncu") or {})
     if not rows:
         return "<p>No units: the captured graph left nothing to generate.</p>"
     header = ["unit", "kind", "ops", "strategy", "implementation", "config", "ms", "library ms", "GB/s", "% bw",
               "TFLOP/s", "% peak", "registers", "shared bytes", "spills", "trials", "note"]
-    return _table(header, rows, numeric={6, 7, 8, 9, 10, 11, 12, 13, 14})
+    numeric = set(range(6, 15))
+    if profiled:
+        header[-2:-2] = NCU_COLUMNS
+        numeric |= set(range(15, 15 + len(NCU_COLUMNS)))
+    return _table(header, rows, numeric=numeric)
+
+
+NCU_COLUMNS = ["ncu us", "occupancy", "DRAM", "bank conflicts ld / st"]  # with --ncu (measure/ncu.py)
+
+
+def _ncu_cells(n: dict) -> list[str]:
+    """A unit's Nsight Compute counters as table cells: duration per call, achieved occupancy, DRAM
+    throughput, shared-memory bank conflicts of loads / stores per call."""
+    def num(v, fmt):
+        return fmt.format(v) if isinstance(v, (int, float)) else "-"
+
+    return [num(n.get("duration_us"), "{:.2f}"), num(n.get("occupancy_pct"), "{:.0f}%"), num(n.get("dram_pct"), "{:.0f}%"),
+            f"{num(n.get('bank_conflicts_ld'), '{:.0f}')} / {num(n.get('bank_conflicts_st'), '{:.0f}')}"]
+
+
+def _ncu_note(result: dict, name: str) -> str:
+    """The Nsight Compute line under the mode's units table: what was profiled, or why nothing was."""
+    from kernelwright.measure.ncu import summary_line
+
+    line = summary_line(result)
+    if line is None:
+        return ""
+    mode = (result.get("ncu") or {}).get("mode")
+    if mode and mode != name and (result.get("ncu") or {}).get("status") == "ok":
+        line = f"Nsight Compute: profiled in {mode} mode only"
+    return f"<p class='note'>{_esc(line)}</p>"
 
 
 def _mode_section(name: str, rec: dict, result: dict, spec, trials: Trials, several: bool) -> str:
@@ -344,7 +378,7 @@ def _mode_section(name: str, rec: dict, result: dict, spec, trials: Trials, seve
                   "<h3>Search</h3>", _curves(rec, trials)]
     else:
         parts.append(_not_timed(result))
-    parts += ["<h3>Per unit</h3>", _units_table(rec, spec, result.get("precision", "fp32"))]
+    parts += ["<h3>Per unit</h3>", _units_table(rec, spec, result.get("precision", "fp32")), _ncu_note(result, name)]
     return "\n".join(parts)
 
 
