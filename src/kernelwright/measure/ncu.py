@@ -189,37 +189,44 @@ def per_unit(launches: list[dict], units_of: dict[str, list[str]], calls: int = 
 
 
 RUNNER = r'''
-"""Runs an emitted model_new.py's forward for ncu: warm-up calls, then profiled calls."""
+"""Runs an emitted model_new.py's forward for ncu: warm-up calls, then profiled calls.
+argv: model_new.py, mode (train | eval | any), precision, warm-up calls, profiled calls, status file, device."""
 import importlib.util, json, sys, warnings
 import torch
 
-path, mode, precision, warmup, calls, status = sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:6]), sys.argv[6]
-tf32 = precision == "tf32"
-torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+path, mode, precision, status, device = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[6], sys.argv[7]
+warmup, calls = int(sys.argv[4]), int(sys.argv[5])
+gpu = device.startswith("cuda")
+torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = precision == "tf32"
 spec = importlib.util.spec_from_file_location("kw_model_new_ncu", path)
 mod = importlib.util.module_from_spec(spec)
 sys.modules["kw_model_new_ncu"] = mod
 spec.loader.exec_module(mod)
 torch.manual_seed(0)
-with torch.device("cuda"):
+with torch.device(device):
     model = mod.ModelNew(*mod.get_init_inputs())
-model = model.cuda().train(mode == "train")
-model._kw_cuda_graphs = False
+model = model.to(device)
+if mode != "any":
+    model.train(mode == "train")
+model._kw_cuda_graphs = False  # the same kernels, each launch profiled on its own
 torch.manual_seed(1)
-with torch.device("cuda"):
-    inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in mod.get_inputs()]
+with torch.device(device):
+    inputs = [x.to(device) if isinstance(x, torch.Tensor) else x for x in mod.get_inputs()]
 with warnings.catch_warnings(record=True) as caught, torch.no_grad():
     warnings.simplefilter("always")
     for _ in range(warmup):
         model(*inputs)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.start()
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
     for _ in range(calls):
         model(*inputs)
-    torch.cuda.synchronize()
-    torch.cuda.profiler.stop()
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
 with open(status, "w") as f:
-    json.dump({"ok": True, "warnings": sorted({str(w.message).splitlines()[0] for w in caught})}, f)
+    json.dump({"ok": True, "calls": warmup + calls,
+               "warnings": sorted({str(w.message).splitlines()[0] for w in caught})}, f)
 '''
 
 
@@ -264,7 +271,7 @@ def profile_output(folder: str | Path, result: dict, timeout_s: float = TIMEOUT_
                "--metrics", ",".join(METRICS.values()), "--profile-from-start", "off",
                "--kernel-name", f"regex:^({names})$", "--launch-count", str(CALLS * max(64, 8 * len(units_of))),
                sys.executable, str(runner), str(folder / "model_new.py"), mode, str(result.get("precision", "fp32")),
-               str(WARMUP), str(CALLS), str(status)]
+               str(WARMUP), str(CALLS), str(status), "cuda"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
                                   env=env)
@@ -314,5 +321,8 @@ def summary_line(result: dict) -> str | None:
     if info.get("status") != "ok":
         return f"Nsight Compute: {info.get('status')}"
     n = sum(1 for g in result.get("groups") or [] if g.get("ncu"))
-    return (f"Nsight Compute: {n} unit{'s' * (n != 1)} profiled ({info.get('launches')} launches over "
+    line = (f"Nsight Compute: {n} unit{'s' * (n != 1)} profiled ({info.get('launches')} launches over "
             f"{info.get('calls')} calls in {info.get('mode')} mode, --clock-control none)")
+    if info.get("warnings"):  # the call guard ran the original forward: those kernels are not the generated ones
+        line += "; the profiled calls warned: " + "; ".join(info["warnings"])
+    return line
