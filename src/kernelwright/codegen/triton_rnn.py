@@ -99,13 +99,13 @@ class _Rnn:
             return f"input dtype {self.xmeta.dtype} (only float32 is supported)"
         if min(self.T, self.B, self.I, self.H) < 1:
             return "empty sequence, batch or feature dim"
+        want = self.param_shapes()
+        if len(self.params) != len(want):
+            return f"{len(self.params)} weights, expected {len(want)} (LSTM projections are not supported)"
         for s in self.states:
             m = graph.meta(s)
             if m is None or tuple(m.shape) != self.state_shape or m.dtype != "float32":
                 return f"initial state {s} is not float32{list(self.state_shape)}"
-        want = self.param_shapes()
-        if len(self.params) != len(want):
-            return f"{len(self.params)} weights, expected {len(want)} (LSTM projections are not supported)"
         for name, shape in zip(self.params, want):
             m = graph.meta(name)
             if m is None or tuple(m.shape) != shape or m.dtype != "float32":

@@ -22,7 +22,8 @@ Axes:
 
 Derived from those (fixed per config): ``BLOCK_B`` batch rows per inner step and ``BLOCK_K``
 columns per chunk, so the product tile [BLOCK_B, BLOCK_H, BLOCK_K] holds at most 32 elements per
-thread on the fma path.
+thread on the fma path; configs whose gate accumulators would take more than 64 registers per
+thread are left out (they spill, and took a minute each to compile for sm_90).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from kernelwright.space.config import Config
 NAME = "triton.rnn"
 FMA_TILE_PER_THREAD = 32  # product-tile elements per thread on the fma path
 RESIDENT_REGS_PER_THREAD = 128  # registers per thread a resident W_hh slice may take
+ACCUMULATORS_PER_THREAD = 64  # gate accumulators ([BLOCK_B, BLOCK_H] per gate) per thread
 
 
 def next_pow2(n: int) -> int:
@@ -93,8 +95,14 @@ def _fits(shape: RnnShape, spec: DeviceSpec, interpreter: bool):
             if c["DOT"] == "fma" and c["BLOCK_H"] * hp > FMA_TILE_PER_THREAD * threads * 4:
                 return False  # one batch row's product tile [BLOCK_H, H] must stay small
         d = derived(shape, c["BLOCK_H"], c["RESIDENT"], c["DOT"], c["num_warps"])
-        if c["DOT"] == "fma" and d["BLOCK_B"] * c["BLOCK_H"] * d["BLOCK_K"] < threads // 2 and c["num_warps"] > 1:
-            return False  # a tile too small for the warps
+        if shape.gates * d["BLOCK_B"] * c["BLOCK_H"] > ACCUMULATORS_PER_THREAD * threads:
+            return False  # the gates' accumulators would spill
+        if c["DOT"] == "fma":
+            tile = d["BLOCK_B"] * c["BLOCK_H"] * d["BLOCK_K"]
+            if tile > FMA_TILE_PER_THREAD * threads:
+                return False
+            if tile < threads // 2 and c["num_warps"] > 1:
+                return False  # a tile too small for the warps
         return True
 
     return ok
