@@ -312,7 +312,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
                    db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
                    mode=mode, timed=not verify_only, no_library=no_library, no_rewrites=no_rewrites, retune=retune,
                    log=(lambda s: None))
-    opts.log, status = _progress(quiet)
+    opts.log, opts.progress, status = _progress(quiet)
 
     def run(folder: Path) -> dict:
         result = optimize_problem(p, folder, opts)
@@ -334,18 +334,20 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     _verdict(result, out_dir)
 
 
-def _progress(quiet: bool):
-    """(log, context) for optimize's progress: nothing with --quiet; one line per searched unit on
-    stderr; on a terminal also a live status line below them (units done, the last one's result)."""
+def _progress(quiet: bool, console=None):
+    """(log, trial, context) for optimize's progress: nothing with --quiet; one line per searched
+    unit on stderr; on a terminal (or on `console`, a rich Console) also a live status line below
+    them: units done, the current unit's trials against its budget and its best time so far (`trial`
+    takes a search.plan_search.TrialProgress after every trial; None off a terminal)."""
     from contextlib import nullcontext
 
     if quiet:
-        return (lambda s: None), nullcontext()
-    if not sys.stderr.isatty():
-        return (lambda s: typer.echo(s, err=True)), nullcontext()
+        return (lambda s: None), None, nullcontext()
+    if console is None and not sys.stderr.isatty():
+        return (lambda s: typer.echo(s, err=True)), None, nullcontext()
     from rich.console import Console
 
-    console = Console(stderr=True)
+    console = console or Console(stderr=True)
     status = console.status("capturing and planning")
     done = [0]
 
@@ -354,7 +356,12 @@ def _progress(quiet: bool):
         console.print(line, markup=False, highlight=False)
         status.update(f"{done[0]} done; searching the next unit (last: {line[:70]})")
 
-    return log, status
+    def trial(p) -> None:
+        budget = f"/{p.budget}" if p.budget else ""
+        best = f", best {p.best_ms:.3f} ms" if p.best_ms is not None else ""
+        status.update(f"{done[0]} done; {p.unit}: trial {p.done}{budget}{best}")
+
+    return log, trial, status
 
 
 def _ncu_profile(folder: Path, result: dict) -> None:

@@ -36,7 +36,7 @@ from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
-from kernelwright.search.plan_search import tune_plan
+from kernelwright.search.plan_search import TrialProgress, tune_plan
 
 __all__ = ["Options", "optimize_problem", "baseline_output_dtypes"]
 
@@ -60,6 +60,9 @@ class Options:
     no_rewrites: bool = False  # leave out the exact algebra rules of plan/algebra.py (they change what is computed)
     retune: bool = False  # search units the trial database measured before here (else their stored best runs alone)
     log: Callable[[str], None] = print
+    # called after every tuning trial with the unit's search.plan_search.TrialProgress (trials done, its
+    # budget, the best time so far): the command line's live status line; None: nothing is reported
+    progress: Callable[[TrialProgress], None] | None = None
 
     def mode_share(self, i: int, n: int) -> Options:
         """The options of the i-th of n training modes: the problem's budget split between them."""

@@ -544,12 +544,13 @@ def test_bench_no_library_reaches_each_problems_options(run, tmp_path, monkeypat
 def test_progress_on_a_terminal_draws_a_status_line(monkeypatch, capsys):
     """On a terminal each progress line is printed and a live status line counts them; off one,
     plain lines; with --quiet nothing."""
-    log, ctx = cli._progress(True)
+    log, trial, ctx = cli._progress(True)
+    assert trial is None
     with ctx:
         log("unit g0 done")
     assert "unit g0 done" not in capsys.readouterr().err
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
-    log, ctx = cli._progress(False)
+    log, trial, ctx = cli._progress(False)
     with ctx:
         log("g0 [pointwise] relu: triton 0.010 ms")
     assert "g0 [pointwise] relu: triton 0.010 ms" in capsys.readouterr().err

@@ -100,6 +100,33 @@ class Tuned:
         return iter((self.summary, self.kernels, self.sources, self.support))
 
 
+class TrialProgress(NamedTuple):
+    """Where one unit's search stands, after each of its trials: `done` trials (results served
+    from the candidate cache count) of its `budget` (None: a time budget only), the fastest
+    verified time so far (None before one)."""
+
+    unit: str
+    done: int
+    budget: int | None
+    best_ms: float | None
+
+
+def trial_counter(unit: str, budget: int | None, report: Callable[[TrialProgress], None] | None):
+    """`tune`'s `on_result` callback for one unit: counts its trials across every tuner it runs
+    and calls `report` with a TrialProgress after each; None when there is no `report`."""
+    if report is None:
+        return None
+    state = {"done": 0, "best": None}
+
+    def on_result(r: RunResult) -> None:
+        state["done"] += 1
+        if r.ok and r.time_ms is not None and (state["best"] is None or r.time_ms < state["best"]):
+            state["best"] = r.time_ms
+        report(TrialProgress(unit, state["done"], budget, state["best"]))
+
+    return on_result
+
+
 @dataclass
 class _Job:
     """What every unit's search shares."""
@@ -122,6 +149,7 @@ class _Job:
     # group, a residual add, make two pairs: the second must not fuse a unit the first already did)
     fused_into: dict = field(default_factory=dict)
     reuse: bool = False  # a unit measured before here runs its stored best config alone (search_unit)
+    progress: Callable[[TrialProgress], None] | None = None  # called after every trial (Options.progress)
 
     def common(self, row: UnitResult, tuner: KernelTuner) -> dict:
         task = dict(db=self.db, task_key=f"{self.problem.name}/{row.id}/{tuner.task}", task_features=tuner.features,
@@ -133,7 +161,8 @@ class _Job:
 
 def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts, record: dict) -> Tuned:
     """Search every unit of `plan`, then every pair; `opts` gives budget_trials, budget_s, backend
-    ("all" | "triton" | "cuda"), db_path and log. record["groups"] gets one UnitResult row each."""
+    ("all" | "triton" | "cuda"), db_path, log and progress (called with a TrialProgress after every
+    trial). record["groups"] gets one UnitResult row each."""
     graph = plan.graph
     model, inputs = problem.make_model(device), problem.make_inputs(0, device)
     with torch.no_grad(), policy.active():
@@ -141,7 +170,8 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
         env = run_graph(graph, model, inputs, keep={v for u in plan.units for v in u.outputs} | set(graph.mutations))
     job = _Job(problem, graph, env, policy, device, timed, cache_dir, opts.backend,
                TrialDB(default_db_path(opts.db_path), priors=packaged_priors()), opts.log, [], Tuned(), device_spec(),
-               bool(getattr(opts, "no_library", False)), reuse=not getattr(opts, "retune", True))
+               bool(getattr(opts, "no_library", False)), reuse=not getattr(opts, "retune", True),
+               progress=getattr(opts, "progress", None))
     templates = {u.node: template_for(graph, graph.node(u.node))[0] for u in plan.units if u.group is None}
     units = [u for u in plan.units if u.group is not None or templates[u.node] is not None or _conv(graph, u.node)]
     trials, seconds, once = _budgets(graph, units, templates, opts)
@@ -266,6 +296,7 @@ def _timed_choice(job: _Job, row: UnitResult, tuners: list, more: list, trials, 
     found, every = [], []  # (result, tuner) of the verified candidates; every result
     share = None if trials is None else max(least, round(trials) // len(tuners))
     common = job.common(row, tuners[0])  # (the first tuner's task names the unit's records)
+    common["on_result"] = trial_counter(row.id, None if trials is None else round(trials), job.progress)
     for t in tuners:
         results = search_unit(t, share, None if seconds is None else seconds / len(tuners),
                               {**common, "task_key": f"{common['task_key']}/{t.backend}", "task_features": t.features})
@@ -293,6 +324,9 @@ def _untimed_choice(job: _Job, row: UnitResult, tuner: KernelTuner):
     cfg = untimed_choice(tuner, job.db, job.policy)
     res = tuner.run([cfg])
     row.trials = 1
+    count = trial_counter(row.id, 1, job.progress)
+    for r in res if count is not None else ():
+        count(r)
     row.choices = _choices(res, None)
     if res and res[0].excess is not None:
         row.strategy, row.config, row.excess = "triton", cfg.as_dict(), res[0].excess
@@ -369,7 +403,8 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
         row.note = "untimed: the library node + epilogue kernel is kept"
         return
     if job.timed:
-        results = search_unit(tuner, per_trials, per_s, job.common(row, tuner))
+        results = search_unit(tuner, per_trials, per_s, {**job.common(row, tuner),
+                                                         "on_result": trial_counter(row.id, per_trials, job.progress)})
         ok = [r for r in results if r.ok]
     else:  # no_library without a GPU: the first config, verified
         results = tuner.run([untimed_choice(tuner, job.db, job.policy)])
