@@ -128,7 +128,9 @@ def test_a_failing_ncu_gives_its_reason(monkeypatch, tmp_path):
     fake.chmod(0o755)
     monkeypatch.setattr(ncu, "ncu_path", lambda: str(fake))
     got = ncu.profile_output(tmp_path, {"device": "cuda:0", "groups": [dict(GROUPS[0])]})
-    assert "ERR_NVGPUCTRPERM" in got["status"]
+    assert "ERR_NVGPUCTRPERM" in got["status"] and got["log"] == "ncu.log"
+    assert "ERR_NVGPUCTRPERM" in (tmp_path / "ncu.log").read_text()  # what ncu printed is kept beside result.json
+    assert ncu.summary_line({"ncu": got}).endswith("(ncu's output: ncu.log)")
     fake.write_text("#!/bin/sh\ncat <<'EOF'\n" + SAMPLE + "EOF\n")
     got = ncu.profile_output(tmp_path, {"device": "cuda:0", "mode": "any", "groups": [dict(GROUPS[0])]})
     assert got["status"] == "ok" and set(got["units"]) == {"g0"} and got["launches"] == 12

@@ -43,6 +43,7 @@ METRICS = {
 GENERATED = ("triton", "cuda")  # the strategies of units that ship a generated kernel
 WARMUP, CALLS = 3, 3
 TIMEOUT_S = 300
+LOG = "ncu.log"  # the output folder's file with the ncu command line and everything it printed
 TIME_UNITS = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
 # what ncu prints when it cannot profile, and the line kernelwright says instead
 FAILURES = (
@@ -280,16 +281,17 @@ def profile_output(folder: str | Path, result: dict, timeout_s: float = TIMEOUT_
         except OSError as e:
             return {"status": f"ncu could not start ({e.strerror})"}
         text = proc.stdout + "\n" + proc.stderr
+        (folder / LOG).write_text(" ".join(cmd) + "\n" + text)  # what ncu printed, beside result.json
         launches = parse_csv(proc.stdout)
         why = None if launches else failure(text)
         if why is None and not launches:
             last = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or ["no output"]
             why = f"ncu gave no counters (exit {proc.returncode}: {last[0].strip()[:200]})"
         if why is not None:
-            return {"status": why}
+            return {"status": why, "log": LOG}
         ran = json.loads(status.read_text()) if status.is_file() else {}
     found = per_unit(launches, units_of, CALLS)
-    out = {"status": "ok", "mode": mode, "calls": CALLS, "launches": len(launches), "units": found}
+    out = {"status": "ok", "mode": mode, "calls": CALLS, "launches": len(launches), "log": LOG, "units": found}
     if ran.get("warnings"):
         out["warnings"] = ran["warnings"]
     return out
@@ -319,7 +321,7 @@ def summary_line(result: dict) -> str | None:
     if not info:
         return None
     if info.get("status") != "ok":
-        return f"Nsight Compute: {info.get('status')}"
+        return f"Nsight Compute: {info.get('status')}" + (f" (ncu's output: {info['log']})" if info.get("log") else "")
     n = sum(1 for g in result.get("groups") or [] if g.get("ncu"))
     line = (f"Nsight Compute: {n} unit{'s' * (n != 1)} profiled ({info.get('launches')} launches over "
             f"{info.get('calls')} calls in {info.get('mode')} mode, --clock-control none)")
