@@ -370,7 +370,11 @@ def _ncu_profile(folder: Path, result: dict) -> None:
     from kernelwright.emit.report import write_report
     from kernelwright.measure.ncu import attach, profile_output, summary_line
 
-    attach(result, profile_output(folder, result))
+    try:
+        profile = profile_output(folder, result)
+    except Exception as e:  # noqa: BLE001 - the counters are an extra: a run never fails for them
+        profile = {"status": f"profiling failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})"}
+    attach(result, profile)
     (folder / "result.json").write_text(json.dumps(result, indent=2, default=str))
     write_report(folder, result)
     if result["ncu"].get("status") != "ok":

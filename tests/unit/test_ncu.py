@@ -179,3 +179,18 @@ def test_without_ncu_the_run_says_so_and_succeeds(run, tmp_path, monkeypatch):
     assert "Nsight Compute (ncu) is not on PATH" in (folder / "report.md").read_text()
     assert "Nsight Compute (ncu) is not on PATH" in (folder / "report.html").read_text()
     assert json.loads((folder / "result.json").read_text())["ncu"]["status"].startswith("Nsight Compute (ncu)")
+
+
+def test_a_profile_that_raises_costs_one_line_not_the_command(run, tmp_path, monkeypatch):
+    from test_report_html import gpu_run
+
+    folder = gpu_run(tmp_path)
+
+    def broken(folder, result):
+        raise RuntimeError("status file unreadable\nsecond line")
+
+    monkeypatch.setattr(ncu, "profile_output", broken)
+    p = run("report", folder, "--ncu")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.splitlines()[0] == ("kernelwright: Nsight Compute: profiling failed (RuntimeError: status file "
+                                        "unreadable)")

@@ -261,6 +261,8 @@ def profile_output(folder: str | Path, result: dict, timeout_s: float = TIMEOUT_
     units_of = kernel_units(sources, groups)
     if not units_of:
         return {"status": "no generated kernel ships in this module: nothing to profile"}
+    if not (folder / "model_new.py").is_file():
+        return {"status": f"no model_new.py in {folder}: nothing to profile"}
     if "ModelNew" not in (folder / "model_new.py").read_text(errors="replace"):
         return {"status": "model_new.py has no ModelNew (a Python-API module): not profiled"}
     with tempfile.TemporaryDirectory(prefix="kw_ncu_") as tmp:
@@ -274,8 +276,7 @@ def profile_output(folder: str | Path, result: dict, timeout_s: float = TIMEOUT_
                sys.executable, str(runner), str(folder / "model_new.py"), mode, str(result.get("precision", "fp32")),
                str(WARMUP), str(CALLS), str(status), "cuda"]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                  env=env)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:
             return {"status": f"ncu did not finish within {timeout_s:.0f} s: no kernel counters"}
         except OSError as e:
