@@ -314,10 +314,12 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
                    log=(lambda s: None))
     opts.log, opts.progress, status = _progress(quiet)
 
+    notes: list[str | None] = []  # lines for stderr once the live status line is gone
+
     def run(folder: Path) -> dict:
         result = optimize_problem(p, folder, opts)
         if ncu:
-            _ncu_profile(folder, result)
+            notes.append(_ncu_profile(folder, result))
         if single_file:
             from kernelwright.emit.module import single_file as fold
 
@@ -327,6 +329,8 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
 
     with status:
         result = _staged(out_dir, run)
+    for note in filter(None, notes):
+        typer.echo(note, err=True)
     if json_summary:
         typer.echo(json.dumps(_summary(result, out_dir)))
     else:
@@ -364,9 +368,9 @@ def _progress(quiet: bool, console=None):
     return log, trial, status
 
 
-def _ncu_profile(folder: Path, result: dict) -> None:
+def _ncu_profile(folder: Path, result: dict) -> str | None:
     """Nsight Compute counters of the module in `folder` into `result`, result.json and report.md;
-    when there are none (no ncu, no GPU, counters not permitted), one line on stderr says why."""
+    when there are none (no ncu, no GPU, counters not permitted), the line for stderr saying why."""
     from kernelwright.emit.report import write_report
     from kernelwright.measure.ncu import attach, profile_output, summary_line
 
@@ -377,8 +381,7 @@ def _ncu_profile(folder: Path, result: dict) -> None:
     attach(result, profile)
     (folder / "result.json").write_text(json.dumps(result, indent=2, default=str))
     write_report(folder, result)
-    if result["ncu"].get("status") != "ok":
-        typer.echo(f"kernelwright: {summary_line(result)}", err=True)
+    return None if result["ncu"].get("status") == "ok" else f"kernelwright: {summary_line(result)}"
 
 
 def _html_report(folder: Path, result: dict, db: Optional[Path]) -> None:
@@ -508,9 +511,11 @@ def report(folder: str = typer.Argument(..., help="An optimize output folder"),
     result = _read_result(folder)
     if ncu:
         try:
-            _ncu_profile(Path(folder), result)
+            note = _ncu_profile(Path(folder), result)
         except OSError as e:
             raise UserError(f"{Path(folder) / 'result.json'}: cannot write ({e.strerror})") from e
+        if note:
+            typer.echo(note, err=True)
     for name, write in (("report.md", lambda: write_report(Path(folder), result)),
                         ("report.html", lambda: write_html_report(Path(folder), result, default_db_path(db)))):
         try:
