@@ -123,8 +123,8 @@ class _Rnn:
 
 def _matvec(dot: str):
     def render(h: str, w: str) -> str:
-        if dot == "tf32":
-            return f'tl.dot({h}, {w}, input_precision="tf32")'
+        if dot in ("tf32", "ieee"):
+            return f'tl.dot({h}, {w}, input_precision="{dot}")'
         if dot == "bf16":
             return f"tl.dot({h}, {w})"
         return f"tl.sum({h}[:, None, :] * {w}[None, :, :], axis=2)"
@@ -187,6 +187,7 @@ class RnnTemplate:
             gates=list(GATES[r.kind]), bias=r.bias, batch_first=bt, per_dir=r.per_dir,
             resident=bool(cfg["RESIDENT"]), dot="" if dot == "fma" else dot, matvec=_matvec(dot),
             dot_text={"fma": "broadcast multiply and sum in exact float32",
+                      "ieee": "tl.dot in IEEE float32 (per-thread FMA tiles)",
                       "tf32": "tl.dot with tf32 operands, float32 accumulation",
                       "bf16": "tl.dot with bf16 operands, float32 accumulation"}[dot],
             BLOCK_H=block_h, BLOCK_B=int(cfg["BLOCK_B"]), BLOCK_K=int(cfg["BLOCK_K"]), num_warps=int(cfg["num_warps"]),

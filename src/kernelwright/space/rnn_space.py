@@ -14,10 +14,10 @@ Axes:
   into registers once, before the time loop, or streamed from L2 in BLOCK_K-column chunks every
   step. Resident slices must fit half the SM's register file (`DeviceSpec.regs_per_sm`) and at
   most 128 registers per thread.
-* ``DOT``: the matrix-vector product h_{t-1} @ W_hh^T as broadcast multiply + sum in exact fp32
-  (``"fma"``; the only choice under the fp32 policy), or as ``tl.dot`` on tensor cores with tf32
-  or bf16 operands (``"tf32"`` / ``"bf16"``, under those policies; the batch is padded to 16 rows
-  and BLOCK_H is at least 16).
+* ``DOT``: the matrix-vector product h_{t-1} @ W_hh^T in IEEE float32, as a broadcast multiply
+  + sum (``"fma"``) or as ``tl.dot(input_precision="ieee")`` (``"ieee"``), the only choices
+  under the fp32 policy; or as ``tl.dot`` on tensor cores with tf32 or bf16 operands (``"tf32"``
+  / ``"bf16"``, under those policies). Dots pad the batch to 16 rows and need BLOCK_H >= 16.
 * ``num_warps``.
 
 Derived from those (fixed per config): ``BLOCK_B`` batch rows per inner step and ``BLOCK_K``
@@ -109,12 +109,15 @@ def _fits(shape: RnnShape, spec: DeviceSpec, interpreter: bool):
 
 
 def dot_modes(precision: str) -> list[str]:
-    """The matvec implementations a policy allows: exact fp32 only under fp32."""
+    """The matvec implementations a policy allows, the preferred one last: IEEE float32 (a
+    broadcast multiply and sum, or `tl.dot(input_precision="ieee")`, which the compiler lowers to
+    per-thread FMA tiles with no cross-thread reduction) under every policy, tensor cores only
+    under tf32 / bf16."""
     if precision == "tf32":
-        return ["fma", "tf32"]
+        return ["fma", "ieee", "tf32"]
     if precision == "bf16":
-        return ["fma", "bf16"]
-    return ["fma"]
+        return ["fma", "ieee", "bf16"]
+    return ["fma", "ieee"]
 
 
 def rnn_space(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
@@ -130,38 +133,48 @@ def rnn_space(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str
             for c in space.configs()]
 
 
-def rnn_default(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
-                interpreter: bool = False) -> Config:
-    """The heuristic choice: tensor cores where the policy allows them; the smallest BLOCK_H
-    (most programs, the most SMs streaming W_hh) that keeps D * P within the SM count, W_hh
-    register-resident when it fits, 4 warps (8 for a resident slice of more than 64 registers per
-    thread at 4). In the interpreter: one program per direction holding the whole hidden state."""
-    configs = rnn_space(shape, spec=spec, precision=precision, interpreter=interpreter)
-    if not configs:
-        raise ValueError(f"no persistent-RNN config fits {shape} on {(spec or device_spec()).name}")
-    dot = dot_modes(precision)[-1]
+def _rank(shape: RnnShape, precision: str):
+    """The default's order: the policy's preferred matvec, the smallest BLOCK_H, W_hh resident,
+    4 warps (8 for a resident slice of more than 64 registers per thread at 4)."""
+    modes = dot_modes(precision)
 
     def rank(c: Config):
         warps = 4
         if c["RESIDENT"] and shape.gates * c["BLOCK_H"] * next_pow2(shape.hidden) // (32 * 4) > 64:
             warps = 8
-        return (c["DOT"] != dot, c["BLOCK_H"], not c["RESIDENT"], c["num_warps"] != warps, c["num_warps"])
+        return (-modes.index(c["DOT"]), c["BLOCK_H"], not c["RESIDENT"], c["num_warps"] != warps, c["num_warps"])
+    return rank
 
-    return min(configs, key=rank)
+
+def rnn_default(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
+                interpreter: bool = False) -> Config:
+    """The heuristic choice: tensor cores where the policy allows them, else the IEEE dot (where
+    H >= 16), else multiply and sum; the smallest BLOCK_H (most programs, the most SMs streaming
+    W_hh) that keeps D * P within the SM count; W_hh register-resident when it fits; 4 warps (8 for
+    a resident slice of more than 64 registers per thread at 4). In the interpreter: one program
+    per direction holding the whole hidden state."""
+    configs = rnn_space(shape, spec=spec, precision=precision, interpreter=interpreter)
+    if not configs:
+        raise ValueError(f"no persistent-RNN config fits {shape} on {(spec or device_spec()).name}")
+    return min(configs, key=_rank(shape, precision))
 
 
 def rnn_seeds(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
-              interpreter: bool = False, count: int = 4) -> list[Config]:
-    """The default first, then the best-ranked configs of the other matvec / residency choices
-    and one BLOCK_H twice as wide (fewer programs, shorter barriers)."""
+              interpreter: bool = False, count: int = 5) -> list[Config]:
+    """The default first, then the best-ranked config of each other matvec, of the other W_hh
+    residency, and with BLOCK_H twice the default's (fewer programs, shorter barriers)."""
     configs = rnn_space(shape, spec=spec, precision=precision, interpreter=interpreter)
-    first = rnn_default(shape, spec=spec, precision=precision, interpreter=interpreter)
+    rank = _rank(shape, precision)
+    first = min(configs, key=rank) if configs else rnn_default(shape, spec=spec, precision=precision,
+                                                               interpreter=interpreter)
+    wants = [{"DOT": m} for m in reversed(dot_modes(precision)) if m != first["DOT"]]
+    wants += [{"DOT": first["DOT"], "RESIDENT": not first["RESIDENT"]},
+              {"DOT": first["DOT"], "BLOCK_H": first["BLOCK_H"] * 2}]
     out = [first]
-    for want in ({"RESIDENT": not first["RESIDENT"]}, {"DOT": "fma"}, {"BLOCK_H": first["BLOCK_H"] * 2}):
-        pick = [c for c in configs if all(c[k] == v for k, v in want.items())
-                and c["BLOCK_H"] >= first["BLOCK_H"] and c not in out]
+    for want in wants:
+        pick = [c for c in configs if all(c[k] == v for k, v in want.items()) and c not in out]
         if pick:
-            out.append(min(pick, key=lambda c: (c["BLOCK_H"], c["num_warps"] != first["num_warps"])))
+            out.append(min(pick, key=rank))
     return out[:count]
 
 
