@@ -355,3 +355,15 @@ def test_a_parked_reference_compares_like_one_in_place(monkeypatch):
     out = (ref + 1e-3).float()
     assert compare.park(ref) is ref or torch.equal(compare.park(ref), ref)
     assert excess(out, compare.park(ref), 1e-4) == excess(out, ref, 1e-4)
+
+
+def test_large_references_leave_the_gpu_only_when_memory_is_short():
+    """A float64 reference of a large convolution's output (1.6 GiB) stays on a GPU with 130 GiB
+    free (its copies to host and back cost seconds); one taking over an eighth of the free memory,
+    or any reference on a nearly full GPU, waits in host memory; small ones never move."""
+    from kernelwright.verify.compare import PARK_BYTES, parks
+
+    gib = 1 << 30
+    assert not parks(int(1.6 * gib), 130 * gib)
+    assert parks(20 * gib, 100 * gib) and parks(int(1.6 * gib), 4 * gib)
+    assert not parks(PARK_BYTES - 1, 0)

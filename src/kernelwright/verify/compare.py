@@ -16,16 +16,31 @@ import torch
 __all__ = ["excess", "excess_reason", "park", "poisoned_like"]
 
 CHUNK = 1 << 24  # elements compared at a time (float64 temporaries of ~128 MiB each)
-PARK_BYTES = 1 << 30  # references at least this large wait in host memory between comparisons
+PARK_BYTES = 1 << 30  # references smaller than this always stay where they are
+# a reference at least PARK_BYTES large stays on the GPU while it takes at most this share of the
+# GPU's free memory: moving one to host memory and back in chunks costs seconds per gigabyte
+# (pageable copies), which the verification of a large convolution's 1.6 GiB float64 output paid
+# 15 times in one optimize, 25 of its 72 seconds (cProfile on the H200, docs/benchmarks.md "The
+# restructured pipeline against the tree before it")
+PARK_SHARE = 1 / 8
 
 
 def park(t):
-    """`t` as a reference to compare against later: a GPU tensor of at least PARK_BYTES moves to
-    host memory (comparisons bring it back one chunk at a time), so a large float64 reference does
-    not sit on the GPU beside the candidate's inputs and outputs. Anything else is returned as is."""
-    if isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.numel() * t.element_size() >= PARK_BYTES:
-        return t.detach().to("cpu")
-    return t
+    """`t` as a reference to compare against later: a GPU tensor of at least PARK_BYTES that takes
+    more than PARK_SHARE of the GPU's free memory moves to host memory (comparisons bring it back
+    one chunk at a time), so a large float64 reference does not crowd out the candidate's inputs
+    and outputs. Anything else is returned as is."""
+    if not (isinstance(t, torch.Tensor) and t.device.type == "cuda"):
+        return t
+    size = t.numel() * t.element_size()
+    if size < PARK_BYTES or not parks(size, torch.cuda.mem_get_info(t.device)[0]):
+        return t
+    return t.detach().to("cpu")
+
+
+def parks(size: int, free: int) -> bool:
+    """Whether a GPU reference of `size` bytes waits in host memory when the GPU has `free` bytes."""
+    return size >= PARK_BYTES and size > PARK_SHARE * free
 
 
 def _kind(dtype: torch.dtype) -> str:
