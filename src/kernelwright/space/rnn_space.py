@@ -110,14 +110,14 @@ def _fits(shape: RnnShape, spec: DeviceSpec, interpreter: bool):
 
 def dot_modes(precision: str) -> list[str]:
     """The matvec implementations a policy allows, the preferred one last: IEEE float32 (a
-    broadcast multiply and sum, or `tl.dot(input_precision="ieee")`, which the compiler lowers to
-    per-thread FMA tiles with no cross-thread reduction) under every policy, tensor cores only
-    under tf32 / bf16."""
+    broadcast multiply and sum, or `tl.dot(input_precision="ieee")`) under every policy, tensor
+    cores only under tf32 / bf16. Multiply-and-sum comes after the IEEE dot: on the H200 it was the
+    faster fp32 matvec on both GRU sizes measured (docs/benchmarks.md, "Persistent RNN kernels")."""
     if precision == "tf32":
-        return ["fma", "ieee", "tf32"]
+        return ["ieee", "fma", "tf32"]
     if precision == "bf16":
-        return ["fma", "ieee", "bf16"]
-    return ["fma", "ieee"]
+        return ["ieee", "fma", "bf16"]
+    return ["ieee", "fma"]
 
 
 def rnn_space(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
@@ -148,8 +148,8 @@ def _rank(shape: RnnShape, precision: str):
 
 def rnn_default(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
                 interpreter: bool = False) -> Config:
-    """The heuristic choice: tensor cores where the policy allows them, else the IEEE dot (where
-    H >= 16), else multiply and sum; the smallest BLOCK_H (most programs, the most SMs streaming
+    """The heuristic choice: tensor cores where the policy allows them, else multiply and sum;
+    the smallest BLOCK_H (most programs, the most SMs streaming
     W_hh) that keeps D * P within the SM count; W_hh register-resident when it fits; 4 warps (8 for
     a resident slice of more than 64 registers per thread at 4). In the interpreter: one program
     per direction holding the whole hidden state."""
