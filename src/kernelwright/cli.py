@@ -272,7 +272,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
              device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda when a GPU is present)"),
              backend: str = typer.Option("all", "--backend", help="triton | cuda | all"),
              small: bool = typer.Option(False, "--small", help="Apply the problem's SMALL size overrides (CPU tests, demos)."),
-             db: Optional[Path] = typer.Option(None, "--db", help="Trial database (default $KERNELWRIGHT_DB or ~/.cache/kernelwright/trials.jsonl)"),
+             db: Optional[Path] = typer.Option(None, "--db", help="Trial database (default $KERNELWRIGHT_DB or ~/.cache/kernelwright/trials.sqlite)"),
              cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
                                               help="Also time the forward replayed as CUDA graphs; ship it when faster."),
              compile_mode: str = typer.Option("default", "--compile-mode",
@@ -501,7 +501,7 @@ RESULT_KEYS = ("problem", "precision", "device")  # what every result.json names
 @app.command()
 def report(folder: str = typer.Argument(..., help="An optimize output folder"),
            db: Optional[Path] = typer.Option(None, "--db", help="Trial database for the search curves of report.html "
-                                             "(default $KERNELWRIGHT_DB, else ~/.cache/kernelwright/trials.jsonl)"),
+                                             "(default $KERNELWRIGHT_DB, else ~/.cache/kernelwright/trials.sqlite)"),
            ncu: bool = typer.Option(False, "--ncu", help=NCU_HELP)):
     """Print (and rewrite) report.md from result.json, and write report.html beside it."""
     from kernelwright.emit.report import write_report

@@ -574,9 +574,7 @@ _FITTED: dict[tuple, CostModel | None] = {}  # (db file and its state, precision
 
 
 def _db_state(db) -> tuple:
-    path = Path(db.path)
-    stat = path.stat() if path.exists() else None
-    return str(path), stat and (stat.st_size, stat.st_mtime_ns), tuple(map(str, db.priors))
+    return db.state(), tuple(map(str, db.priors))
 
 
 def untimed_choice(tuner: KernelTuner, db, policy) -> Config:
