@@ -294,6 +294,9 @@ class TrialDB:
             return
         fp = _fingerprint(str(path), st.st_mtime_ns, st.st_size)
         name = f"{source or 'own'}:{path.name}"
+        seen = con.execute("SELECT fingerprint FROM imports WHERE name = ?", (name,)).fetchone()
+        if seen is not None and (source == OWN or seen[0] == fp):
+            return  # (the common case: read without taking the write lock)
         con.execute("BEGIN IMMEDIATE")  # (another process importing the same file waits, then sees it done)
         try:
             row = con.execute("SELECT fingerprint FROM imports WHERE name = ?", (name,)).fetchone()
