@@ -177,12 +177,18 @@ def backend(**options) -> Callable:
         options.setdefault("budget_trials", DEFAULT_TRIALS)
     from torch._dynamo.backends.common import aot_autograd
 
+    # Autograd holds every output of a training graph (the forward's saved tensors until the
+    # backward, the backward's gradients until the optimizer step), so a CUDA-graph replay, whose
+    # outputs are its static buffers, would copy each of them out on every call: these graphs run
+    # their plain forward.
+    joint_options = dict(options, cuda_graphs=False)
+
     def joint_part(gm: torch.fx.GraphModule, example_inputs):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
             real = [_real(x) for x in example_inputs]
-            return make_boxed_func(_optimised(gm, real, [], options))
+            return make_boxed_func(_optimised(gm, real, [], joint_options))
 
     training = aot_autograd(fw_compiler=joint_part, bw_compiler=joint_part, decompositions=backward_decompositions())
 

@@ -178,3 +178,28 @@ def test_a_graph_with_symbolic_sizes_runs_as_captured_and_says_so(tmp_path, monk
             torch.testing.assert_close(compiled(x), lin(x))
     torch._dynamo.reset()
     assert any("symbolic sizes" in str(w.message) for w in seen)
+
+
+def test_training_graphs_run_their_plain_forward_and_eval_graphs_keep_the_option(net, monkeypatch):
+    """Autograd keeps every output of AOTAutograd's forward and backward graphs, which a CUDA-graph
+    replay would copy out of its static buffers on each call: those graphs are optimised with
+    cuda_graphs=False; an inference graph keeps the backend's option."""
+    import kernelwright
+
+    seen = []
+
+    def record(model, data, out, **options):
+        seen.append((model.training, torch.is_grad_enabled(), options.get("cuda_graphs")))
+        raise RuntimeError("recorded")  # (the graph then runs as captured)
+
+    monkeypatch.setattr(kernelwright, "optimize", record)
+    x = torch.randn(2, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.no_grad():
+            torch.compile(net, backend=kwb.backend(cuda_graphs=True), dynamic=False)(x)
+        torch._dynamo.reset()
+        net.train()
+        torch.compile(net, backend=kwb.backend(cuda_graphs=True), dynamic=False)(x).sum().backward()
+    options = [o for _, _, o in seen]
+    assert options[0] is True and len(options) == 3 and options[1:] == [False, False], seen
