@@ -368,3 +368,23 @@ def test_units_computed_from_the_weights_alone_get_one_trial(fake_clock, tmp_pat
     per_call = [k for k in trials if k not in once and "+" not in k]  # (the fused GEMM pass has its own)
     assert per_call and all(trials[k] >= 2 for k in per_call), trials
     assert not weight_only(graph, list(graph.outputs), roots)  # a returned value is never weight-only
+
+
+def test_a_choice_whose_template_refuses_the_unit_is_listed_with_why(fake_clock, tmp_path, monkeypatch):
+    """Each unit's generated choices are named records; one whose tuner cannot be built for the
+    unit stays in result.json's choices with the reason, and the others are searched."""
+    from kernelwright.codegen.triton_group import Unsupported
+    from kernelwright.search import plan_search
+
+    def refuse(*a, **k):
+        raise Unsupported("no CUDA row kernel for this group here")
+
+    monkeypatch.setattr(plan_search, "CudaTuner", refuse)
+    _, _, result, _, _ = _run(fake_clock, tmp_path, "level1/softmax.py", 5.0, 1.0)
+    (g,) = result["groups"]
+    assert g["strategy"] == "triton"
+    names = [c["choice"] for c in g["choices"]]
+    assert names[0] == "library" and any(n.startswith("triton.") for n in names[1:]), names
+    (refused,) = [c for c in g["choices"] if "refused" in c]
+    assert refused == {"choice": "cuda.row", "time_ms": None, "trials": 0, "failed": 0,
+                       "refused": "no CUDA row kernel for this group here"}

@@ -7,10 +7,11 @@ def test_each_units_choices_are_listed_with_what_they_measured():
              "time_ms": 0.012, "library_ms": 0.02, "gbps": 100.0, "resources": {}, "excess": 0.0, "eager_excess": 0.0,
              "choices": [{"choice": "library", "time_ms": 0.02, "trials": 0, "failed": 0},
                          {"choice": "triton.row", "time_ms": 0.012, "trials": 6, "failed": 1},
-                         {"choice": "cuda.row", "time_ms": None, "trials": 3, "failed": 3}]}
+                         {"choice": "cuda.row", "time_ms": None, "trials": 3, "failed": 3},
+                         {"choice": "triton.conv", "time_ms": None, "trials": 0, "failed": 0, "refused": "no box"}]}
     text = render_report({"problem": "p", "precision": "fp32", "device": "cuda", "capture": "ok", "groups": [group]})
     assert ("- g0: library 0.020 ms; triton.row 0.012 ms (6 trials, 1 failed); "
-            "cuda.row no candidate passed (3 trials, 3 failed)") in text
+            "cuda.row no candidate passed (3 trials, 3 failed); triton.conv refused: no box") in text
 
 
 def test_units_without_choices_add_no_section():

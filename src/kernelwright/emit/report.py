@@ -53,7 +53,10 @@ def _mode_lines(result: dict) -> list[str]:
 
 
 def _choice(c: dict) -> str:
-    """One implementation of a unit and what it measured: "triton.row 0.012 ms (6 trials, 1 failed)"."""
+    """One implementation of a unit and what it measured: "triton.row 0.012 ms (6 trials, 1 failed)"
+    (or "cuda.row refused: why" for a choice whose template could not take the unit)."""
+    if c.get("refused"):
+        return f"{c['choice']} refused: {c['refused']}"
     t = f"{c['time_ms']:.3f} ms" if c.get("time_ms") is not None else (
         "untimed" if c["choice"] == "library" or not c.get("failed") else "no candidate passed")
     tried = f" ({c['trials']} trial{'s' * (c['trials'] != 1)}, {c['failed']} failed)" if c.get("trials") else ""

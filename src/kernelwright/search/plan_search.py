@@ -60,7 +60,8 @@ class UnitResult:
     resources: dict = field(default_factory=dict)
     # every implementation considered, timed alike: the library call and each template's best
     # verified candidate ({"choice", "time_ms", "trials", "failed"}; time_ms None when untimed or
-    # when no candidate of that template passed)
+    # when no candidate of that template passed; "refused": why a choice's template could not take
+    # the unit after all)
     choices: list[dict] = field(default_factory=list)
 
 
@@ -216,46 +217,57 @@ def _conv(graph, name: str | None) -> bool:
     return name is not None and conv_epilogue.conv_supported(graph, graph.node(name)) is None
 
 
-def _tuners(job: _Job, plan, unit, template) -> tuple[UnitResult, list[Callable[[], KernelTuner]], str]:
-    """The unit's report row, the makers of its tuners (the first one's candidates are searched
+class Choice(NamedTuple):
+    """One generated implementation of a unit, timed like the library call every tuner times
+    beside it: `name` says which (the template family), `make` builds its tuner (raising
+    Unsupported when the template cannot take this unit after all)."""
+
+    name: str
+    make: Callable[[], KernelTuner]
+
+
+def _unit_choices(job: _Job, plan, unit, template) -> tuple[UnitResult, list[Choice], str]:
+    """The unit's report row, its generated choices (the first one's candidates are searched
     first) and, when there are none, why."""
     graph = job.graph
     if unit.group is not None:
         group = unit.group
         row = UnitResult(group.id, group.kind, [graph.node(x).op for x in group.nodes])
-        makers = [lambda: GroupTuner(graph, group, job.env, job.policy, job.device, job.cache_dir, job.timed)]
+        triton = [Choice("triton.group", lambda: GroupTuner(graph, group, job.env, job.policy, job.device,
+                                                            job.cache_dir, job.timed))]
         rowop = cuda_unit.match(graph, group) if job.timed and job.backend in ("cuda", "all") else None
-        cuda = [] if rowop is None else [
-            lambda: CudaTuner(graph, group, rowop, job.env, job.policy, job.device, job.cache_dir, job.timed)]
+        cuda = [] if rowop is None else [Choice("cuda.row", lambda: CudaTuner(
+            graph, group, rowop, job.env, job.policy, job.device, job.cache_dir, job.timed))]
         if job.backend != "cuda":
-            return row, makers + cuda, ""
+            return row, triton + cuda, ""
         why = ("CUDA C++ candidates run only on a GPU" if not job.timed else
                "no CUDA C++ template matches this group (softmax, layer norm, row reductions)")
         return row, cuda, "" if cuda else why
     node = graph.node(unit.node)
     row = UnitResult(node.name, "node", [node.op])
-    makers = [] if template is None else [
-        lambda: NodeTuner(graph, node, template, job.env, job.policy, job.device, job.cache_dir, job.timed)]
+    choices = [] if template is None else [Choice(template.name, lambda: NodeTuner(
+        graph, node, template, job.env, job.policy, job.device, job.cache_dir, job.timed))]
     if job.backend == "cuda":
         if template is None or template.name.startswith("triton."):
             return row, [], "the node's templates are Triton templates (--backend cuda)"
-        return row, makers, ""
+        return row, choices, ""
     if _conv(graph, node.name):  # the implicit-GEMM convolution, its bias fused
-        makers.append(lambda: ConvTuner(graph, conv_epilogue.build(graph, node, None, plan.groups), None, job.env,
-                                        job.policy, job.device, job.cache_dir, job.timed, job.spec))
-    return row, makers, ""
+        choices.append(Choice("triton.conv", lambda: ConvTuner(
+            graph, conv_epilogue.build(graph, node, None, plan.groups), None, job.env, job.policy, job.device,
+            job.cache_dir, job.timed, job.spec)))
+    return row, choices, ""
 
 
 def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> None:
     graph = job.graph
-    row, makers, why_none = _tuners(job, plan, unit, template)
+    row, choices, why_none = _unit_choices(job, plan, unit, template)
     job.rows.append(row)
     try:
-        if not makers:
+        if not choices:
             raise Unsupported(why_none)
-        if not job.timed and job.no_library and len(makers) > 1:
-            makers = makers[1:] + makers[:1]  # the generated kernel first: only the first runs untimed
-        tuner = makers[0]()
+        if not job.timed and job.no_library and len(choices) > 1:
+            choices = choices[1:] + choices[:1]  # the generated kernel first: only the first runs untimed
+        tuner = choices[0].make()
     except Unsupported as e:
         row.note = f"no template: {e}"
         job.out.summary.append(f"{row.id} [{row.kind}]: library ({row.note})")
@@ -267,7 +279,7 @@ def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> 
         graph.node(name).outs[idx or 0].nbytes for name, idx in tuner.outputs)
     row.flops = _flops(graph, tuner.nodes)
     if job.timed:
-        cfg, tuner = _timed_choice(job, row, [tuner], makers[1:], trials, seconds, 1 if once else 2)
+        cfg, tuner = _timed_choice(job, row, [tuner], choices[1:], trials, seconds, 1 if once else 2)
     elif tuner.backend == "torch":
         cfg, row.note = None, "a library layout variant is only chosen by measurement (no GPU here)"
     elif isinstance(tuner, ConvTuner) and not job.no_library:
@@ -285,14 +297,16 @@ def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> 
                            + (f" {cfg.key()}" if row.config else ""))
 
 
-def _timed_choice(job: _Job, row: UnitResult, tuners: list, more: list, trials, seconds, least: int):
-    """Search each backend's tuner with its share of the unit's budget; the fastest verified
+def _timed_choice(job: _Job, row: UnitResult, tuners: list, more: list[Choice], trials, seconds, least: int):
+    """Search each choice's tuner with its share of the unit's budget; the fastest verified
     candidate wins when it beats the library. Returns (config or None, the winning tuner)."""
-    for make in more:  # other backends for the same unit, searched alike
+    refused = []
+    for choice in more:  # the unit's other generated choices, searched alike
         try:
-            tuners.append(make())
+            tuners.append(choice.make())
         except Unsupported as e:
             row.note = f"{row.note}; {e}".strip("; ")
+            refused.append({"choice": choice.name, "time_ms": None, "trials": 0, "failed": 0, "refused": str(e)})
     found, every = [], []  # (result, tuner) of the verified candidates; every result
     share = None if trials is None else max(least, round(trials) // len(tuners))
     common = job.common(row, tuners[0])  # (the first tuner's task names the unit's records)
@@ -306,7 +320,7 @@ def _timed_choice(job: _Job, row: UnitResult, tuners: list, more: list, trials, 
         every += results
     libs = [t.library_ms for t in tuners if t.library_ms is not None]
     row.library_ms = min(libs) if libs else None
-    row.choices = _choices(every, row.library_ms)
+    row.choices = _choices(every, row.library_ms) + refused
     generated = [(r, t) for r, t in found if t.backend != "torch"]
     if job.no_library and generated:  # every unit with a generated strategy uses it
         found = generated
