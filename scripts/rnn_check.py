@@ -34,6 +34,7 @@ from kernelwright.analyze.device import device_spec
 from kernelwright.capture import capture
 from kernelwright.capture.execute import run_graph
 from kernelwright.codegen import triton_rnn
+from kernelwright.errors import UserError
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
 from kernelwright.search.units import NodeTuner
@@ -60,12 +61,12 @@ def emit(out, **row):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("out")
-    ap.add_argument("problems", nargs="+")
-    ap.add_argument("--policies", default="fp32,tf32")
-    ap.add_argument("--configs", type=int, default=4)
-    ap.add_argument("--small", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", help="JSON lines file, appended to")
+    ap.add_argument("problems", nargs="+", help="problem files (KernelBench format) with one recurrent layer")
+    ap.add_argument("--policies", default="fp32,tf32", help="comma-separated precision policies")
+    ap.add_argument("--configs", type=int, default=4, help="configs per policy: the seeds first, then the space in order")
+    ap.add_argument("--small", action="store_true", help="the problems' SMALL sizes (a CPU run in the interpreter)")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
@@ -77,7 +78,9 @@ def main(argv=None) -> int:
             model = problem.make_model(device)
             inputs = problem.make_inputs(1, device)
             graph = capture(problem)
-            node = next(n for n in graph.nodes if n.target in triton_rnn.KINDS)
+            node = next((n for n in graph.nodes if n.target in triton_rnn.KINDS), None)
+            if node is None:
+                raise UserError(f"{path}: no recurrent layer (LSTM / GRU / RNN) in the captured graph")
             with torch.no_grad():
                 env = run_graph(graph, model, inputs, keep=True)
             r = triton_rnn._Rnn(graph, node)
@@ -147,4 +150,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UserError as e:  # a bad problem file or policy name: one line
+        print(f"rnn_check.py: {e}", file=sys.stderr)
+        sys.exit(2)
