@@ -260,15 +260,28 @@ def test_ema_problem_optimizes_and_passes(tmp_path):
     assert result["verify"]["passed"], result["verify"]
 
 
-def test_a_counter_buffer_is_restored_too(tmp_path):
-    """BatchNorm with momentum=None averages by num_batches_tracked (an integer buffer): the
-    original forward kept in train mode verifies only when every call starts from the
-    reference's counter as well as its statistics."""
+def test_a_cumulative_batch_norm_is_generated_and_its_counter_restored(tmp_path):
+    """BatchNorm with momentum=None averages by num_batches_tracked (an integer buffer, read as a
+    Python float by torch's module): captured with a tensor factor (capture.cumulative_bn), its
+    train-mode forward is generated and verifies only when every call starts from the reference's
+    counter as well as its statistics; three calls of the emitted module move the output, the
+    statistics and the counter as eager's do."""
     path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "fuzz", "bn_momentum_none.py")
-    result = optimize_problem(load_problem(path), tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
+    problem = load_problem(path)
+    result = optimize_problem(problem, tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
     train = result["modes"]["train"]
-    assert train["capture"] != "ok" and train["verify"]["passed"], train["verify"]
+    assert train["capture"] == "ok" and train["verify"]["passed"], train["verify"]
     assert result["modes"]["eval"]["verify"]["passed"]
+    mod = import_model_new(tmp_path / "model_new.py")
+    new, ref = mod.ModelNew().train(), problem.make_model().train()
+    new.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        for seed in range(3):
+            x = problem.make_inputs(seed)
+            torch.testing.assert_close(new(*x), ref(*x))
+    for (name, a), b in zip(new.state_dict().items(), ref.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+    assert not mod._KW_WARNED  # the generated forward ran every call
 
 
 def test_a_model_built_with_a_frozen_norm_answers_for_its_own_flags_only(tmp_path):

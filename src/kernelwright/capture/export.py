@@ -13,6 +13,7 @@ import warnings
 import torch
 from torch.export import ExportGraphSignature
 
+from kernelwright.capture import cumulative_bn
 from kernelwright.capture.graph import Graph, Input, OpNode, Ref, TensorMeta
 from kernelwright.problem import Problem
 from kernelwright.problem.load import quiet_torch_logs
@@ -84,7 +85,9 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
             contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
-            with torch.device(_device_of(inputs, model)):  # tensors made in forward land beside the inputs
+            # (tensors made in forward land beside the inputs; momentum=None batch norms trace with a
+            # tensor factor: capture.cumulative_bn)
+            with torch.device(_device_of(inputs, model)), cumulative_bn.traceable(model):
                 ep = torch.export.export(model, tuple(inputs))
             if decompose:
                 ep = ep.run_decompositions(_decompositions())
