@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py"]
-GPU_TOOLS = ["conv_check.py", "cpu_profile.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py"]
+GPU_TOOLS = ["conv_check.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py"]
 SHELL_TOOLS = ["cpu_sweep.sh", "device_session.sh", "gpu_bench.sh"]
 
 

@@ -40,7 +40,7 @@ def _launch(kernel, grid, *args, **meta):
     """kernel[grid](*args, **meta), for less CPU time: the first call for a device and an argument
     signature goes through Triton's JIT (which compiles or finds the kernel); later ones call that
     compiled kernel's launcher directly, skipping the JIT's argument binding, specialisation and
-    cache lookup (most of a launch's CPU time, measured with scripts/cpu_profile.py). The signature
+    cache lookup (most of a launch's CPU time, measured with scripts/launch_overhead.py --profile). The signature
     is what Triton specialises on: each tensor's dtype and 16-byte alignment, each integer's being
     1 or a multiple of 16, so any call the JIT would compile differently takes the JIT path again. With
     Triton launch hooks installed (a profiler), or in the interpreter, every call takes the JIT path."""
