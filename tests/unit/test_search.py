@@ -383,3 +383,19 @@ def test_concurrent_writers_lose_no_record(tmp_path, name):
     assert db.skipped_lines == 0 and len(recs) == 600
     seen = {(r["task_key"], r["config"]["params"]["I"]) for r in recs}
     assert seen == {(f"p{w}/g0/row", i) for w in range(4) for i in range(150)}
+
+
+def test_tiling_features_say_how_a_block_splits_the_task():
+    """A 4096-row task under 128-row tiles: 32 tiles along M (log2 5), no tail; 5000 rows: 40 tiles
+    with 120 of the last tile's 128 rows past the end; output programs count the M and N tiles;
+    axes the config or the task lacks give nothing."""
+    from kernelwright.search.cost_model import make_features, task_feature_fn
+
+    cfg = Config.make("triton.gemm", BLOCK_M=128, BLOCK_N=64, BLOCK_K=32, num_warps=4)
+    f = make_features(cfg, {"log2_M": 12.0, "log2_N": 10.0, "log2_K": 12.0, "kind": "gemm"})
+    assert f["tiles.M"] == 5.0 and f["tiles.N"] == 4.0 and f["tiles.K"] == 7.0 and f["tiles.out"] == 9.0
+    assert f["tail.M"] == 0.0 and "tiles.R" not in f
+    g = make_features(cfg, {"log2_M": math.log2(5000), "log2_N": 4.0})
+    assert g["tail.M"] == pytest.approx((40 * 128 - 5000) / (40 * 128)) and g["tiles.N"] == 0.0  # a tile wider than N
+    assert task_feature_fn({"log2_M": 12.0, "log2_N": 10.0, "log2_K": 12.0, "kind": "gemm"})(cfg) == f
+    assert "tiles.out" not in make_features(Config.make("triton.row", num_warps=4), {"log2_M": 12.0})

@@ -53,20 +53,48 @@ def task_feature_dict(task_features: Optional[Mapping[str, Any]]) -> dict[str, f
     return out
 
 
+# tile axes: a config's BLOCK_<X> tiles the task's log2_<X> extent
+TILED = ("M", "N", "K", "R")
+
+
+def tiling_features(feats: dict[str, float]) -> dict[str, float]:
+    """What a tile size means for this task, from a pair's features: per axis, log2 of the tiles
+    the extent splits into (``tiles.X`` = log2_X - log2(BLOCK_X), at least 0) and the share of the
+    tile left over past the extent (``tail.X``, 0 when it divides), and log2 of the programs the
+    output tiles make (``tiles.out``: the M and N tiles). Trials of a task of another size then
+    say something about this one (the same tile count or tail behaves alike), where the raw block
+    sizes and extents alone leave the forest to find the interaction."""
+    out: dict[str, float] = {}
+    for x in TILED:
+        extent, block = feats.get(f"{TASK_PREFIX}log2_{x}"), feats.get(f"BLOCK_{x}")
+        if extent is None or block is None:
+            continue
+        out[f"tiles.{x}"] = max(0.0, extent - block)
+        n, b = 2.0 ** extent, 2.0 ** block
+        out[f"tail.{x}"] = (math.ceil(n / b) * b - n) / (math.ceil(n / b) * b)
+    if "tiles.M" in out:
+        out["tiles.out"] = out["tiles.M"] + out.get("tiles.N", 0.0)
+    return out
+
+
 def make_features(config: Config, task_features: Optional[Mapping[str, Any]] = None) -> dict[str, float]:
-    """Features of a (config, task) pair: ``config_features`` plus prefixed task features."""
+    """Features of a (config, task) pair: ``config_features``, prefixed task features and the
+    ``tiling_features`` of the two."""
     feats = config_features(config)
     feats.update(task_feature_dict(task_features))
+    feats.update(tiling_features(feats))
     return feats
 
 
 def task_feature_fn(task_features: Optional[Mapping[str, Any]]) -> FeatureFn:
-    """The feature function of one task (what strategies take)."""
+    """The feature function of one task (what strategies take): ``make_features`` with the task's
+    features converted once."""
     fixed = task_feature_dict(task_features)
 
     def fn(config: Config) -> dict[str, float]:
         feats = config_features(config)
         feats.update(fixed)
+        feats.update(tiling_features(feats))
         return feats
 
     return fn
