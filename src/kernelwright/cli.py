@@ -425,6 +425,9 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
           no_rewrites: bool = typer.Option(False, "--no-rewrites", help=NO_REWRITES_HELP),
           report_dir: Optional[str] = typer.Option(None, "--report", help="Write DIR/bench.html: per-level table, "
                                                    "fast_p, geometric means, the speedup distribution."),
+          rewrites_ab: bool = typer.Option(False, "--rewrites-ab", help="Also optimize each problem where an exact "
+                                           "algebra rule applies with --no-rewrites, and report the geomean both ways "
+                                           "(a problem no rule changes is the same program either way)."),
           train: bool = typer.Option(False, "--train", help="Time training steps (forward, loss, backward, SGD) "
                                      "under eager, torch.compile and torch.compile(backend=\"kernelwright\"), from "
                                      "the same weights; each first step checked against float64 eager."),
@@ -449,6 +452,8 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     from kernelwright.measure.watchdog import limit_seconds
 
     limit_seconds()  # a bad $KERNELWRIGHT_HANG_S: one line, before any worker starts
+    if rewrites_ab and no_rewrites:
+        raise UserError("--rewrites-ab times the problems with and without the rewrites; leave out --no-rewrites")
     if train:
         from kernelwright.bench.training import run_train_bench
 
@@ -463,7 +468,7 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     ran = run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
                     seconds=seconds, json_out=json_out, out_dir=out_dir, small=small, compile_mode=compile_mode,
                     cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s), mode=mode, timed=not verify_only,
-                    no_library=no_library, no_rewrites=no_rewrites)
+                    no_library=no_library, no_rewrites=no_rewrites, rewrites_ab=rewrites_ab)
     if report_folder is not None:
         rows, summary = ran
         import torch

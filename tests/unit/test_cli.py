@@ -573,3 +573,32 @@ def test_bench_train_times_training_steps_of_each_implementation(run, monkeypatc
     assert calls == [("tf32", want, 12, 4)]
     p = run("bench", RELU, "--train", "--steps", "1")
     assert p.returncode != 0 and p.stderr.strip().count("\n") == 0 and "at least 2 steps" in p.stderr
+
+
+def test_bench_rewrites_ab_optimizes_again_only_where_a_rule_applied(run, tmp_path, monkeypatch):
+    """bench --rewrites-ab: a problem an exact-algebra rule changed is optimized a second time with
+    no_rewrites (into a folder of its own) and timed both ways; a problem no rule changed keeps its
+    one time for both (the same program); the level's summary carries both geomeans."""
+    from kernelwright.bench import runner
+    from kernelwright.plan.algebra import note
+
+    calls = []
+
+    def optimize_problem(problem, out_dir, opts):
+        calls.append((problem.name, opts.no_rewrites, Path(out_dir).name))
+        ruled = problem.name == "relu" and not opts.no_rewrites
+        kw = 1.0 if ruled else 2.0
+        return dict(PASSED, rewrites=[note("sum_1", "sum moved", "reduction_through_affine", 64)] if ruled else [],
+                    timing={"compile": {"median_ms": 2.0}, "kernelwright": {"median_ms": kw}})
+
+    monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
+    opts = dict(baseline_only=False, precision="fp32", trials=1, seconds=None, out_dir=str(tmp_path), small=True,
+                compile_mode="default", rewrites_ab=True)
+    rows = [runner._one(str(RELU), opts), runner._one(str(ROOT / "problems" / "level1" / "tanh.py"), opts)]
+    assert calls == [("relu", False, "relu"), ("relu", True, "no_rewrites"), ("tanh", False, "tanh")]
+    assert rows[0]["rules"] == ["reduction_through_affine"] and rows[0]["times"]["kernelwright:no_rewrites"] == 2.0
+    assert rows[1]["rules"] == [] and rows[1]["times"]["kernelwright:no_rewrites"] == 2.0
+    assert runner.summarise(rows, False)["level1"]["kw_over_compile_rewrites_ab"] == [2, pytest.approx(2 ** 0.5), 1.0]
+    monkeypatch.setattr(cli, "_has_gpu", lambda: True)
+    p = run("bench", RELU, "--rewrites-ab", "--no-rewrites")
+    assert p.returncode != 0 and "leave out --no-rewrites" in p.stderr and p.stderr.strip().count("\n") == 0

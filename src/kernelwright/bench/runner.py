@@ -42,18 +42,8 @@ def _one(path: str, opts: dict) -> dict:
             row["errors"] = dict(t.errors)
             row["correct"] = None
         else:
-            from kernelwright.pipeline import Options, optimize_problem
-
             out = Path(opts["out_dir"]) / f"level{p.level}" / p.name
-            res = optimize_problem(p, out, Options(budget_trials=opts["trials"], budget_s=opts["seconds"],
-                                                   precision=opts["precision"], device="cuda", small=opts["small"],
-                                                   cuda_graphs=opts.get("cuda_graphs", True),
-                                                   compile_mode=opts.get("compile_mode") or "default",
-                                                   mode=opts.get("mode", "both"), timed=opts.get("timed", True),
-                                                   no_library=opts.get("no_library", False),
-                                                   no_rewrites=opts.get("no_rewrites", False),
-                                                   retune=True,  # a benchmark times the whole search
-                                                   log=lambda s: None))
+            res = _optimize(p, out, opts, opts.get("no_rewrites", False))
             t = res.get("timing") or {}
             row["times"] = {k: v["median_ms"] for k, v in t.items() if isinstance(v, dict) and "median_ms" in v}
             row["issue"] = {k: v.get("issue_ms") for k, v in t.items() if isinstance(v, dict) and "median_ms" in v}
@@ -67,6 +57,8 @@ def _one(path: str, opts: dict) -> dict:
             row["groups"] = [(g["id"], g["kind"], g["strategy"]) for g in res.get("groups", [])]
             row["modes"] = {m: _mode_row(r) for m, r in (res.get("modes") or {}).items()}
             row["memory"] = res.get("memory")
+            if opts.get("rewrites_ab") and not opts.get("no_rewrites"):
+                _without_rewrites(p, out, opts, res, row)
     except Exception as e:  # noqa: BLE001
         row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
         row["trace"] = traceback.format_exc(limit=3)
@@ -74,6 +66,47 @@ def _one(path: str, opts: dict) -> dict:
         torch.cuda.empty_cache()
         row["wall_s"] = round(time.perf_counter() - start, 2)  # load, optimize (or baselines), all timing
     return row
+
+
+def _optimize(p, out: Path, opts: dict, no_rewrites: bool) -> dict:
+    from kernelwright.pipeline import Options, optimize_problem
+
+    return optimize_problem(p, out, Options(budget_trials=opts["trials"], budget_s=opts["seconds"],
+                                            precision=opts["precision"], device="cuda", small=opts["small"],
+                                            cuda_graphs=opts.get("cuda_graphs", True),
+                                            compile_mode=opts.get("compile_mode") or "default",
+                                            mode=opts.get("mode", "both"), timed=opts.get("timed", True),
+                                            no_library=opts.get("no_library", False), no_rewrites=no_rewrites,
+                                            retune=True,  # a benchmark times the whole search
+                                            log=lambda s: None))
+
+
+def algebra_rules(res: dict) -> list[dict]:
+    """The exact-algebra rules (plan/algebra.py) an optimize result applied, in any training mode."""
+    from kernelwright.plan.algebra import parse_note
+
+    lines = list(res.get("rewrites") or []) + [x for r in (res.get("modes") or {}).values() for x in r.get("rewrites") or []]
+    return [n for n in map(parse_note, dict.fromkeys(lines)) if n is not None]
+
+
+def _without_rewrites(p, out: Path, opts: dict, res: dict, row: dict) -> None:
+    """bench --rewrites-ab: the problem's time without the exact algebra as well. Where a rule applied
+    the problem is optimized again with no_rewrites (into out/no_rewrites); where none did, the
+    program without them is the same graph, so its time is the one just measured."""
+    rules = algebra_rules(res)
+    row["rules"] = sorted({r["rule"] for r in rules})
+    if not rules:
+        if "kernelwright" in row["times"]:
+            row["times"]["kernelwright:no_rewrites"] = row["times"]["kernelwright"]
+        row["correct_no_rewrites"] = row["correct"]
+        return
+    again = _optimize(p, out / "no_rewrites", opts, True)
+    t = again.get("timing") or {}
+    if isinstance(t.get("kernelwright"), dict) and "median_ms" in t["kernelwright"]:
+        row["times"]["kernelwright:no_rewrites"] = t["kernelwright"]["median_ms"]
+        if "compile" in t:
+            row["times"]["compile:no_rewrites_run"] = t["compile"]["median_ms"]
+    row["correct_no_rewrites"] = bool((again.get("verify") or {}).get("passed"))
 
 
 def _mode_row(record: dict) -> dict:
@@ -188,6 +221,12 @@ def summarise(rows: list[dict], baseline_only: bool) -> dict:
                 s[f"fast_1_{base}"] = sum(1 for x in sp if x > 1.0) / len(rs)
                 s[f"fast_2_{base}"] = sum(1 for x in sp if x > 2.0) / len(rs)
             s["correct"] = sum(1 for r in rs if r.get("correct")) / len(rs)
+            both = [r for r in rs if r.get("correct") and r.get("correct_no_rewrites") and "compile" in r.get("times", {})
+                    and "kernelwright" in r["times"] and "kernelwright:no_rewrites" in r["times"]]
+            if both:  # bench --rewrites-ab: the same problems with and without the exact algebra
+                s["kw_over_compile_rewrites_ab"] = [
+                    len(both), geomean(r["times"]["compile"] / r["times"]["kernelwright"] for r in both),
+                    geomean(r["times"]["compile"] / r["times"]["kernelwright:no_rewrites"] for r in both)]
             # per anchor (conv / gemm / none: analyze.classify.anchor), e.g. level 2's conv + epilogue
             # and GEMM + epilogue problems: anchor -> [n, kw over compile (geomean)]
             by: dict = {}
@@ -201,12 +240,13 @@ def summarise(rows: list[dict], baseline_only: bool) -> dict:
 
 
 def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_dir, small, compile_mode, echo,
-              cuda_graphs=True, mode="both", timed=True, no_library=False, no_rewrites=False):
+              cuda_graphs=True, mode="both", timed=True, no_library=False, no_rewrites=False, rewrites_ab=False):
     import torch
 
     opts = dict(baseline_only=baseline_only, precision=precision, trials=trials, seconds=seconds,
                 out_dir=str(out_dir), small=small, compile_mode=compile_mode,
-                cuda_graphs=cuda_graphs, mode=mode, timed=timed, no_library=no_library, no_rewrites=no_rewrites)
+                cuda_graphs=cuda_graphs, mode=mode, timed=timed, no_library=no_library, no_rewrites=no_rewrites,
+                rewrites_ab=rewrites_ab)
     n_gpu = max(1, torch.cuda.device_count())
     paths = [str(f) for f in files]
     rows: list[dict] = []
@@ -229,6 +269,9 @@ def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_di
             sp = t["compile"] / kw if kw and "compile" in t else float("nan")
             ok = ("fb" if r.get("fallback") else "yes") if r.get("correct") else "NO"
             line += f" {kw or float('nan'):9.3f} {ok:>3s} {sp:10.2f}"
+        if r.get("rules"):
+            nr = t.get("kernelwright:no_rewrites")
+            line += f"  without {'+'.join(r['rules'])}: " + (f"{t['compile'] / nr:.2f}" if nr and "compile" in t else "-")
         if r.get("error"):
             line += f"  ERROR {r['error'][:80]}"
         echo(line)
