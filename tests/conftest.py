@@ -3,7 +3,8 @@
 On a machine without a CUDA GPU, Triton kernels run in Triton's interpreter: TRITON_INTERPRET=1 is
 set here, when pytest loads this file and before any test module imports triton (Triton reads it
 when a kernel is defined). A value the caller set is kept, so a GPU machine runs compiled kernels
-unless TRITON_INTERPRET=1 is asked for (as `make test` does); then the `interpreter` tests skip."""
+unless TRITON_INTERPRET=1 is asked for (as `make test` does); then the `interpreter` tests skip.
+Trials go to a database of the test process's own ($KERNELWRIGHT_DB, unless the caller set one)."""
 import os
 import sys
 from pathlib import Path
@@ -13,6 +14,12 @@ import torch
 
 if os.environ.get("TRITON_INTERPRET") is None and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+# the trial database of this test process (and the CLI runs it starts): never the user's own
+if not os.environ.get("KERNELWRIGHT_DB"):
+    import tempfile
+
+    os.environ["KERNELWRIGHT_DB"] = os.path.join(tempfile.mkdtemp(prefix="kw-tests-"), "trials.sqlite")
 
 import pytest  # noqa: E402
 

@@ -99,7 +99,7 @@ def train_impl(base: torch.nn.Module, inputs: list, wrap: Callable[[torch.nn.Mod
     _sync(device)
     step_ms = sorted(s.elapsed_time(e) for s, e in times)
     return {"losses": [float(x) for x in losses], "first_loss": losses[0], "grads": grads,
-            "step_ms": step_ms[len(step_ms) // 2] if step_ms else None, "first_s": round(first_s, 3),
+            "step_ms": step_ms[len(step_ms) // 2] if step_ms else None, "first_s": round(first_s, 6),
             "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None}
 
 
