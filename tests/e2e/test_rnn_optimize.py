@@ -1,6 +1,7 @@
 """End to end on the CPU for recurrent problems: optimize with no_library ships the persistent RNN
-kernel (codegen/triton_rnn.py), verified in the Triton interpreter in both training modes, and the
-emitted ModelNew answers train- and eval-mode calls with its generated forwards."""
+kernel (codegen/triton_rnn.py), verified in the Triton interpreter; a recurrent layer without dropout
+computes the same in both training modes, so one generated forward serves both, and the emitted
+ModelNew answers train- and eval-mode calls with it."""
 from __future__ import annotations
 
 import warnings
@@ -24,7 +25,7 @@ def test_no_library_ships_the_persistent_rnn_kernel(name, tmp_path):
     out = tmp_path / "out"
     result = optimize_problem(problem, out, Options(device="cpu", budget_trials=1, small=True, no_library=True,
                                                     db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
-    assert set(result["modes"]) == {"train", "eval"}
+    assert set(result["modes"]) == {"any"}
     for mode, r in result["modes"].items():
         assert r["verify"]["passed"] and "verify_fallback" not in r, (mode, r["verify"])
         rnn = [g for g in r["groups"] if g["ops"] in (["gru"], ["lstm"])]
