@@ -107,6 +107,14 @@ RECURRENT = ("gru.input", "gru.data", "lstm.input", "lstm.data", "rnn_tanh.input
              "rnn_relu.input", "rnn_relu.data")
 
 
+# recurrent layers over a padded (not packed) sequence: (input, hx, params, has_biases, num_layers,
+# dropout, train, bidirectional, batch_first). `train` only switches the dropout between layers on,
+# so without dropout the layer is captured with train=False: one computation in either training
+# mode (one generated forward serves both), and no cuDNN reserve space for a backward that the
+# emitted forward never runs (calls needing gradients run the model's own forward).
+RECURRENT_INPUT = ("aten.gru.input", "aten.lstm.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
+
+
 def _decompositions():
     table = torch.export.default_decompositions()
     for name in RECURRENT:
@@ -151,7 +159,10 @@ def _to_graph(ep, name: str) -> Graph:
         elif n.op == "call_function":
             val = n.meta.get("val")
             outs = [tensor_meta(v) for v in val] if isinstance(val, (list, tuple)) else [tensor_meta(val)]
-            nodes.append(OpNode(n.name, _target_name(n.target), _convert(n.args), _convert(dict(n.kwargs)), outs, fx=n))
+            target, args = _target_name(n.target), _convert(n.args)
+            if target in RECURRENT_INPUT and len(args) == 9 and args[5] == 0:
+                args = (*args[:6], False, *args[7:])  # (see RECURRENT_INPUT)
+            nodes.append(OpNode(n.name, target, args, _convert(dict(n.kwargs)), outs, fx=n))
         elif n.op == "output":
             results = n.args[0]
             mut = sig.buffers_to_mutate

@@ -83,22 +83,7 @@ def _flags(problem, names: list[str]) -> tuple[bool, ...]:
     return tuple(model.get_submodule(n).training for n in names)
 
 
-# recurrent layers over a padded (not packed) sequence: (input, hx, params, has_biases, num_layers,
-# dropout, train, bidirectional, batch_first); `train` only switches the dropout between layers on
-RECURRENT_INPUT = {"aten.gru.input", "aten.lstm.input", "aten.rnn_tanh.input", "aten.rnn_relu.input"}
-
-
-def _mode_free_args(n) -> tuple:
-    """A node's arguments with what cannot change its result across training modes left out: a
-    recurrent layer's `train` flag when its dropout is 0 (a GRU in train() and in eval() is one
-    computation, so one forward serves both)."""
-    args = n.args
-    if n.target in RECURRENT_INPUT and len(args) == 9 and args[5] == 0:
-        args = (*args[:6], False, *args[7:])
-    return args
-
-
 def _same_graph(a, b) -> bool:
     """Whether two captures compute the same ops on the same values."""
-    ops = lambda g: [(n.target, repr(_mode_free_args(n)), repr(n.kwargs)) for n in g.nodes]  # noqa: E731
+    ops = lambda g: [(n.target, repr(n.args), repr(n.kwargs)) for n in g.nodes]  # noqa: E731
     return ops(a) == ops(b) and a.outputs == b.outputs and a.mutations == b.mutations
