@@ -4,13 +4,15 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # CPU machines: torch 2.13.0 lies on disk as a CPU wheel; triton's interpreter needs numpy < 2.4.
 PINS := torch==2.13.0 "triton==3.6.0" "numpy<2.4"
+# Wheels the package index lacks: distributed and zict (pure Python) for the `cluster` extra.
+WHEELS := vendor/wheels
 
 .PHONY: test test-fast lint demo clean
 
 $(BIN)/kernelwright: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(PINS) -e ".[cuda,test,lint]"
+	$(BIN)/pip install -q --find-links $(WHEELS) $(PINS) -e ".[cuda,test,lint,cluster]"
 	touch $@
 
 # Tests in tiers by cost: tests/unit (pure Python, small CPU tensors), tests/kernels (one template or
