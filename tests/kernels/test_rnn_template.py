@@ -200,3 +200,38 @@ def test_unsupported_layers_keep_the_library_call():
 def test_the_policy_reaches_only_templates_that_take_it():
     assert node_kernels.policy_kwargs(TEMPLATE, "tf32") == {"policy": "tf32"}
     assert node_kernels.policy_kwargs(SCAN, "tf32") == {}
+
+
+WAVE_CASES = [
+    ("gru", dict(layers=2)),
+    ("lstm", dict(layers=3, batch_first=True, give=True, pick=("output", "h_n", "c_n"), T=5)),
+    ("rnn_tanh", dict(layers=2, bias=False, pick=("h_n",), B=3)),
+    ("rnn_relu", dict(layers=3, give=True, pick=("last",), H=8)),
+    ("gru", dict(layers=2, batch_first=True, pick=("h_n",), H=32, T=3)),
+]
+
+
+@pytest.mark.parametrize("kind,kw", WAVE_CASES, ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}={v}" for k, v in v.items()))
+def test_a_stack_as_one_wavefront_launch_matches_torch(kind, kw, tmp_path):
+    """A unidirectional stack's WAVE configs (every layer in one launch, layer l at step t beside
+    layer l + 1 at step t - 1; layers after the first project their input in the kernel) against
+    torch's layer, and they are among the seeds; a bidirectional or one-layer node has no WAVE axis."""
+    _, _, graph, node, env = _case(kind, **kw)
+    waves = [c for c in TEMPLATE.space(graph, node, H200) if c["WAVE"]]
+    assert waves and not any(c["RESIDENT"] for c in waves)
+    assert any(c["WAVE"] for c in TEMPLATE.seeds(graph, node, H200)) and not TEMPLATE.default(graph, node, H200)["WAVE"]
+    for cfg in waves[:2]:
+        k, _ = _run(graph, node, env, cfg, tmp_path)
+        assert "_rnn_kernel_wave[" in k.source or "_rnn_kernel_wave," in k.source
+    for other in (dict(layers=2, bidirectional=True), dict(layers=1)):
+        _, _, g2, n2, _ = _case(kind, **other)
+        assert all("WAVE" not in c.as_dict() for c in TEMPLATE.space(g2, n2, H200))
+
+
+def test_wave_dot_matvecs_match_torch(tmp_path):
+    """The wavefront's tl.dot matvecs (IEEE under fp32, tf32 and bf16 under theirs)."""
+    _, _, graph, node, env = _case("gru", H=16, T=4, layers=2)
+    for policy, dot, tol in (("fp32", "ieee", 2e-5), ("tf32", "tf32", 1e-2), ("bf16", "bf16", 1e-2)):
+        cfg = next(c for c in TEMPLATE.space(graph, node, H200, policy=policy) if c["WAVE"] and c["DOT"] == dot)
+        _run(graph, node, env, cfg, tmp_path, tol=tol)

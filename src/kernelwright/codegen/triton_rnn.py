@@ -118,7 +118,7 @@ class _Rnn:
         return None
 
     def shape(self) -> RnnShape:
-        return RnnShape(hidden=self.H, batch=self.B, gates=self.G, directions=self.D)
+        return RnnShape(hidden=self.H, batch=self.B, gates=self.G, directions=self.D, layers=self.layers)
 
 
 def _matvec(dot: str):
@@ -185,7 +185,8 @@ class RnnTemplate:
             kind=r.kind, node=node.name, target=node.target, kernel=f"{_ident(node.name)}_rnn_kernel",
             layers=r.layers, D=r.D, T=r.T, B=r.B, I=r.I, H=r.H, G=r.G, HP=next_pow2(r.H), P=P,
             gates=list(GATES[r.kind]), bias=r.bias, batch_first=bt, per_dir=r.per_dir,
-            resident=bool(cfg["RESIDENT"]), dot="" if dot == "fma" else dot, matvec=_matvec(dot),
+            resident=bool(cfg["RESIDENT"]), wave=bool(cfg.get("WAVE", False)), dot="" if dot == "fma" else dot,
+            matvec=_matvec(dot),
             dot_text={"fma": "broadcast multiply and sum in exact float32",
                       "ieee": "tl.dot in IEEE float32 (per-thread FMA tiles)",
                       "tf32": "tl.dot with tf32 operands, float32 accumulation",

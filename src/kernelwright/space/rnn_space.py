@@ -18,6 +18,10 @@ Axes:
   + sum (``"fma"``) or as ``tl.dot(input_precision="ieee")`` (``"ieee"``), the only choices
   under the fp32 policy; or as ``tl.dot`` on tensor cores with tf32 or bf16 operands (``"tf32"``
   / ``"bf16"``, under those policies). Dots pad the batch to 16 rows and need BLOCK_H >= 16.
+* ``WAVE`` (a unidirectional stack of two or more layers only): the whole stack in one launch as a
+  wavefront, layer l at step t beside layer l + 1 at step t - 1, so T + L - 1 barriers instead of
+  L * T; layers after the first compute their input projection in the kernel from the previous
+  layer's h (read through L2 like h_{t-1}), so W_ih and W_hh are both streamed (not resident).
 * ``num_warps``.
 
 Derived from those (fixed per config): ``BLOCK_B`` batch rows per inner step and ``BLOCK_K``
@@ -51,6 +55,12 @@ class RnnShape:
     batch: int  # B
     gates: int  # G: 4 (LSTM), 3 (GRU), 1 (tanh / relu RNN)
     directions: int  # D: 1 or 2
+    layers: int = 1  # L
+
+    @property
+    def stacks(self) -> bool:
+        """Whether the layers can run as one wavefront launch (unidirectional, two or more)."""
+        return self.layers >= 2 and self.directions == 1
 
 
 def programs(shape: RnnShape, block_h: int) -> int:
@@ -94,9 +104,12 @@ def _fits(shape: RnnShape, spec: DeviceSpec, interpreter: bool):
                 return False
             if c["DOT"] == "fma" and c["BLOCK_H"] * hp > FMA_TILE_PER_THREAD * threads * 4:
                 return False  # one batch row's product tile [BLOCK_H, H] must stay small
+        wave = c.get("WAVE", False)
+        if wave and c["RESIDENT"]:
+            return False  # the wavefront streams W_ih and W_hh
         d = derived(shape, c["BLOCK_H"], c["RESIDENT"], c["DOT"], c["num_warps"])
-        if shape.gates * d["BLOCK_B"] * c["BLOCK_H"] > ACCUMULATORS_PER_THREAD * threads:
-            return False  # the gates' accumulators would spill
+        if (2 if wave else 1) * shape.gates * d["BLOCK_B"] * c["BLOCK_H"] > ACCUMULATORS_PER_THREAD * threads:
+            return False  # the gates' accumulators (the input projection's too, in a wavefront) would spill
         if c["DOT"] == "fma":
             tile = d["BLOCK_B"] * c["BLOCK_H"] * d["BLOCK_K"]
             if tile > FMA_TILE_PER_THREAD * threads:
@@ -126,9 +139,11 @@ def rnn_space(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str
     the Triton interpreter runs the kernel, so P = 1."""
     spec = spec or device_spec()
     hp = next_pow2(shape.hidden)
-    space = Space(NAME, [Axis("DOT", dot_modes(precision)), Axis("RESIDENT", [False, True]),
-                         Axis("BLOCK_H", pow2_range(1, hp)), Axis("num_warps", [1, 2, 4, 8])],
-                  [_fits(shape, spec, interpreter)])
+    axes = [Axis("DOT", dot_modes(precision)), Axis("RESIDENT", [False, True]),
+            Axis("BLOCK_H", pow2_range(1, hp)), Axis("num_warps", [1, 2, 4, 8])]
+    if shape.stacks:
+        axes.append(Axis("WAVE", [False, True]))
+    space = Space(NAME, axes, [_fits(shape, spec, interpreter)])
     return [c.replace(**derived(shape, c["BLOCK_H"], c["RESIDENT"], c["DOT"], c["num_warps"]))
             for c in space.configs()]
 
@@ -142,7 +157,8 @@ def _rank(shape: RnnShape, precision: str):
         warps = 4
         if c["RESIDENT"] and shape.gates * c["BLOCK_H"] * next_pow2(shape.hidden) // (32 * 4) > 64:
             warps = 8
-        return (-modes.index(c["DOT"]), c["BLOCK_H"], not c["RESIDENT"], c["num_warps"] != warps, c["num_warps"])
+        return (c.get("WAVE", False), -modes.index(c["DOT"]), c["BLOCK_H"], not c["RESIDENT"], c["num_warps"] != warps,
+                c["num_warps"])
     return rank
 
 
@@ -161,13 +177,15 @@ def rnn_default(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: s
 
 def rnn_seeds(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
               interpreter: bool = False, count: int = 5) -> list[Config]:
-    """The default first, then the best-ranked config of each other matvec, of the other W_hh
-    residency, and with BLOCK_H twice the default's (fewer programs, shorter barriers)."""
+    """The default first, then the best-ranked config of: the same matvec as a wavefront over the
+    stack (where it stacks), each other matvec, the other W_hh residency, and BLOCK_H twice the
+    default's (fewer programs, shorter barriers)."""
     configs = rnn_space(shape, spec=spec, precision=precision, interpreter=interpreter)
     rank = _rank(shape, precision)
     first = min(configs, key=rank) if configs else rnn_default(shape, spec=spec, precision=precision,
                                                                interpreter=interpreter)
-    wants = [{"DOT": m} for m in reversed(dot_modes(precision)) if m != first["DOT"]]
+    wants = [{"DOT": first["DOT"], "WAVE": True}] if shape.stacks else []  # (the stack in one launch)
+    wants += [{"DOT": m} for m in reversed(dot_modes(precision)) if m != first["DOT"]]
     wants += [{"DOT": first["DOT"], "RESIDENT": not first["RESIDENT"]},
               {"DOT": first["DOT"], "BLOCK_H": first["BLOCK_H"] * 2}]
     out = [first]
