@@ -83,3 +83,9 @@ def test_loss_and_argument_errors_are_one_line_user_errors():
         train_problem(problem, get_policy("fp32"), {"eager": lambda m: m}, steps=1, timed=1, device="cpu")
     with pytest.raises(UserError, match="autocast is not supported"):
         train_problem(problem, get_policy("bf16"), {"eager": lambda m: m}, steps=3, timed=1, device="cpu")
+    relu = load_problem(ROOT / "problems" / "level1" / "relu.py", small=True)
+    with pytest.raises(UserError, match="no parameters to train"):
+        train_problem(relu, get_policy("fp32"), {"eager": lambda m: m}, steps=3, timed=1, device="cpu")
+    rows, _ = run_train_bench([ROOT / "problems" / "level1" / "relu.py"], get_policy("fp32"), {"eager": lambda m: m},
+                              steps=3, timed=1, json_out=None, echo=lambda s: None, small=True, device="cpu")
+    assert rows[0]["error"].startswith("UserError: relu: the model has no parameters") and not rows[0]["correct"]

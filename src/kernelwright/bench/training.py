@@ -114,6 +114,8 @@ def train_problem(problem: Problem, policy, impls: dict[str, Callable[[torch.nn.
         raise UserError(f"bench --train: need steps >= 2 and 1 <= timed steps < steps (got {steps}, {timed})")
     p = problem.in_mode(True)
     base = p.make_model(device)
+    if not any(w.requires_grad for w in base.parameters()):
+        raise UserError(f"{problem.name}: the model has no parameters to train")
     inputs = p.make_inputs(1, device)
     ref_loss, ref_grads = _reference(base, inputs)
     row: dict = {"problem": problem.name, "level": problem.level, "times": {}, "train": {}}
