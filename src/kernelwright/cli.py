@@ -415,6 +415,16 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
           json_out: Optional[Path] = typer.Option(None, "--json", help="Write all results as JSON here."),
           out: str = typer.Option("kw_runs", "--out", help="Folder for per-problem optimize outputs."),
           small: bool = typer.Option(False, "--small"),
+          device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda when a GPU is "
+                                               "present). On the CPU each problem is optimized untimed, its "
+                                               "kernels in Triton's interpreter; the rows report verification."),
+          cluster: Optional[str] = typer.Option(None, "--cluster", help="Run the problems on Dask distributed "
+                                                "workers: local:N (N worker processes here, one per GPU) or "
+                                                "tcp://HOST:PORT (a running scheduler; workers started with "
+                                                "`dask worker ADDRESS --nthreads 1 --resources GPU=1`). "
+                                                "Needs the cluster extra."),
+          db: Optional[Path] = typer.Option(None, "--db", help="Trial database (default $KERNELWRIGHT_DB or "
+                                            "~/.cache/kernelwright/trials.sqlite)"),
           compile_mode: str = typer.Option("default", "--compile-mode",
                                            help="torch.compile mode of the baseline: " + " | ".join(COMPILE_MODES)),
           cuda_graphs: bool = typer.Option(True, "--cuda-graphs/--no-cuda-graphs",
@@ -447,8 +457,18 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     files = discover([str(p) for p in paths])
     if not files:
         raise UserError("no problem files found under " + ", ".join(map(str, paths)))
-    if not _has_gpu():
-        raise UserError("bench times kernels and needs a CUDA GPU; none is visible (try `kernelwright optimize --device cpu`)")
+    _use_interpreter_if_cpu(device)
+    dev = device_option(device) if device is not None else ("cuda" if _has_gpu() else "cpu")
+    if dev == "cpu" and (baseline_only or train or report_folder is not None):
+        what = "--baseline-only" if baseline_only else ("--train" if train else "--report")
+        raise UserError(f"{what} times kernels and needs a CUDA GPU; bench --device cpu reports verification only")
+    if cluster is not None:
+        from kernelwright.bench.cluster import parse_cluster, require_distributed
+
+        parse_cluster(cluster)
+        require_distributed()
+        if train:
+            raise UserError("--cluster runs the optimize bench; leave out --train")
     from kernelwright.measure.watchdog import limit_seconds
 
     limit_seconds()  # a bad $KERNELWRIGHT_HANG_S: one line, before any worker starts
@@ -468,7 +488,8 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
     ran = run_bench(files, baseline_only=baseline_only, precision=precision, trials=trials or (None if seconds else 40),
                     seconds=seconds, json_out=json_out, out_dir=out_dir, small=small, compile_mode=compile_mode,
                     cuda_graphs=cuda_graphs, echo=lambda s: typer.echo(s), mode=mode, timed=not verify_only,
-                    no_library=no_library, no_rewrites=no_rewrites, rewrites_ab=rewrites_ab)
+                    no_library=no_library, no_rewrites=no_rewrites, rewrites_ab=rewrites_ab, device=dev,
+                    cluster=cluster, db_path=str(db) if db else None)
     if report_folder is not None:
         rows, summary = ran
         import torch

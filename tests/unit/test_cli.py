@@ -151,11 +151,13 @@ def test_bad_hang_limit_is_one_line_and_writes_nothing(run, tmp_path, monkeypatc
 
 
 def test_bench_without_gpu(run):
+    """Without a GPU bench runs on the CPU, untimed; what needs timing is a one-line error."""
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    assert "GPU" in _one_line_error(run("bench", RELU))
+    for args in (["--baseline-only"], ["--train"], ["--device", "cuda"], ["--device", "cpu", "--report", "rep"]):
+        assert "GPU" in _one_line_error(run("bench", RELU, *args)), args
 
 
 def test_bench_missing_path_and_empty_out(run, tmp_path):

@@ -1,5 +1,7 @@
-"""Run problems one by one (one worker process per visible GPU) and summarise per level; a worker
-that a hung kernel ends is restarted (the problem runs once more, without the hung candidate).
+"""Run problems one by one (one worker process per visible GPU, or the workers of a Dask cluster:
+bench/cluster.py) and summarise per level; a worker that a hung kernel ends is restarted (the
+problem runs once more, without the hung candidate). On the CPU (`device` "cpu") each problem is
+optimized untimed, its kernels in Triton's interpreter: the rows say what verified, not how fast.
 
 fast_p (KernelBench): the share of problems that are correct *and* faster than the baseline by
 more than p. Geometric means are over problems with a timing on both sides.
@@ -71,11 +73,14 @@ def _one(path: str, opts: dict) -> dict:
 def _optimize(p, out: Path, opts: dict, no_rewrites: bool) -> dict:
     from kernelwright.pipeline import Options, optimize_problem
 
+    device = opts.get("device", "cuda")
     return optimize_problem(p, out, Options(budget_trials=opts["trials"], budget_s=opts["seconds"],
-                                            precision=opts["precision"], device="cuda", small=opts["small"],
+                                            precision=opts["precision"], device=device, small=opts["small"],
+                                            db_path=opts.get("db_path"),
                                             cuda_graphs=opts.get("cuda_graphs", True),
                                             compile_mode=opts.get("compile_mode") or "default",
-                                            mode=opts.get("mode", "both"), timed=opts.get("timed", True),
+                                            mode=opts.get("mode", "both"),
+                                            timed=opts.get("timed", True) and device == "cuda",
                                             no_library=opts.get("no_library", False), no_rewrites=no_rewrites,
                                             retune=True,  # a benchmark times the whole search
                                             log=lambda s: None))
@@ -202,7 +207,9 @@ def geomean(xs) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def summarise(rows: list[dict], baseline_only: bool) -> dict:
+def summarise(rows: list[dict], baseline_only: bool, timed: bool = True) -> dict:
+    """Per level: problem count, median wall time, and (unless `baseline_only`) the share that
+    verified; with `timed`, the geometric means of the speedups and fast_p as well."""
     levels: dict = {}
     for r in rows:
         levels.setdefault(r.get("level"), []).append(r)
@@ -211,9 +218,12 @@ def summarise(rows: list[dict], baseline_only: bool) -> dict:
         s = {"n": len(rs)}
         walls = sorted(r["wall_s"] for r in rs if r.get("wall_s") is not None)
         s["wall_s_median"] = walls[len(walls) // 2] if walls else None  # seconds per problem, end to end
-        s["compile_over_eager"] = geomean(r["times"]["eager"] / r["times"]["compile"] for r in rs
-                                          if "eager" in r.get("times", {}) and "compile" in r.get("times", {}))
-        if not baseline_only:
+        if timed:
+            s["compile_over_eager"] = geomean(r["times"]["eager"] / r["times"]["compile"] for r in rs
+                                              if "eager" in r.get("times", {}) and "compile" in r.get("times", {}))
+        if not timed:
+            s["correct"] = sum(1 for r in rs if r.get("correct")) / len(rs)
+        elif not baseline_only:
             for base in ("eager", "compile"):
                 sp = [r["times"][base] / r["times"]["kernelwright"] for r in rs
                       if r.get("correct") and base in r.get("times", {}) and "kernelwright" in r["times"]]
@@ -240,34 +250,52 @@ def summarise(rows: list[dict], baseline_only: bool) -> dict:
 
 
 def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_dir, small, compile_mode, echo,
-              cuda_graphs=True, mode="both", timed=True, no_library=False, no_rewrites=False, rewrites_ab=False):
+              cuda_graphs=True, mode="both", timed=True, no_library=False, no_rewrites=False, rewrites_ab=False,
+              device="cuda", cluster=None, db_path=None):
+    """Bench `files`: on the GPUs of this host (one worker process each), or with `cluster` (a
+    `--cluster` value: local:N or a scheduler's address) on the workers of a Dask cluster, whose
+    trials come back with each row and go into the trial database `db_path` here. `device` "cpu":
+    optimize untimed, report verification only."""
     import torch
 
+    on_gpu = device == "cuda"
     opts = dict(baseline_only=baseline_only, precision=precision, trials=trials, seconds=seconds,
                 out_dir=str(out_dir), small=small, compile_mode=compile_mode,
-                cuda_graphs=cuda_graphs, mode=mode, timed=timed, no_library=no_library, no_rewrites=no_rewrites,
-                rewrites_ab=rewrites_ab)
-    n_gpu = max(1, torch.cuda.device_count())
+                cuda_graphs=cuda_graphs, mode=mode, timed=timed and on_gpu, no_library=no_library,
+                no_rewrites=no_rewrites, rewrites_ab=rewrites_ab, device=device, db_path=db_path)
+    n_gpu = max(1, torch.cuda.device_count()) if on_gpu else 1
     paths = [str(f) for f in files]
     rows: list[dict] = []
-    echo(f"{len(paths)} problems, {n_gpu} GPU worker(s), precision {precision}, "
-         f"{'baselines only' if baseline_only else 'optimize + baselines'}")
-    header = f"{'problem':34s} {'eager ms':>9s} {'compile ms':>10s}" + ("" if baseline_only else f" {'kw ms':>9s} {'ok':>3s} {'vs compile':>10s}")
+    where = f"cluster {cluster}" if cluster else (f"{n_gpu} GPU worker(s)" if on_gpu else "1 CPU worker")
+    what = ("baselines only" if baseline_only else "optimize + baselines") if opts["timed"] or baseline_only \
+        else "optimize, verification only (untimed)"
+    echo(f"{len(paths)} problems, {where}, precision {precision}, {what}")
+    timed_rows = baseline_only or opts["timed"]
+    if timed_rows:
+        header = f"{'problem':34s} {'eager ms':>9s} {'compile ms':>10s}" + ("" if baseline_only else f" {'kw ms':>9s} {'ok':>3s} {'vs compile':>10s}")
+    else:
+        header = f"{'problem':34s} {'ok':>3s} {'units':>5s} {'wall s':>7s}"
     echo(header)
 
     def save():
         if json_out:
-            Path(json_out).write_text(json.dumps({"rows": rows, "summary": summarise(rows, baseline_only), "options": opts,
-                                                  "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__},
+            Path(json_out).write_text(json.dumps({"rows": rows, "summary": summarise(rows, baseline_only, timed_rows),
+                                                  "options": opts,
+                                                  "gpu": torch.cuda.get_device_name(0) if on_gpu else "cpu",
+                                                  "torch": torch.__version__},
                                                  indent=2, default=str))
 
     def show(r):
         t = r.get("times", {})
-        line = f"{('L' + str(r.get('level')) + ' ' + r['problem'])[:34]:34s} {t.get('eager', float('nan')):9.3f} {t.get('compile', float('nan')):10.3f}"
-        if not baseline_only:
+        name = f"{('L' + str(r.get('level')) + ' ' + r['problem'])[:34]:34s}"
+        ok = ("fb" if r.get("fallback") else "yes") if r.get("correct") else "NO"
+        if not timed_rows:
+            line = f"{name} {ok:>3s} {len(r.get('groups') or []):5d} {r.get('wall_s') or float('nan'):7.1f}"
+        else:
+            line = f"{name} {t.get('eager', float('nan')):9.3f} {t.get('compile', float('nan')):10.3f}"
+        if timed_rows and not baseline_only:
             kw = t.get("kernelwright")
             sp = t["compile"] / kw if kw and "compile" in t else float("nan")
-            ok = ("fb" if r.get("fallback") else "yes") if r.get("correct") else "NO"
             line += f" {kw or float('nan'):9.3f} {ok:>3s} {sp:10.2f}"
         if r.get("rules"):
             nr = t.get("kernelwright:no_rewrites")
@@ -281,8 +309,13 @@ def run_bench(files, baseline_only, precision, trials, seconds, json_out, out_di
         show(r)
         save()
 
-    run_workers([paths[g::n_gpu] for g in range(n_gpu)], opts, add)
-    summary = summarise(rows, baseline_only)
+    if cluster:
+        from kernelwright.bench.cluster import run_cluster
+
+        run_cluster(cluster, paths, opts, add, db_path=db_path, echo=echo)
+    else:
+        run_workers([paths[g::n_gpu] for g in range(n_gpu)], opts, add)
+    summary = summarise(rows, baseline_only, timed_rows)
     for lvl, s in summary.items():
         echo(f"{lvl}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items()))
     save()
