@@ -264,6 +264,10 @@ def run_cluster(spec: str, paths: list[str], opts: dict, on_row: Callable[[dict]
             for fut in ac:
                 finish(fut)
     finally:
+        try:  # (each worker's teardown removes the run's folder on its host)
+            client.unregister_worker_plugin(History.name)
+        except Exception:  # noqa: BLE001 - (no plugin registered yet, or the scheduler gone)
+            pass
         client.close()
         if cluster is not None:
             cluster.close()
