@@ -6,7 +6,7 @@ for stages that need the original object.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from kernelwright.capture.shapes import contiguous_strides
 
@@ -26,6 +26,12 @@ class TensorMeta:
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: str  # e.g. "float32"
+
+    @classmethod
+    def dense(cls, shape, dtype: str) -> "TensorMeta":
+        """A row-major (contiguous) tensor of this shape and dtype."""
+        shape = tuple(shape)
+        return cls(shape, contiguous_strides(shape), dtype)
 
     @property
     def numel(self) -> int:
@@ -122,6 +128,18 @@ def reading(node: "OpNode", mapping: dict[str, str]) -> "OpNode":
         return node
     return OpNode(node.name, node.target, renamed(node.args, mapping), renamed(node.kwargs, mapping), node.outs,
                   node.fx)
+
+
+def rebuilt(nodes: "list[OpNode]", gone: set[str], swap: dict, emit: Callable) -> "list[OpNode]":
+    """`nodes` in order without those named in `gone`; each node named in `swap` is replaced by what
+    `emit(node, swap[node.name], out)` appends to `out`, the list being built."""
+    out: list[OpNode] = []
+    for n in nodes:
+        if n.name in swap:
+            emit(n, swap[n.name], out)
+        elif n.name not in gone:
+            out.append(n)
+    return out
 
 
 @dataclass

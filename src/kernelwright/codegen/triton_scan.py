@@ -21,16 +21,13 @@ from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
-from kernelwright.space.axes import Axis, Space, pow2_range, union
+from kernelwright.space.axes import Axis, Space, next_pow2, pow2_range, union
 from kernelwright.space.config import Config
 
 NAME = "triton.scan"
 OPS = {"aten.cumsum.default": "sum", "aten.cumprod.default": "prod"}
 MAX_TILE = 16384  # elements of one register tile (one-pass rows are at most this long)
 
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 # -- geometry ----------------------------------------------------------------------------

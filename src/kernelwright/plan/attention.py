@@ -170,7 +170,7 @@ class _Matcher:
                 name += "_"
             self.names.add(name)
             keep = OpNode(name, "aten.logical_not.default", (Ref(masked),), {},
-                          [TensorMeta(tuple(mm.shape), contiguous_strides(tuple(mm.shape)), "bool")])
+                          [TensorMeta.dense(tuple(mm.shape), "bool")])
             nodes.append(keep)
         node = OpNode(out.name, SDPA, (Ref(q), Ref(k), Ref(v), None if keep is None else Ref(keep.name), 0.0, False),
                       {"scale": scale}, [TensorMeta(shape, heads_inner_strides(shape), "float32")], out.fx)

@@ -7,8 +7,7 @@ spatial dims of the input itself keep the group on the input's own domain.
 """
 from __future__ import annotations
 
-from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
-from kernelwright.capture.shapes import contiguous_strides
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, rebuilt
 
 _VIEWS = ("aten.view.default", "aten._unsafe_view.default")
 _BN = "aten._native_batch_norm_legit.no_stats"
@@ -54,28 +53,26 @@ def instance_norm_rows(graph: Graph) -> tuple[Graph, list[str]]:
         return graph, []
     drop = {v for view, (_, bn, item, _) in found.items() for v in (view, bn.name, item.name)}
     replace = {back.name: (view, x, bn) for view, (x, bn, _, back) in found.items()}
-    nodes, notes = [], []
-    for n in graph.nodes:
-        if n.name in drop:
-            continue
-        if n.name not in replace:
-            nodes.append(n)
-            continue
-        view, x, bn = replace[n.name]
+    notes: list[str] = []
+
+    def lower(n, match, nodes):
+        view, x, bn = match
         xm = graph.meta(x)
         dims = list(range(2, len(xm.shape)))
-        row = tuple(xm.shape[:2]) + (1,) * len(dims)
-        row_meta = TensorMeta(row, contiguous_strides(row), xm.dtype)
+        row = TensorMeta.dense(tuple(xm.shape[:2]) + (1,) * len(dims), xm.dtype)
         full = TensorMeta(tuple(xm.shape), tuple(xm.stride), xm.dtype)
-        eps = float(bn.args[5])
-        mean = OpNode(f"{n.name}_mean", "aten.mean.dim", (Ref(x), dims, True), {}, [row_meta])
-        var = OpNode(f"{n.name}_var", "aten.var.correction", (Ref(x), dims), {"correction": 0, "keepdim": True},
-                     [row_meta])
-        centred = OpNode(f"{n.name}_centred", "aten.sub.Tensor", (Ref(x), Ref(mean.name)), {}, [full])
-        shifted = OpNode(f"{n.name}_var_eps", "aten.add.Tensor", (Ref(var.name), eps), {}, [row_meta])
-        rstd = OpNode(f"{n.name}_rstd", "aten.rsqrt.default", (Ref(shifted.name),), {}, [row_meta])
-        nodes += [mean, var, centred, shifted, rstd,
-                  OpNode(n.name, "aten.mul.Tensor", (Ref(centred.name), Ref(rstd.name)), {}, [n.meta], n.fx)]
+
+        def op(suffix, target, args, meta, kwargs=None):
+            nodes.append(OpNode(f"{n.name}_{suffix}", target, tuple(args), kwargs or {}, [meta]))
+            return Ref(nodes[-1].name)
+
+        mean = op("mean", "aten.mean.dim", (Ref(x), dims, True), row)
+        var = op("var", "aten.var.correction", (Ref(x), dims), row, {"correction": 0, "keepdim": True})
+        centred = op("centred", "aten.sub.Tensor", (Ref(x), mean), full)
+        rstd = op("rstd", "aten.rsqrt.default", [op("var_eps", "aten.add.Tensor", (var, float(bn.args[5])), row)], row)
+        nodes.append(OpNode(n.name, "aten.mul.Tensor", (centred, rstd), {}, [n.meta], n.fx))
         notes.append(f"{n.name}: instance norm of {x} over its spatial dims (not a batch norm over a "
                      f"[1, N*C, ...] view, {view})")
+
+    nodes = rebuilt(graph.nodes, drop, replace, lower)
     return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from kernelwright.analyze.classify import is_view
-from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, reading
-from kernelwright.capture.shapes import channels_last_strides, contiguous_strides, refine_strides
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, rebuilt, reading
+from kernelwright.capture.shapes import channels_last_strides, refine_strides
 from kernelwright.ops import COMPOSITES, EVAL_BN, NORMS, POINTWISE, POOLS, REDUCTIONS, reduction_spec
 from kernelwright.plan.algebra import algebra as exact_algebra
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
@@ -159,7 +159,7 @@ def split_full_reductions(graph: Graph) -> tuple[Graph, list[str]]:
                 rows = tuple(s for i, s in enumerate(meta.shape) if i not in rd)
                 mean = "mean" in n.target
                 inner = OpNode(_unique(names, f"{n.name}_rows"), "aten.mean.dim" if mean else "aten.sum.dim_IntList",
-                               (Ref(x), list(rd), False), {}, [TensorMeta(rows, contiguous_strides(rows), meta.dtype)])
+                               (Ref(x), list(rd), False), {}, [TensorMeta.dense(rows, meta.dtype)])
                 outer = "aten.mean.default" if mean else "aten.sum.default"
                 nodes += [inner, OpNode(n.name, outer, (Ref(inner.name),), {}, n.outs)]
                 notes.append(f"{n.name}: {n.op} over all of {x} taken per row first ({inner.name}), so the row group "
@@ -197,8 +197,8 @@ def gather_log_softmax(graph: Graph) -> tuple[Graph, list[str]]:
             nodes.append(n)
             continue
         row = tuple(1 if i == d else s for i, s in enumerate(xm.shape))
-        rmeta = TensorMeta(row, contiguous_strides(row), xm.dtype)
-        full = TensorMeta(xm.shape, contiguous_strides(xm.shape), xm.dtype)
+        rmeta = TensorMeta.dense(row, xm.dtype)
+        full = TensorMeta.dense(xm.shape, xm.dtype)
 
         def node(base, target, args, meta):
             out = OpNode(_unique(names, f"{n.name}_{base}"), target, args, {}, [meta])
@@ -290,7 +290,7 @@ def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
         conv = OpNode(_unique(names, f"{n.name}_nobias"), n.target, (*n.args[:2], None, *n.args[3:]), dict(n.kwargs),
                       [m], n.fx)
         view = OpNode(_unique(names, f"{b.name}_view"), "aten.view.default", (b, list(view_shape)), {},
-                      [TensorMeta(view_shape, contiguous_strides(view_shape), bm.dtype)])
+                      [TensorMeta.dense(view_shape, bm.dtype)])
         nodes += [conv, view, OpNode(n.name, "aten.add.Tensor", (Ref(conv.name), Ref(view.name)), {}, n.outs)]
         fuses = n.name not in graph.outputs and all(_fuses_over(graph, u, n.meta.shape) for u in graph.users(n.name))
         notes.append(f"{n.name}: bias {b.name} added after the convolution ({conv.name})"
@@ -391,21 +391,16 @@ def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     by_prod = {pair[0].name: pair for pair in pairs}
     gone = {name for _, bn, item, _, _ in pairs for name in (bn.name, item.name)}
-    nodes, notes = [], []
+    notes: list[str] = []
 
-    def add(base, target, args, shape, dtype):
-        node = OpNode(_unique(names, base), target, tuple(args), {}, [TensorMeta(tuple(shape), contiguous_strides(shape), dtype)])
-        names.add(node.name)
-        nodes.append(node)
-        return Ref(node.name)
+    def fold(n, pair, nodes):
+        def add(base, target, args, shape, dtype):
+            node = OpNode(_unique(names, base), target, tuple(args), {}, [TensorMeta.dense(tuple(shape), dtype)])
+            names.add(node.name)
+            nodes.append(node)
+            return Ref(node.name)
 
-    for n in graph.nodes:
-        if n.name in gone:
-            continue
-        if n.name not in by_prod:
-            nodes.append(n)
-            continue
-        prod, bn, item, w, b = by_prod[n.name]
+        prod, bn, item, w, b = pair
         gamma, beta, mean, var, eps = bn.args[1], bn.args[2], bn.args[3], bn.args[4], bn.args[6]
         wm, dt = graph.meta(w.name), prod.meta.dtype
         c = (wm.shape[0],)
@@ -425,6 +420,8 @@ def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
         folded = OpNode(item.name, "aten.addmm.default", (b2, x, wt), {}, [item.meta], prod.fx)
         nodes.append(folded)
         notes.append(f"{bn.name}: inference batch norm folded into {prod.name}'s weight and bias")
+
+    nodes = rebuilt(graph.nodes, gone, by_prod, fold)
     return _with_nodes(graph, drop_unread(graph, nodes)), notes
 
 
@@ -559,7 +556,7 @@ def _view_of_channels_last(graph: Graph, n: OpNode, names: set[str], nodes: list
     if src not in restored:
         back = OpNode(_unique(names, f"{src}_contiguous"), "aten.clone.default", (Ref(src),),
                       {"memory_format": torch.contiguous_format},
-                      [TensorMeta(m.shape, contiguous_strides(m.shape), m.dtype)])
+                      [TensorMeta.dense(m.shape, m.dtype)])
         nodes.append(back)
         restored[src] = back.name
         notes.append(f"{back.name}: {src} copied back to the contiguous layout for {n.name}, a view channels-last "
@@ -599,7 +596,7 @@ def _view_of_copy(graph: Graph, n: OpNode, names: set[str], nodes: list[OpNode],
         m = graph.meta(src)
         back = OpNode(_unique(names, f"{src}_contiguous"), "aten.clone.default", (Ref(src),),
                       {"memory_format": torch.contiguous_format},
-                      [TensorMeta(m.shape, contiguous_strides(m.shape), m.dtype)])
+                      [TensorMeta.dense(m.shape, m.dtype)])
         nodes.append(back)
         restored[src] = back.name
         notes.append(f"{back.name}: {src} copied to the contiguous layout for {n.name} (the library picks its layout)")

@@ -20,6 +20,11 @@ from .config import Config, Value
 Constraint = Callable[[dict], bool]
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two at least n (1 for n <= 1): the block that covers n elements."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def pow2_range(lo: int, hi: int) -> list[int]:
     """Powers of two p with lo <= p <= hi, ascending (``pow2_range(128, 1024)`` -> 128..1024)."""
     if lo < 1 or hi < lo:

@@ -17,6 +17,7 @@ import itertools
 import math
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
+from kernelwright.space.axes import next_pow2
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 # a box config's extra keys: the tile's output pixels as a BOX_D x BOX_H x BOX_W box of one image,
@@ -52,9 +53,6 @@ SEEDS = {
 PRECISIONS = {"fp32": "fp32", "ieee": "fp32", "tf32": "tf32", "bf16": "bf16"}
 
 
-def _p2(x: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, x))))
-
 
 def smem_bytes(cfg: dict, elem_bytes: int) -> int:
     """Shared memory a config needs: its pipeline's A and B tiles (num_stages of them), or the
@@ -71,9 +69,9 @@ def block_k_cap(K: int | None, channels: int | None) -> int:
     loop's trips."""
     cap = 128
     if channels:
-        cap = min(cap, max(16, _p2(channels)) if channels >= 16 else 64)
+        cap = min(cap, max(16, next_pow2(channels)) if channels >= 16 else 64)
     if K:
-        cap = min(cap, max(16, _p2(K)))
+        cap = min(cap, max(16, next_pow2(K)))
     return cap
 
 
@@ -117,8 +115,8 @@ def conv_space(
         raise ValueError(f"unknown precision {precision!r}; one of {sorted(PRECISIONS)}")
     spec = spec or device_spec()
     eb = elem_bytes or (2 if prec == "bf16" else 4)
-    cap_m = max(32, _p2(M)) if M else 256
-    cap_n = max(16, _p2(N)) if N else 256
+    cap_m = max(32, next_pow2(M)) if M else 256
+    cap_n = max(16, next_pow2(N)) if N else 256
     cap_k = block_k_cap(K, channels)
     small = bool((M and M < 64) or (N and N < 64))
 
@@ -169,7 +167,7 @@ def conv_space(
         filled = [c for c in out if programs(c, M, N, groups) >= want]
         out = filled + [c for c in out if c not in filled] if len(filled) < 4 else filled
     if not out:  # tiny or odd problem: the smallest legal tile
-        out = [cfg(max(32, _p2(min_block_m)), cap_n if whole_n else 16, 16, 4, 2)]
+        out = [cfg(max(32, next_pow2(min_block_m)), cap_n if whole_n else 16, 16, 4, 2)]
     if box_out is not None and prec in BOX_SEEDS:
         # box and gather configs alternate: boxes win on large outputs and lose on small ones (where
         # host-side descriptor set-up and short rows cost more than the gathers), so a search of any
@@ -188,7 +186,7 @@ def best_box(out: tuple[int, int, int], pixels: int) -> tuple[int, int, int]:
         return math.prod(math.ceil(o / x) * x for o, x in zip(out, b)) / math.prod(out)
     cands = [(d, h, pixels // (d * h)) for d in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16, 32)
              if pixels % (d * h) == 0 and pixels // (d * h) >= 1]
-    cands = [b for b in cands if b[0] <= _p2(out[0]) and b[1] <= _p2(out[1]) and b[2] <= max(16, _p2(out[2]))
+    cands = [b for b in cands if b[0] <= next_pow2(out[0]) and b[1] <= next_pow2(out[1]) and b[2] <= max(16, next_pow2(out[2]))
              and b[2] >= min(16, pixels)]  # rows of 8 pixels ran slower than any wider box in the probe
     return min(cands or [(1, 1, pixels)], key=lambda b: (round(waste(b), 6), -b[2], -b[1]))
 

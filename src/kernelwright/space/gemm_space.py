@@ -15,6 +15,7 @@ import math
 from typing import TYPE_CHECKING, TypedDict
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
+from kernelwright.space.axes import next_pow2
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -28,9 +29,6 @@ ROW_REDUCE_MODES = ("sum", "mean", "max", "min", "logsumexp", "softmax", "log_so
 ROW_NORMALIZATIONS = ("softmax", "log_softmax", "tile")
 WHOLE_ROW = ROW_NORMALIZATIONS + ("tile_row",)
 
-
-def _p2(x: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
 def _cfg(bm, bn, bk, gm, w, s, sk) -> dict:
@@ -77,9 +75,9 @@ def _tile_space(
         num_stages=(2, 3, 4, 5),
         SPLIT_K=(1, 2, 4, 8) if split_k else (1,),
     )
-    cap_m = max(16, _p2(M)) if M else 256
-    cap_n = max(16, _p2(N)) if N else 256
-    cap_k = max(16, _p2(K)) if K else 128
+    cap_m = max(16, next_pow2(M)) if M else 256
+    cap_n = max(16, next_pow2(N)) if N else 256
+    cap_k = max(16, next_pow2(K)) if K else 128
     small = (M is not None and M < 64) or (N is not None and N < 64)
 
     def ok(c: dict) -> bool:
@@ -202,7 +200,7 @@ def gemm_space(precision: str = "tf32", *, max_configs: int = 60, tma: bool = Fa
 def whole_row_block_n(N: int) -> int:
     """BLOCK_N of a tile holding whole rows of N columns: the next power of two >= N (>= 16, tl.dot's
     minimum), exactly N where N is a power of two >= 16 (a row viewed as segments needs that)."""
-    return max(16, _p2(N))
+    return max(16, next_pow2(N))
 
 
 def rowreduce_space(precision: str = "tf32", *, reduce: str = "sum", max_configs: int = 40, tma: bool = False,
@@ -274,8 +272,8 @@ def depthwise_space(*, C: int | None = None, OW: int | None = None, max_configs:
     BLOCK_W columns) x BLOCK_N channels. BLOCK_W is the output width rounded up to a power of two
     (whole rows) or 32 (less masked-off waste when that rounding is large), at most BLOCK_M."""
     axes = dict(BLOCK_M=(32, 64, 128, 256, 512), BLOCK_N=(1, 2, 4, 8, 16, 32), num_warps=(1, 2, 4, 8))
-    cap_n = _p2(C) if C else 32
-    widths = sorted({_p2(OW) if OW else 64, 32})
+    cap_n = next_pow2(C) if C else 32
+    widths = sorted({next_pow2(OW) if OW else 64, 32})
     out = []
     for bm, bn, w in itertools.product(*axes.values()):
         elems = bm * bn
@@ -296,8 +294,8 @@ def depthwise_rows_space(*, C: int | None = None, OW: int | None = None, KH: int
     dilation 1): BLOCK_M columns x BLOCK_N channels x ROWS output rows per program; 1 to 16
     elements of a row tile per thread for 3 rows, fewer for taller kernels (each element has
     2 * KH - 1 float32 accumulators), whole rows (or 256 columns) first."""
-    cap_n = min(_p2(C) if C else 4, 4)
-    cap_m = max(32, min(256, _p2(OW) if OW else 128))
+    cap_n = min(next_pow2(C) if C else 4, 4)
+    cap_m = max(32, min(256, next_pow2(OW) if OW else 128))
     per_thread = min(16, 80 // (2 * KH - 1))
     out = []
     for bm, bn, rows, w in itertools.product((32, 64, 128, 256), (1, 2, 4), (4, 8, 16), (1, 2, 4)):

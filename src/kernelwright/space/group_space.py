@@ -7,12 +7,9 @@ numbers without one).
 from __future__ import annotations
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
-from kernelwright.space.axes import Axis, Space, pow2_range
+from kernelwright.space.axes import Axis, Space, next_pow2, pow2_range
 from kernelwright.space.config import Config
 
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def _warps_fit(c: dict) -> bool:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
-from kernelwright.space.axes import Axis, Space, pow2_range
+from kernelwright.space.axes import Axis, Space, next_pow2, pow2_range
 from kernelwright.space.config import Config
 
 NAME = "triton.rnn"
@@ -42,9 +42,6 @@ FMA_TILE_PER_THREAD = 32  # product-tile elements per thread on the fma path
 RESIDENT_REGS_PER_THREAD = 128  # registers per thread a resident W_hh slice may take
 ACCUMULATORS_PER_THREAD = 64  # gate accumulators ([BLOCK_B, BLOCK_H] per gate) per thread
 
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 @dataclass(frozen=True)
