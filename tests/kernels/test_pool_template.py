@@ -109,6 +109,36 @@ def test_channels_last_pool_reads_and_writes_channels_last(target, args, shape, 
         assert [t.stride() for t in got] == [r.stride() for r in refs]
 
 
+@pytest.mark.parametrize("target,args,shape,cl_in", [
+    ("aten.avg_pool3d.default", ([2, 2, 2], [2, 2, 2]), (2, 5, 4, 6, 6), True),
+    ("aten.avg_pool2d.default", ([3, 3], [2, 2], [1, 1], True, False), (2, 5, 8, 7), True),
+    ("aten.max_pool2d_with_indices.default", ([3, 2], [2, 1], [1, 1], [2, 1], True), (2, 5, 9, 7), True),
+    ("aten.max_pool3d_with_indices.default", ([3, 3, 3], [2, 2, 2], [1, 1, 1]), (1, 6, 4, 5, 5), False),
+])
+def test_pool_between_layouts(target, args, shape, cl_in, tmp_path):
+    """A channels-last input pooled into a contiguous result (aten.avg_pool3d's, after a channels-last
+    convolution) and the reverse: one pass, values and indices as the library's, each output in the
+    layout its metadata names."""
+    torch.manual_seed(0)
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    x = torch.randn(shape)
+    ref = getattr(torch.ops.aten, target.split(".")[1]).default(x, *args)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    if cl_in:
+        x = x.contiguous(memory_format=fmt)
+    else:
+        refs = tuple(r.contiguous(memory_format=fmt) for r in refs)
+    graph, node = _hand_graph(target, args, x, refs if len(refs) > 1 else refs[0])
+    assert graph.meta("x").contiguous != cl_in and node.outs[0].contiguous == cl_in
+    used = set(range(len(refs)))
+    for config in (TEMPLATE.default(graph, node), _other_config(graph, node)):
+        kernel = TEMPLATE.render(graph, node, config, used)
+        got = load_module_from_source(kernel.source, f"mixed_{config['BLOCK']}", tmp_path).launch(x)
+        for g, r in zip(got, refs):
+            assert g.stride() == r.stride()
+            torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)
+
+
 def test_indices_skipped_when_unused(tmp_path):
     graph, node, env = _setup(nn.MaxPool2d(3, 2, 1), torch.randn(1, 2, 7, 7))
     assert used_outputs(graph, node) == {0}
@@ -167,9 +197,9 @@ def test_unsupported_reasons():
     graph, node, _ = _setup(nn.MaxPool2d(2), torch.randn(1, 4, 4, 4))
     assert TEMPLATE.supports(graph, node, {0}) is None
     xin = graph.inputs[0]
-    cl = dataclasses.replace(xin, meta=TensorMeta(xin.meta.shape, (64, 1, 16, 4), "float32"))
-    g_cl = Graph(graph.name, [cl], graph.nodes, graph.outputs)
-    why = TEMPLATE.supports(g_cl, node, {0})
+    hw = dataclasses.replace(xin, meta=TensorMeta(xin.meta.shape, (64, 16, 1, 4), "float32"))  # H, W swapped
+    g_hw = Graph(graph.name, [hw], graph.nodes, graph.outputs)
+    why = TEMPLATE.supports(g_hw, node, {0})
     assert why and "contiguous" in why and "\n" not in why
     g_int = Graph(graph.name, [dataclasses.replace(xin, meta=TensorMeta(xin.meta.shape, xin.meta.stride, "int32"))],
                   graph.nodes, graph.outputs)
@@ -178,7 +208,7 @@ def test_unsupported_reasons():
     assert TEMPLATE.supports(graph, other, {0})
     assert TEMPLATE.supports(graph, node, set())
     with pytest.raises(ValueError):
-        TEMPLATE.render(g_cl, node, TEMPLATE.default(graph, node), {0})
+        TEMPLATE.render(g_hw, node, TEMPLATE.default(graph, node), {0})
 
 
 def test_launch_checks_shape_and_copies_other_strides(tmp_path):

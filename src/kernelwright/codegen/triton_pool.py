@@ -25,7 +25,7 @@ from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
 from kernelwright.ops import POOLS
-from kernelwright.space.axes import Axis, Space, pow2_range
+from kernelwright.space.axes import Axis, Space, next_pow2, pow2_range
 from kernelwright.space.config import Config
 
 TEMPLATE_NAME = "triton.pool"
@@ -36,10 +36,6 @@ _MAX_ARGS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 _AVG_ARGS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
 DTYPES = {"float32": "tl.float32", "float16": "tl.float32", "bfloat16": "tl.float32", "float64": "tl.float64"}
 _INT32_LIMIT = 2**31 - 1
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
 
 
 def _expand(value, nd: int, what: str) -> list[int]:
@@ -71,17 +67,25 @@ def pool_params(node: OpNode) -> dict:
                 count_include_pad=bool(got.get("count_include_pad", True)), divisor_override=None if div is None else int(div))
 
 
-def _layout(x, node: OpNode) -> str:
-    """"contiguous", or "cl" when the input and every output are channels-last ([N, C, (D,) H, W]
-    with C innermost in memory, as after a channels-last convolution)."""
-    if x.contiguous:
-        return "contiguous"
+def _is_cl(m, nd: int) -> bool:
+    """m is a channels-last [N, C, (D,) H, W] tensor (C innermost in memory, not also contiguous)."""
+    rank = len(m.shape)
+    return nd + 2 == rank and rank in (4, 5) and tuple(m.stride) == channels_last_strides(m.shape)
+
+
+def _layouts(x, node: OpNode) -> tuple[str, str] | None:
+    """(input layout, output layout), each "contiguous" or "cl" (channels-last), or None where either
+    side is neither or the outputs disagree. The kernel walks the outputs in the input's memory order
+    (the window reads, several per output, stay coalesced) and stores each output at its place in
+    the output's layout: a channels-last input pooled into a contiguous result (as aten.avg_pool3d
+    returns one) is one pass, with no copy of the input."""
     nd = TARGETS[node.target][1]
-    rank = len(x.shape)
-    if nd + 2 == rank and rank in (4, 5) and tuple(x.stride) == channels_last_strides(x.shape) and all(
-            m is None or tuple(m.stride) == channels_last_strides(m.shape) for m in node.outs):
-        return "cl"
-    return "other"
+    sides = []
+    for m in [x] + [m for m in node.outs if m is not None]:
+        sides.append("contiguous" if m.contiguous else "cl" if _is_cl(m, nd) else None)
+    if None in sides or len(set(sides[1:])) > 1:
+        return None
+    return sides[0], (sides[1] if len(sides) > 1 else sides[0])
 
 
 def _geometry(graph: Graph, node: OpNode) -> dict:
@@ -120,8 +124,9 @@ class PoolTemplate:
             return f"unsupported dtype {x.dtype}"
         if len(x.shape) < nd + 1:
             return f"input rank {len(x.shape)} too small for a {nd}-D pool"
-        if not x.contiguous and _layout(x, node) != "cl":
-            return f"input is neither contiguous nor channels-last with channels-last outputs (strides {list(x.stride)})"
+        if _layouts(x, node) is None:
+            return (f"input and outputs are not each contiguous or channels-last (strides {list(x.stride)} -> "
+                    f"{[list(m.stride) for m in node.outs if m is not None]})")
         try:
             pp = pool_params(node)
         except (KeyError, ValueError, TypeError) as e:
@@ -147,7 +152,7 @@ class PoolTemplate:
     def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
         """BLOCK outputs per program (32..2048, at most the output count rounded up to a power of
         two, min 64) x num_warps (1..8), with 1..16 outputs per thread."""
-        top = max(64, _next_pow2(node.outs[0].numel))
+        top = max(64, next_pow2(node.outs[0].numel))
 
         def fits(c: dict) -> bool:
             per_thread = c["BLOCK"] // (32 * c["num_warps"])
@@ -163,7 +168,7 @@ class PoolTemplate:
         num_warps = BLOCK / 128 clamped to 1..4."""
         spec = spec or device_spec()
         total = node.outs[0].numel
-        block = min(512, max(32, _next_pow2(total)))
+        block = min(512, max(32, next_pow2(total)))
         while block > 128 and -(-total // block) < 4 * spec.sms:
             block //= 2
         nw = max(1, min(4, block // 128))
@@ -178,6 +183,7 @@ class PoolTemplate:
         g = _geometry(graph, node)
         x, y = g["x"], g["y"]
         kind = g["kind"]
+        layout_in, layout_out = _layouts(x, node)
         store_values = kind == "avg" or 0 in used
         store_indices = kind == "max" and 1 in used
         n_out = len(node.outs)
@@ -199,7 +205,7 @@ class PoolTemplate:
         int64 = max(x.numel, y.numel) + block > _INT32_LIMIT
         writes = ", ".join((["values"] if store_values else []) + (["indices"] if store_indices else []))
         text = triton_template("pool.py.j2").render(
-            kind=kind, node=node.name, cl=_layout(x, node) == "cl", C=g["C"], target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
+            kind=kind, node=node.name, cl=layout_in == "cl", cl_out=layout_out == "cl", C=g["C"], target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
             in_shape=tuple(x.shape), in_stride=tuple(x.stride), out_shape=tuple(y.shape),
             dhw=(D, H, W), flat_in=[g["NC"], D, H, W], flat_out=[g["NC"], OD, OH, OW],
             ks=g["kernel"], st=g["stride"], pd=g["padding"], dl=g["dilation"], ceil=g["ceil_mode"],
