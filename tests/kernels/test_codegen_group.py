@@ -253,6 +253,31 @@ def test_a_norm_over_a_channels_last_conv_walks_its_input_in_memory_order(norm, 
         torch.testing.assert_close(out, env[graph.outputs[0]], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("log", [False, True])
+def test_a_softmax_over_a_channels_last_convs_pixels_splits_its_rows(log, tmp_path):
+    """A softmax over the flattened pixels of a channels-last convolution's result (KernelBench's
+    ConvTranspose3d + clamp + spatial softmax): few rows, long and strided. The split schedule
+    keeps each split's running max and sum of exp, combines them per row with the max's rescaling,
+    and matches eager, as the row schedule does; a row whose split holds only masked lanes adds 0."""
+    def forward(s, x):
+        y = torch.clamp(s.conv(x), 0.0, 1.0)
+        b, c = y.shape[:2]
+        z = (torch.log_softmax if log else torch.softmax)(y.view(b, c, -1), dim=2)
+        return z.view(y.shape) * s.scale
+
+    model = Fn(forward)
+    model.conv = nn.ConvTranspose3d(3, 8, 3, stride=2, padding=1, output_padding=1)
+    model.scale = nn.Parameter(torch.randn(1, 8, 1, 1, 1))
+    graph, env, group, low = _tf32_norm_group(model, torch.randn(2, 3, 2, 3, 4))
+    split = {"BLOCK_M": 4, "BLOCK_R": 16, "SPLIT": 8, "one_pass": False, "num_warps": 4, "num_stages": 1}
+    for tag, cfg in (("row", dict(MULTI_PASS, BLOCK_M=8, BLOCK_R=16)), ("split", split),
+                     ("wide", dict(split, BLOCK_M=64, BLOCK_R=64, SPLIT=32)), ("reverse", dict(split, APPLY_REVERSE=True))):
+        k, _, outs = _run(graph, group, env, cfg, tmp_path, f"softmax_{log}_{tag}")
+        assert ("_partial" in k.source) == (tag != "row")
+        out = outs[k.outputs.index(graph.outputs[0])]
+        torch.testing.assert_close(out, env[graph.outputs[0]], rtol=1e-5, atol=1e-5)
+
+
 def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():
     from kernelwright.codegen.triton_group import extent, lower, needs_int64
 

@@ -121,9 +121,19 @@ def test_split_reduction_matches_and_refuses_domain_outputs():
         def forward(self, x):
             return torch.softmax(x, -1)
 
-    g2 = capture(from_module(Softmax(), [torch.randn(2, 40)]))
+    xs = torch.randn(2, 40) * 10
+    g2 = capture(from_module(Softmax(), [xs]))
+    k2 = render_group(g2, plan_graph(g2).groups[0], {"BLOCK_M": 1, "BLOCK_R": 16, "SPLIT": 2, "one_pass": False})
+    mod2 = load_module_from_source(k2.source, "softmax_split", os.path.join(ROOT, ".pytest_kw_cache"))
+    torch.testing.assert_close(mod2.launch(xs)[0], torch.softmax(xs, -1), rtol=1e-5, atol=1e-6)
+
+    class Centred(nn.Module):  # a sum over values that need the row's max first: not splittable
+        def forward(self, x):
+            return (x - x.amax(-1, keepdim=True)).sum(-1)
+
+    g3 = capture(from_module(Centred(), [xs]))
     with pytest.raises(Unsupported):
-        render_group(g2, plan_graph(g2).groups[0], {"BLOCK_M": 1, "BLOCK_R": 16, "SPLIT": 2, "one_pass": False})
+        render_group(g3, plan_graph(g3).groups[0], {"BLOCK_M": 1, "BLOCK_R": 16, "SPLIT": 2, "one_pass": False})
 
 
 @pytest.mark.parametrize("cfg", [

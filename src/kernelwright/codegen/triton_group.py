@@ -747,9 +747,9 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
     (2) combine them and compute every per-row value, (3) if the group writes domain-shaped
     outputs, an elementwise pass that reads the per-row values back from small buffers."""
     reduces = [s for s in low.stmts if s.kind == "reduce"]
-    if not reduces or any(s.op != "welford" and not (s.op in REDUCTIONS and REDUCTIONS[s.op].combine)
+    if not reduces or any(s.op not in ("welford", "online_softmax") and not (s.op in REDUCTIONS and REDUCTIONS[s.op].combine)
                           for s in reduces):
-        raise Unsupported("split reduction needs sum/max/min/Welford reductions only")
+        raise Unsupported("split reduction needs sum/max/min/Welford/online-softmax reductions only")
     closures = {s.var: _closure(low, by_var, [s.deps[0]]) for s in reduces}
     for s in reduces:
         for st in closures[s.var]:
@@ -788,6 +788,26 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
                        f"pq{k} = tl.load({src_at} + {2 * plane}, mask=smask, other=0.0)",
                        f"{s.code} = tl.sum(pn{k} * pm{k}, axis=1)[:, None] / {format_float(R)}",
                        f"{s.var} = tl.sum(pq{k} + pn{k} * (pm{k} - {s.code}) * (pm{k} - {s.code}), axis=1)[:, None]"]
+        elif s.op == "online_softmax":
+            # per (row, split): the chunk's max and sum(exp(x - max)); rescaled to the row's max when combined
+            part_docs.append(f"partial max and sum of exp(x - max) per (row, split): [2, {M}, {split}]")
+            allocs.append(f"{part} = _scratch('{part}', (2, {M}, {split}), out0.device)")
+            init += [f"mx{k} = tl.full([BLOCK_M, BLOCK_R], float('-inf'), tl.float32)",
+                     f"se{k} = tl.zeros([BLOCK_M, BLOCK_R], tl.float32)"]
+            body += [f"cand{k} = tl.where(mask, {src}, float('-inf'))",
+                     f"mn{k} = tl.maximum(mx{k}, cand{k})",
+                     f"ms{k} = tl.where(mn{k} == float('-inf'), 0.0, mn{k})",
+                     f"se{k} = se{k} * tl.exp(mx{k} - ms{k}) + tl.where(mask, tl.exp(cand{k} - ms{k}), 0.0)",
+                     f"mx{k} = mn{k}"]
+            post_a += [f"rm{k} = tl.max(mx{k}, axis=1)[:, None]",
+                       f"rs{k} = tl.sum(se{k} * tl.exp(mx{k} - tl.where(rm{k} == float('-inf'), 0.0, rm{k})), axis=1)[:, None]",
+                       f"tl.store({at}, rm{k}, mask=mmask)", f"tl.store({at} + {plane}, rs{k}, mask=mmask)"]
+            src_at = f"{part} + m * {split} + s"
+            finish += [f"pm{k} = tl.load({src_at}, mask=smask, other=float('-inf'))",
+                       f"ps{k} = tl.load({src_at} + {plane}, mask=smask, other=0.0)",
+                       f"{s.code} = tl.max(pm{k}, axis=1)[:, None]",
+                       f"{s.var} = tl.sum(ps{k} * tl.exp(pm{k} - tl.where({s.code} == float('-inf'), 0.0, {s.code})), "
+                       "axis=1)[:, None]"]
         else:
             red = REDUCTIONS[s.op]
             part_docs.append(f"partial {s.op} per (row, split): [{M}, {split}]")
