@@ -167,6 +167,35 @@ def test_convs_feeding_a_norm_run_channels_last_and_the_returned_value_keeps_eag
     _close(g, s, model, [x])
 
 
+def test_planned_layouts_give_each_value_the_layout_its_metadata_names():
+    """Under tf32 the plan keeps a layer norm's result channels-last, but aten.native_layer_norm
+    returns it contiguous: the tuning environment (run_graph with planned_layouts) holds each value
+    in its planned layout, with the same values; expanded and gapped tensors stay as they are."""
+    from kernelwright.capture.execute import in_planned_layout
+    from kernelwright.capture.graph import TensorMeta
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.GroupNorm(2, 8), nn.Tanh(), nn.AvgPool2d(2))
+    x = torch.randn(2, 3, 9, 9)
+    s, _ = rewrite(capture(from_module(model, [x])), "tf32")
+    plain = run_graph(s, model, [x], keep=True)
+    planned = run_graph(s, model, [x], keep=True, planned_layouts=True)
+    moved = 0
+    for n in s.nodes:
+        a, b = plain[n.name], planned[n.name]
+        if not isinstance(a, torch.Tensor):
+            continue
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+        assert all(sh == 1 or st == ms for sh, st, ms in zip(b.shape, b.stride(), n.meta.stride)), n.name
+        moved += a.stride() != b.stride()
+    assert moved >= 1  # the norm's result, which the library returns contiguous
+    wide = torch.randn(4, 1).expand(4, 6)
+    assert in_planned_layout(wide, TensorMeta.dense((4, 6), "float32")) is wide  # expanded: left alone
+    t = torch.randn(6, 4).t()
+    assert in_planned_layout(t, TensorMeta((4, 6), (1, 4), "float32")) is t  # already so
+    c = in_planned_layout(t, TensorMeta.dense((4, 6), "float32"))
+    assert c.is_contiguous() and torch.equal(c, t)
+
+
 class ConvViews(nn.Module):
     """A [N, C, H, W] value viewed as [1, N * C, H, W] (no view of the channels-last tensor has that
     shape); flattening H and W is a view in both layouts. With `pool`, the merged view reads a max

@@ -93,10 +93,39 @@ def input_device(env: dict) -> torch.device | None:
     return None
 
 
-def run_graph(graph: Graph, model: torch.nn.Module, inputs: list, keep: bool | set[str] = False):
+def _dense(shape, stride) -> bool:
+    """Strides that place every element at its own offset of one dense block (a permuted layout:
+    contiguous, channels-last, a transpose), not an expanded or gapped view."""
+    dims = sorted((st, sh) for sh, st in zip(shape, stride) if sh != 1)
+    span = 1
+    for st, sh in dims:
+        if st != span:
+            return False
+        span *= sh
+    return True
+
+
+def in_planned_layout(value, meta):
+    """`value` laid out as `meta` says, where it is a tensor whose layout differs only by a
+    permutation of a dense block (a copy in `meta`'s strides); else `value` itself."""
+    if not isinstance(value, torch.Tensor) or meta is None or tuple(value.shape) != tuple(meta.shape):
+        return value
+    same = all(sh == 1 or a == b for sh, a, b in zip(meta.shape, value.stride(), meta.stride))
+    if same or not _dense(meta.shape, meta.stride) or not _dense(value.shape, value.stride()):
+        return value
+    out = torch.empty_strided(tuple(meta.shape), tuple(meta.stride), dtype=value.dtype, device=value.device)
+    return out.copy_(value)
+
+
+def run_graph(graph: Graph, model: torch.nn.Module, inputs: list, keep: bool | set[str] = False,
+              planned_layouts: bool = False):
     """Run the whole graph; returns the user outputs (a list), or, with `keep`, the environment:
     every value (keep=True), or the graph's inputs and the values named in `keep` (a set; the
-    other values are let go after their last use, so the run holds about what eager holds)."""
+    other values are let go after their last use, so the run holds about what eager holds).
+    planned_layouts: each value in the layout its node's metadata gives it (a library op may
+    return another: aten.native_layer_norm a contiguous result of a channels-last input the plan
+    keeps channels-last), so that a unit is timed and checked on inputs laid out as the emitted
+    forward lays them out."""
     env = bind_inputs(graph, model, inputs)
     device = input_device(env)
     names = keep if isinstance(keep, (set, frozenset)) else None
@@ -111,6 +140,8 @@ def run_graph(graph: Graph, model: torch.nn.Module, inputs: list, keep: bool | s
                 dead.setdefault(i, []).append(v)
     for i, node in enumerate(graph.nodes):
         env[node.name] = run_node(node, env, device)
+        if planned_layouts:
+            env[node.name] = in_planned_layout(env[node.name], node.meta)
         for v in dead.get(i, ()):
             env.pop(v, None)
     if keep:

@@ -202,10 +202,19 @@ class PoolTemplate:
         OD, OH, OW = g["outs"]
         KD, KH, KW = g["K"]
         block = int(cfg.get("BLOCK", 256))
+        C = g["C"]
+        if layout_in != layout_out:  # [block // cb pixels, cb channels] tiles (the template says why)
+            cb = min(32, next_pow2(C), block)
+            n_cb = -(-C // cb)
+            programs = f"{n_cb} * triton.cdiv({g['total'] // C}, {block // cb})"
+            tile = "[BLOCK // CB, CB]"
+        else:
+            cb, n_cb, programs, tile = 0, 1, f"triton.cdiv({g['total']}, {block})", "[BLOCK]"
         int64 = max(x.numel, y.numel) + block > _INT32_LIMIT
         writes = ", ".join((["values"] if store_values else []) + (["indices"] if store_indices else []))
         text = triton_template("pool.py.j2").render(
-            kind=kind, node=node.name, cl=layout_in == "cl", cl_out=layout_out == "cl", C=g["C"], target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
+            kind=kind, node=node.name, cl=layout_in == "cl", cl_out=layout_out == "cl", C=C, CB=cb, n_cb=n_cb,
+            programs=programs, tile=tile, target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
             in_shape=tuple(x.shape), in_stride=tuple(x.stride), out_shape=tuple(y.shape),
             dhw=(D, H, W), flat_in=[g["NC"], D, H, W], flat_out=[g["NC"], OD, OH, OW],
             ks=g["kernel"], st=g["stride"], pd=g["padding"], dl=g["dilation"], ceil=g["ceil_mode"],

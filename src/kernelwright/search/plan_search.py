@@ -167,8 +167,10 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
     graph = plan.graph
     model, inputs = problem.make_model(device), problem.make_inputs(0, device)
     with torch.no_grad(), policy.active():
-        # the values the tuners read: what crosses a unit's boundary (inputs and outputs of units)
-        env = run_graph(graph, model, inputs, keep={v for u in plan.units for v in u.outputs} | set(graph.mutations))
+        # the values the tuners read: what crosses a unit's boundary (inputs and outputs of units), laid
+        # out as the emitted forward lays them out
+        env = run_graph(graph, model, inputs, keep={v for u in plan.units for v in u.outputs} | set(graph.mutations),
+                        planned_layouts=True)
     job = _Job(problem, graph, env, policy, device, timed, cache_dir, opts.backend,
                TrialDB(default_db_path(opts.db_path), priors=packaged_priors()), opts.log, [], Tuned(), device_spec(),
                bool(getattr(opts, "no_library", False)), reuse=not getattr(opts, "retune", True),
