@@ -92,6 +92,7 @@ def templates() -> list[NodeTemplate]:
     """Every node template, in the order template_for tries them. A template module that fails
     to import raises here: a missing template would otherwise only show as slower programs."""
     from kernelwright.codegen.conv_layout import TEMPLATE as conv_layout
+    from kernelwright.codegen.conv_transpose_forward import TEMPLATE as conv_transpose_forward
     from kernelwright.codegen.triton_depthwise import TEMPLATE as depthwise
     from kernelwright.codegen.triton_layout import TEMPLATE as layout_copy
     from kernelwright.codegen.triton_pool import TEMPLATE as pool
@@ -99,7 +100,7 @@ def templates() -> list[NodeTemplate]:
     from kernelwright.codegen.triton_scan import TEMPLATE as scan
 
     # a depthwise conv gets the direct kernel before the layout variant
-    return [pool, scan, depthwise, layout_copy, conv_layout, rnn]
+    return [pool, scan, depthwise, layout_copy, conv_layout, conv_transpose_forward, rnn]
 
 
 def template_for(graph: Graph, node: OpNode) -> tuple[NodeTemplate | None, str]:
