@@ -134,7 +134,9 @@ def test_long_strided_rows_search_split_and_row_schedules():
     assert base.template == "triton.split" and base["BLOCK_M"] == 64  # 64 rows side by side ...
     assert M * base["SPLIT"] // base["BLOCK_M"] >= 256  # ... and two programs per SM of 132
     seeds = seed_configs(M, R, False, r_contiguous=False)
-    assert seeds[0] == base and seeds[1].template == "triton.row" and all(c in space for c in seeds)
+    # the split tile half as wide next, then the row schedule
+    assert seeds[0] == base and seeds[1] == base.replace(BLOCK_M=32) and seeds[2].template == "triton.row"
+    assert all(c in space for c in seeds)
     # contiguous rows keep the row space alone
     assert {c.template for c in group_space(M, R, False)} == {"triton.row"}
     # training batch norm over a [8192, 4096] GEMM result: 4096 strided rows of 8192 elements; 32
@@ -142,8 +144,25 @@ def test_long_strided_rows_search_split_and_row_schedules():
     M, R = 4096, 8192
     assert strided_long_rows(M, R, False) and not strided_long_rows(M, 2048, False)
     seeds = seed_configs(M, R, False, r_contiguous=False)
-    assert [c.template for c in seeds[:2]] == ["triton.split", "triton.row"]
+    assert [c.template for c in seeds[:3]] == ["triton.split", "triton.split", "triton.row"]
     assert M * seeds[0]["SPLIT"] // seeds[0]["BLOCK_M"] >= 264
+
+
+def test_strided_rows_try_more_warps_before_other_variants_and_never_stream_one_row():
+    """A reduction over strided rows that fill the GPU (an instance norm over a channels-last
+    result): the 32 x 32 default, then twice its warps; no one-row streaming seed, whose row
+    elements lie a cache line apart."""
+    from kernelwright.space.group_space import default_config, group_space, seed_configs, strided_long_rows
+
+    M, R = 16384, 15876
+    assert not strided_long_rows(M, R, False)
+    base = default_config(M, R, False, r_contiguous=False)
+    seeds = seed_configs(M, R, False, r_contiguous=False)
+    assert seeds[0] == base and (base["BLOCK_M"], base["BLOCK_R"]) == (32, 32)
+    assert seeds[1] == base.replace(num_warps=2 * base["num_warps"])
+    assert all(c["BLOCK_M"] > 1 for c in seeds) and set(seeds) <= set(group_space(M, R, False, r_contiguous=False))
+    # contiguous rows keep the streaming seed second
+    assert seed_configs(M, R, False)[1]["BLOCK_M"] == 1
 
 
 # ---- spaces sized by the device's DeviceSpec -------------------------------------------------
@@ -221,7 +240,7 @@ H200_FINGERPRINTS = {
     'group 65536x8192': (321, ['triton.row[BLOCK_M=1,BLOCK_R=8192,EVICT=False,num_stages=1,num_warps=4,one_pass=True]', 'triton.row[BLOCK_M=1,BLOCK_R=8192,EVICT=False,num_stages=1,num_warps=8,one_pass=True]'], 'dfca0169df7f'),  # noqa: E501
     'group 512x401408 strided': (623, ['triton.split[BLOCK_M=1,BLOCK_R=128,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]', 'triton.split[BLOCK_M=1,BLOCK_R=256,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]'], '50a3d4efa9d2'),  # noqa: E501
     'group 64x131072 split': (383, ['triton.split[BLOCK_M=1,BLOCK_R=128,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]', 'triton.split[BLOCK_M=1,BLOCK_R=128,SPLIT=64,num_stages=1,num_warps=4,one_pass=False]'], 'da833251c109'),  # noqa: E501
-    'seeds 4096x8192 strided': (6, ['triton.split[BLOCK_M=64,BLOCK_R=64,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]', 'triton.row[BLOCK_M=32,BLOCK_R=32,EVICT=False,num_stages=1,num_warps=4,one_pass=False]'], '7b1756a81b50'),  # noqa: E501
+    'seeds 4096x8192 strided': (6, ['triton.split[BLOCK_M=64,BLOCK_R=64,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]', 'triton.split[BLOCK_M=32,BLOCK_R=64,SPLIT=32,num_stages=1,num_warps=4,one_pass=False]'], 'da27f0f00957'),  # noqa: E501
     'seeds 128x200704 strided': (4, ['triton.split[BLOCK_M=64,BLOCK_R=64,SPLIT=128,num_stages=1,num_warps=4,one_pass=False]', 'triton.split[BLOCK_M=32,BLOCK_R=64,SPLIT=128,num_stages=1,num_warps=4,one_pass=False]'], 'e288c18386ba'),  # noqa: E501
     'default 64x131072': (1, ['triton.split[BLOCK_M=1,BLOCK_R=2048,SPLIT=32,num_stages=1,num_warps=8,one_pass=False]'], '5ce491117a44'),  # noqa: E501
     'scan 4x64x33 dim 1': (74, ['triton.scan[BLOCK_INNER=16,BLOCK_N=64,num_stages=1,num_warps=1,one_pass=True]', 'triton.scan[BLOCK_INNER=16,BLOCK_N=64,num_stages=1,num_warps=2,one_pass=True]'], '7a48b6a86b79'),  # noqa: E501

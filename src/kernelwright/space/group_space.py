@@ -125,10 +125,14 @@ def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *,
     space = set(group_space(M, R, pointwise, r_contiguous, spec=spec))
     out = [base]
     nw = base["num_warps"]
-    if strided_long_rows(M, R, r_contiguous, spec=spec):  # the row schedule is measured right after the split one
+    if strided_long_rows(M, R, r_contiguous, spec=spec):
+        # the split tile half as wide, then the row schedule: a channels-last conv's GELU + global
+        # mean (M=8192, R=64516) on the H200 took 0.76 ms in 32 x 64 split tiles, 1.14 in 64 x 64 and
+        # 2.47 in 32 x 32 rows (`803f7b4`, docs/benchmarks.md "KernelBench level-2 convolutions")
         row = Config.make("triton.row", BLOCK_M=min(32, next_pow2(M)), BLOCK_R=32, one_pass=False, num_warps=4,
                           num_stages=1, EVICT=False)
-        out += [c for c in (row, base.replace(SPLIT=base["SPLIT"] * 2)) if c in space]
+        narrow = base.replace(BLOCK_M=base["BLOCK_M"] // 2) if base["BLOCK_M"] > 1 else base
+        out += [c for c in (narrow, row, base.replace(SPLIT=base["SPLIT"] * 2)) if c in space and c not in out]
     if base.template == "triton.split":
         variants = [base.replace(SPLIT=base["SPLIT"] // 2), base.replace(SPLIT=base["SPLIT"] * 2),
                     base.replace(BLOCK_R=4096), base.replace(num_warps=4)]
@@ -140,9 +144,16 @@ def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *,
     chunk = min(4096, base["BLOCK_R"] // 2 if base["one_pass"] else 4096)
     streaming = base.replace(BLOCK_M=1, BLOCK_R=chunk, one_pass=False, num_warps=16 if chunk >= 4096 else 8)
     # torch.compile's reductions mark a row's first read evict_last and its last read evict_first
-    for c in (streaming, base.replace(EVICT=True), streaming.replace(EVICT=True),
-              base.replace(num_warps=nw * 2), base.replace(num_warps=max(1, nw // 2)),
-              base.replace(BLOCK_M=base["BLOCK_M"] * 2), base.replace(BLOCK_M=base["BLOCK_M"] * 4, num_warps=nw * 2)):
+    variants = [streaming, base.replace(EVICT=True), streaming.replace(EVICT=True),
+                base.replace(num_warps=nw * 2), base.replace(num_warps=max(1, nw // 2)),
+                base.replace(BLOCK_M=base["BLOCK_M"] * 2), base.replace(BLOCK_M=base["BLOCK_M"] * 4, num_warps=nw * 2)]
+    if not r_contiguous:
+        # strided rows: twice the warps next, and no one-row streaming (a row's elements are a line
+        # apart): an instance norm over a channels-last conv's result (M=16384, R=15876) on the H200
+        # took 1.35 ms in 32 x 32 tiles with 8 warps, 1.56 with 4, 5.06 streaming one row (`803f7b4`)
+        variants = [base.replace(num_warps=nw * 2), base.replace(EVICT=True), base.replace(BLOCK_M=base["BLOCK_M"] * 2),
+                    base.replace(BLOCK_M=base["BLOCK_M"] * 2, num_warps=nw * 2)]
+    for c in variants:
         if c in space and c not in out:
             out.append(c)
     return out
