@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.shapes import dense_permuted
 
 
 def resolve(target: str):
@@ -93,25 +94,13 @@ def input_device(env: dict) -> torch.device | None:
     return None
 
 
-def _dense(shape, stride) -> bool:
-    """Strides that place every element at its own offset of one dense block (a permuted layout:
-    contiguous, channels-last, a transpose), not an expanded or gapped view."""
-    dims = sorted((st, sh) for sh, st in zip(shape, stride) if sh != 1)
-    span = 1
-    for st, sh in dims:
-        if st != span:
-            return False
-        span *= sh
-    return True
-
-
 def in_planned_layout(value, meta):
     """`value` laid out as `meta` says, where it is a tensor whose layout differs only by a
     permutation of a dense block (a copy in `meta`'s strides); else `value` itself."""
     if not isinstance(value, torch.Tensor) or meta is None or tuple(value.shape) != tuple(meta.shape):
         return value
     same = all(sh == 1 or a == b for sh, a, b in zip(meta.shape, value.stride(), meta.stride))
-    if same or not _dense(meta.shape, meta.stride) or not _dense(value.shape, value.stride()):
+    if same or not dense_permuted(meta.shape, meta.stride) or not dense_permuted(value.shape, value.stride()):
         return value
     out = torch.empty_strided(tuple(meta.shape), tuple(meta.stride), dtype=value.dtype, device=value.device)
     return out.copy_(value)

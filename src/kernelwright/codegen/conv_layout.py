@@ -5,18 +5,17 @@ the library call in NCHW stays the baseline, and this variant only wins when mea
 """
 from __future__ import annotations
 
-from kernelwright.analyze.device import DeviceSpec
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.codegen.conv_args import float32_conv2d
-from kernelwright.codegen.node_kernels import NodeKernel
+from kernelwright.codegen.node_kernels import NodeKernel, OneConfig
 from kernelwright.codegen.templating import triton_template
-from kernelwright.space.config import Config
 
 NAME = "torch.conv_channels_last"
 
 
-class ConvLayoutTemplate:
+class ConvLayoutTemplate(OneConfig):
     name = NAME
+    CONFIG = {"layout": "channels_last"}
 
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
         metas = float32_conv2d(graph, node)
@@ -26,12 +25,6 @@ class ConvLayoutTemplate:
         if not xm.contiguous or not wm.contiguous:
             return "the input is not in the default layout"
         return None
-
-    def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
-        return [self.default(graph, node, spec)]
-
-    def default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> Config:
-        return Config.make(NAME, layout="channels_last")
 
     def render(self, graph: Graph, node: OpNode, config: dict, used: set[int]) -> NodeKernel:
         x, w, b, stride, padding, dilation, transposed, output_padding, groups = node.args

@@ -9,13 +9,11 @@ where it measures faster, like every other candidate.
 """
 from __future__ import annotations
 
-from kernelwright.analyze.device import DeviceSpec
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import channels_last_strides
 from kernelwright.codegen.conv_args import CONV
-from kernelwright.codegen.node_kernels import NodeKernel
+from kernelwright.codegen.node_kernels import NodeKernel, OneConfig
 from kernelwright.codegen.templating import triton_template
-from kernelwright.space.config import Config
 
 NAME = "torch.conv_transpose_as_conv"
 
@@ -24,8 +22,9 @@ def _ints(v, nd: int) -> list[int]:
     return [int(v)] * nd if isinstance(v, int) else [int(x) for x in v]
 
 
-class ConvTransposeForwardTemplate:
+class ConvTransposeForwardTemplate(OneConfig):
     name = NAME
+    CONFIG = {"form": "forward"}
 
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
         if node.target != CONV or len(node.args) < 9:
@@ -46,12 +45,6 @@ class ConvTransposeForwardTemplate:
         if any(p > d * (kk - 1) for p, d, kk in zip(_ints(padding, nd), _ints(dilation, nd), k)):
             return "padding wider than the dilated kernel: the forward convolution would need negative padding"
         return None
-
-    def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
-        return [self.default(graph, node, spec)]
-
-    def default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> Config:
-        return Config.make(NAME, form="forward")
 
     def render(self, graph: Graph, node: OpNode, config: dict, used: set[int]) -> NodeKernel:
         why = self.supports(graph, node, used)

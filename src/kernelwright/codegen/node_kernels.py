@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kernelwright.analyze.device import DeviceSpec
-from kernelwright.capture.graph import Graph, OpNode
+from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.space.config import Config
 
 
@@ -49,6 +49,30 @@ class NodeTemplate(Protocol):
 
     def render(self, graph: Graph, node: OpNode, config: dict, used: set[int]) -> NodeKernel:
         """The module text for `config`."""
+
+
+class OneConfig:
+    """A node template with a single config (a library variant): its space is its default,
+    `Config.make(name, **CONFIG)`."""
+
+    name: str
+    CONFIG: dict
+
+    def space(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> list[Config]:
+        return [self.default(graph, node, spec)]
+
+    def default(self, graph: Graph, node: OpNode, spec: DeviceSpec | None = None) -> Config:
+        return Config.make(self.name, **self.CONFIG)
+
+
+def op_with_tensor_input(node: OpNode, targets, kind: str) -> str | None:
+    """Why `node` is not one of `targets` (a `kind`, for the message) reading a tensor value as its
+    first argument; None when it is (the first check of most node templates' ``supports``)."""
+    if node.target not in targets:
+        return f"{node.target} is not a {kind}"
+    if not node.args or not isinstance(node.args[0], Ref):
+        return f"the {kind}'s input is not a tensor value"
+    return None
 
 
 def policy_kwargs(template: NodeTemplate, policy: str | None) -> dict:

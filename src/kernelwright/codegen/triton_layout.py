@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 
 from kernelwright.analyze.device import DeviceSpec
-from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
-from kernelwright.codegen.node_kernels import NodeKernel
+from kernelwright.codegen.node_kernels import NodeKernel, op_with_tensor_input
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
 from kernelwright.space.axes import Axis, Space
@@ -37,9 +37,9 @@ class LayoutCopyTemplate:
     name = NAME
 
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
-        if node.target not in ("aten.clone.default", "aten._to_copy.default") or not node.args \
-                or not isinstance(node.args[0], Ref):
-            return "not a clone or a cast"
+        why = op_with_tensor_input(node, ("aten.clone.default", "aten._to_copy.default"), "clone or cast")
+        if why is not None:
+            return why
         if node.target == "aten._to_copy.default" and not set(node.kwargs) <= {"dtype", "memory_format"}:
             return "a cast with more than a dtype and a memory format"
         x, y = graph.meta(node.args[0].name), node.meta

@@ -19,9 +19,9 @@ or the number of in-bounds elements; a window with no in-bounds element gives 0.
 from __future__ import annotations
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
-from kernelwright.capture.graph import Graph, OpNode, Ref
+from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.capture.shapes import channels_last_strides
-from kernelwright.codegen.node_kernels import NodeKernel
+from kernelwright.codegen.node_kernels import NodeKernel, op_with_tensor_input
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
 from kernelwright.ops import POOLS
@@ -112,10 +112,9 @@ class PoolTemplate:
 
     # -- applicability ------------------------------------------------------------------------
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
-        if node.target not in TARGETS:
-            return f"{node.target} is not a pooling op"
-        if not node.args or not isinstance(node.args[0], Ref):
-            return "input is not a tensor value"
+        why = op_with_tensor_input(node, TARGETS, "pooling op")
+        if why is not None:
+            return why
         x = graph.meta(node.args[0].name)
         if x is None or not node.outs or node.outs[0] is None:
             return "missing tensor metadata"

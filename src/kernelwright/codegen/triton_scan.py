@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.graph import Graph, OpNode, Ref
-from kernelwright.codegen.node_kernels import NodeKernel
+from kernelwright.codegen.node_kernels import NodeKernel, op_with_tensor_input
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
 from kernelwright.space.axes import Axis, Space, next_pow2, pow2_range, union
@@ -122,10 +122,9 @@ class ScanTemplate:
 
     # supports ----------------------------------------------------------------------------
     def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
-        if node.target not in OPS:
-            return f"{node.target} is not a cumsum/cumprod"
-        if not node.args or not isinstance(node.args[0], Ref):
-            return "the scanned operand is not a tensor value"
+        why = op_with_tensor_input(node, OPS, "cumsum/cumprod")
+        if why is not None:
+            return why
         extra = set(node.kwargs) - {"dtype", "dim"}
         if extra:
             return f"unsupported keyword argument(s) {sorted(extra)}"
