@@ -321,9 +321,38 @@ def test_taps_that_read_only_padding_are_dropped_and_non_contiguous_ones_refused
     assert "conv_spatial_reduction" not in _rules(algebra(g)[1])
 
 
-def test_a_convolution_read_elsewhere_or_not_reduced_over_all_of_space_stays():
+PARTIAL = [
+    # (name, module, input shape, reduction, reduced dims, keepdim)
+    ("conv2d_width", nn.Conv2d(3, 4, 3), (2, 3, 6, 7), "mean", (3,), False),
+    ("conv2d_height_strided", nn.Conv2d(2, 3, (3, 2), stride=(2, 1), padding=(1, 1), dilation=(2, 1)), (2, 2, 9, 5),
+     "sum", (2,), True),
+    ("conv2d_grouped_and_channels", nn.Conv2d(4, 6, 3, padding=1, groups=2), (2, 4, 7, 6), "mean", (1, 2), True),
+    ("conv3d_depth", nn.Conv3d(2, 3, 3, padding=1), (2, 2, 6, 4, 5), "sum", (2,), False),
+    ("conv3d_depth_width", nn.Conv3d(2, 3, (2, 3, 3), stride=(1, 2, 1)), (2, 2, 5, 7, 6), "mean", (2, 4), True),
+    # KernelBench's ConvTranspose3d + mean over depth: a transposed convolution over height and width
+    ("conv_transpose3d_depth", nn.ConvTranspose3d(3, 4, 3, padding=1), (2, 3, 5, 4, 4), "mean", (2,), True),
+    ("conv_transpose2d_cropped_height", nn.ConvTranspose2d(2, 3, 4, stride=2, padding=2, dilation=2, output_padding=1),
+     (2, 2, 4, 3), "sum", (2,), False),
+    ("conv_transpose2d_grouped_width", nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
+     (2, 4, 4, 5), "mean", (3,), True),
+]
+
+
+@pytest.mark.parametrize("name,conv,shape,kind,dims,keep", PARTIAL, ids=[c[0] for c in PARTIAL])
+def test_sums_over_some_spatial_dims_become_a_convolution_over_the_others(name, conv, shape, kind, dims, keep):
+    """The reduced dims' window sums become input channels of a convolution over the kept dims (its
+    rank one or two lower), equal to the original in float64 before and after the weights change."""
+    model = Fn(lambda s, x: getattr(s.conv(x), kind)(dim=dims, keepdim=keep), conv=conv)
+    g, r, notes = _check(model, [torch.randn(*shape)], "conv_spatial_reduction")
+    (new,) = [n for n in r.nodes if n.target == "aten.convolution.default"]
+    spatial = len(shape) - 2 - len([d for d in dims if d >= 2])
+    assert len(r.meta(new.args[1].name).shape) == 2 + spatial
+    assert graph_cost(r).flops < graph_cost(g).flops
+
+
+def test_a_convolution_read_elsewhere_or_not_reduced_over_space_stays():
     conv = nn.Conv2d(3, 4, 3)
-    for fn in (lambda s, x: (s.conv(x).mean(dim=(2, 3)), s.conv(x)), lambda s, x: s.conv(x).mean(dim=3),
+    for fn in (lambda s, x: (s.conv(x).mean(dim=(2, 3)), s.conv(x)), lambda s, x: s.conv(x).mean(dim=1),
                lambda s, x: torch.relu(s.conv(x)).mean(dim=(2, 3))):
         model, inputs, g = _captured(Fn(fn, conv=conv), [torch.randn(2, 3, 6, 6)])
         r, notes = algebra(g)

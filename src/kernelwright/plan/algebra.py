@@ -758,10 +758,10 @@ def conv_spatial_reduction(graph: Graph, n: OpNode) -> _Hit | None:
     if conv is None or conv.target != "aten.convolution.default" or len(conv.args) != 9 \
             or not _only_reader(graph, v.name, n.name):
         return None
-    x, w, bias, stride, padding, dilation, transposed, _, groups = conv.args
+    x, w, bias, stride, padding, dilation, transposed, output_padding, groups = conv.args
     om, want = _out(conv), _out(n)
     rank = len(om.shape)
-    if rank < 3 or not set(range(2, rank)) <= set(dims) or not isinstance(x, Ref) or not isinstance(w, Ref) \
+    if rank < 3 or not set(range(2, rank)) & set(dims) or not isinstance(x, Ref) or not isinstance(w, Ref) \
             or not (bias is None or isinstance(bias, Ref)):
         return None
     xm, wm = _meta(graph, x), _meta(graph, w)
@@ -775,6 +775,9 @@ def conv_spatial_reduction(graph: Graph, n: OpNode) -> _Hit | None:
     if not all(len(t) == nsp for t in (strides, pads, dilations)) or not isinstance(groups, int) or groups < 1 \
             or min(strides) < 1 or min(dilations) < 1 or min(pads) < 0:
         return None
+    summed = [j for j in range(nsp) if 2 + j in dims]  # the spatial dims reduced; the others stay a convolution
+    if len(summed) < nsp:
+        return _conv_partial_reduction(graph, n, conv, kind, dims, summed, strides, pads, dilations, output_padding)
     live: list[tuple[int, int]] = []
     windows = []
     for j in range(nsp):
@@ -841,6 +844,90 @@ def conv_spatial_reduction(graph: Graph, n: OpNode) -> _Hit | None:
     what = "transposed convolution" if transposed else "convolution"
     return _Hit(b.nodes, z.name, f"{n.op} over the spatial dims of the {what} ({conv.name}) from box sums of its "
                                  f"input {x.name} and its weight {w.name}; the {what} is removed")
+
+
+def _conv_partial_reduction(graph: Graph, n: OpNode, conv: OpNode, kind: str, dims, summed: list[int],
+                            strides, pads, dilations, output_padding) -> _Hit | None:
+    """conv_spatial_reduction's case of a sum / mean over some spatial dims R of a (transposed)
+    convolution, the other spatial dims K kept: a convolution over K alone.
+
+    Proof: along R the sums nest as in conv_spatial_reduction, so with S[n, ci, k_R, :] the sum of x
+    over the R-window tap k_R reads,
+    sum_{o_R} y[n, co, o_R, o_K] = P_R * b[co] + sum_{k_R} sum_{ci, k_K} w[co, ci, k_R, k_K] * S[n, ci, k_R, o_K s + k_K d - p],
+    which is one convolution over K of the input whose channels are the pairs (ci, k_R) (ci outer, so
+    a group's channels stay together) with the weight's R taps moved beside its input channels;
+    stride, padding, dilation (and a transposed convolution's output padding) along K unchanged.
+    Exact in real arithmetic (a reassociated sum); NaN and infinities as in conv_spatial_reduction.
+    The fixed point keeps it only where it lowers the FLOPs: where the reduced extent outnumbers
+    the R taps."""
+    x, w, bias = conv.args[0], conv.args[1], conv.args[2]
+    transposed, groups = bool(conv.args[6]), conv.args[8]
+    om, want = _out(conv), _out(n)
+    xm, wm = _meta(graph, x), _meta(graph, w)
+    nsp = len(om.shape) - 2
+    kept = [j for j in range(nsp) if j not in summed]
+    out_pad = [int(i) for i in output_padding] * (nsp if len(output_padding) == 1 else 1) \
+        if isinstance(output_padding, (list, tuple)) and all(isinstance(i, int) for i in output_padding) else None
+    if out_pad is None or len(out_pad) != nsp:
+        return None
+    live: dict[int, tuple[int, int]] = {}
+    windows: dict[int, list] = {}
+    for j in summed:
+        ws = _tap_windows(xm.shape[2 + j], om.shape[2 + j], wm.shape[2 + j], strides[j], pads[j], dilations[j],
+                          transposed)
+        reading = [k for k, win in enumerate(ws) if win is not None]
+        if not reading or reading != list(range(reading[0], reading[-1] + 1)):
+            return None
+        live[j] = (reading[0], reading[-1] + 1)
+        windows[j] = [ws[k] for k in reading]
+    nb, cin = xm.shape[:2]
+    cout = om.shape[1]
+    taps = math.prod(hi - lo for lo, hi in live.values())
+    b = _Build(graph, _names(graph))
+    try:
+        t = x
+        for j in reversed(summed):
+            sums = _window_sums(b, t, 2 + j, windows[j], f"{n.name}_box{j}")
+            t = sums[0] if len(sums) == 1 else b(f"{n.name}_taps{j}", "aten.cat.default", sums, 2 + j)
+        order = [0, 1] + [2 + j for j in summed] + [2 + j for j in kept]
+        t = b(f"{n.name}_taps", "aten.clone.default", b(f"{n.name}_taps_inner", "aten.permute.default", t, order),
+              memory_format=torch.contiguous_format)
+        t = b(f"{n.name}_channels", "aten.view.default", t, [nb, cin * taps] + [xm.shape[2 + j] for j in kept])
+        wk = w
+        for j, (lo, hi) in live.items():
+            if (lo, hi) != (0, wm.shape[2 + j]):
+                wk = b(f"{w.name}_taps", "aten.slice.Tensor", wk, 2 + j, lo, hi)
+        # [Cout, Cin/g, k_R, k_K] -> [Cout, Cin/g * taps, k_K]; transposed: [Cin, k_R, Cout/g, k_K] -> [Cin * taps, ...]
+        w_order = ([0, 1] + [2 + j for j in summed] if not transposed else [0] + [2 + j for j in summed] + [1]) \
+            + [2 + j for j in kept]
+        wk = b(f"{w.name}_taps_major", "aten.clone.default", b(f"{w.name}_taps_perm", "aten.permute.default", wk, w_order),
+               memory_format=torch.contiguous_format)
+        w_shape = [wm.shape[0], wm.shape[1] * taps] if not transposed else [wm.shape[0] * taps, wm.shape[1]]
+        wk = b(f"{w.name}_taps_flat", "aten.view.default", wk, w_shape + [wm.shape[2 + j] for j in kept])
+        z = b(f"{n.name}_conv", "aten.convolution.default", t, wk, None, [strides[j] for j in kept],
+              [pads[j] for j in kept], [dilations[j] for j in kept], transposed, [out_pad[j] for j in kept], groups)
+        if list(b.meta(z).shape) != [nb, cout] + [om.shape[2 + j] for j in kept]:
+            raise _Skip("the convolution over the kept dims has another output size")
+        positions = math.prod(om.shape[2 + j] for j in summed)
+        if kind == "mean" and positions != 1:
+            z = b(f"{n.name}_mean", "aten.div.Tensor", z, positions)
+        if bias is not None:
+            bt = b(f"{bias.name}_col", "aten.view.default", bias, [cout] + [1] * len(kept))
+            if kind == "sum" and positions != 1:
+                bt = b(f"{bias.name}_times", "aten.mul.Tensor", bt, positions)
+            z = b(f"{n.name}_bias", "aten.add.Tensor", z, bt)
+        z = b(f"{n.name}_keep", "aten.view.default", z,
+              [nb, cout] + [1 if j in summed else om.shape[2 + j] for j in range(nsp)])
+        rest = [d for d in dims if d < 2]
+        if rest:
+            z = _reduce(b, kind, z, rest, True, f"{n.name}_rest")
+        z = _finish(b, z, want, n.name)
+    except _Skip:
+        return None
+    what = "transposed convolution" if transposed else "convolution"
+    over = ", ".join(str(2 + j) for j in summed)
+    return _Hit(b.nodes, z.name, f"{n.op} over spatial dims {over} of the {what} ({conv.name}) as a {what} over "
+                                 f"the other spatial dims of window sums of {x.name}; the {what} is removed")
 
 
 # ---------------------------------------------------------------- the fixed point
