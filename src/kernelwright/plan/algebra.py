@@ -728,10 +728,11 @@ def _window_sums(b: _Build, t: Ref, dim: int, windows, name: str) -> list[Ref]:
 
 def conv_spatial_reduction(graph: Graph, n: OpNode) -> _Hit | None:
     """sum / mean over every spatial dim of a convolution or transposed convolution -> computed
-    from box sums of its input, without the convolution.
+    from box sums of its input, without the convolution (over some spatial dims only: a
+    convolution over the others, `_conv_partial_reduction`).
 
-    Precondition: `n` is a float sum or mean over dims D (every spatial dim, optionally the batch
-    or channel dim too) of an `aten.convolution` read only by `n`, its input, weight, bias and
+    Precondition: `n` is a float sum or mean over dims D (spatial dims, optionally the batch or
+    channel dim too) of an `aten.convolution` read only by `n`, its input, weight, bias and
     result of one dtype, and along every spatial dim the taps that read input elements form one
     contiguous range.
     Proof (one spatial dim; the dims are independent, so the sums nest): a convolution computes
