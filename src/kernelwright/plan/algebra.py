@@ -726,6 +726,45 @@ def _window_sums(b: _Build, t: Ref, dim: int, windows, name: str) -> list[Ref]:
     return sums
 
 
+def _reading_taps(xm: TensorMeta, om: TensorMeta, wm: TensorMeta, dims, strides, pads, dilations, transposed: bool):
+    """Per spatial dim j in `dims`: the range [lo, hi) of the taps that read input elements and
+    their windows (`_tap_windows`), as two dicts keyed by j; None when some dim's reading taps are
+    not one contiguous range (or none reads)."""
+    live: dict[int, tuple[int, int]] = {}
+    windows: dict[int, list] = {}
+    for j in dims:
+        ws = _tap_windows(xm.shape[2 + j], om.shape[2 + j], wm.shape[2 + j], strides[j], pads[j], dilations[j],
+                          transposed)
+        reading = [k for k, win in enumerate(ws) if win is not None]
+        if not reading or reading != list(range(reading[0], reading[-1] + 1)):
+            return None
+        live[j] = (reading[0], reading[-1] + 1)
+        windows[j] = [ws[k] for k in reading]
+    return live, windows
+
+
+def _as_reduction(b: _Build, n: OpNode, z: Ref, kind: str, positions: int, bias, bias_shape, dims, want: TensorMeta,
+                  keep=None) -> Ref:
+    """The contraction `z` of a convolution's window sums as the result of reduction `n`: divided by
+    the `positions` summed for a mean, the convolution's bias added (viewed as `bias_shape`; times
+    `positions` for a sum), viewed as `keep` (the reduced spatial dims as size 1), the batch or
+    channel dims `n` also reduces reduced, shaped as `want`."""
+    if kind == "mean" and positions != 1:
+        z = b(f"{n.name}_mean", "aten.div.Tensor", z, positions)
+    if bias is not None:
+        bt = bias if list(b.meta(bias).shape) == list(bias_shape) else \
+            b(f"{bias.name}_col", "aten.view.default", bias, list(bias_shape))
+        if kind == "sum" and positions != 1:
+            bt = b(f"{bias.name}_times", "aten.mul.Tensor", bt, positions)
+        z = b(f"{n.name}_bias", "aten.add.Tensor", z, bt)
+    if keep is not None:
+        z = b(f"{n.name}_keep", "aten.view.default", z, list(keep))
+    rest = [d for d in dims if d < 2]
+    if rest:
+        z = _reduce(b, kind, z, rest, True, f"{n.name}_rest")
+    return _finish(b, z, want, n.name)
+
+
 def conv_spatial_reduction(graph: Graph, n: OpNode) -> _Hit | None:
     """sum / mean over every spatial dim of a convolution or transposed convolution -> computed
     from box sums of its input, without the convolution (over some spatial dims only: a
@@ -779,16 +818,10 @@ def conv_spatial_reduction(graph: Graph, n: OpNode) -> _Hit | None:
     summed = [j for j in range(nsp) if 2 + j in dims]  # the spatial dims reduced; the others stay a convolution
     if len(summed) < nsp:
         return _conv_partial_reduction(graph, n, conv, kind, dims, summed, strides, pads, dilations, output_padding)
-    live: list[tuple[int, int]] = []
-    windows = []
-    for j in range(nsp):
-        ws = _tap_windows(xm.shape[2 + j], om.shape[2 + j], wm.shape[2 + j], strides[j], pads[j], dilations[j],
-                          bool(transposed))
-        reading = [k for k, win in enumerate(ws) if win is not None]
-        if not reading or reading != list(range(reading[0], reading[-1] + 1)):
-            return None
-        live.append((reading[0], reading[-1] + 1))
-        windows.append([ws[k] for k in reading])
+    found = _reading_taps(xm, om, wm, range(nsp), strides, pads, dilations, bool(transposed))
+    if found is None:
+        return None
+    live, windows = list(found[0].values()), list(found[1].values())
     nb, cin = xm.shape[:2]
     cout = om.shape[1]
     b = _Build(graph, _names(graph))
@@ -830,16 +863,7 @@ def conv_spatial_reduction(graph: Graph, n: OpNode) -> _Hit | None:
             z = b(f"{n.name}_contract", "aten.sum.dim_IntList", b(f"{n.name}_products", "aten.mul.Tensor", rows, wv),
                   [2, 4], False)
             z = b(f"{n.name}_channels", "aten.view.default", z, [nb, cout])
-        positions = math.prod(om.shape[2:])
-        if kind == "mean" and positions != 1:
-            z = b(f"{n.name}_mean", "aten.div.Tensor", z, positions)
-        if bias is not None:
-            bt = bias if kind == "mean" or positions == 1 else b(f"{bias.name}_times", "aten.mul.Tensor", bias, positions)
-            z = b(f"{n.name}_bias", "aten.add.Tensor", z, bt)
-        rest = [d for d in dims if d < 2]
-        if rest:
-            z = _reduce(b, kind, z, rest, True, f"{n.name}_rest")
-        z = _finish(b, z, want, n.name)
+        z = _as_reduction(b, n, z, kind, math.prod(om.shape[2:]), bias, [cout], dims, want)
     except _Skip:
         return None
     what = "transposed convolution" if transposed else "convolution"
@@ -871,16 +895,10 @@ def _conv_partial_reduction(graph: Graph, n: OpNode, conv: OpNode, kind: str, di
         if isinstance(output_padding, (list, tuple)) and all(isinstance(i, int) for i in output_padding) else None
     if out_pad is None or len(out_pad) != nsp:
         return None
-    live: dict[int, tuple[int, int]] = {}
-    windows: dict[int, list] = {}
-    for j in summed:
-        ws = _tap_windows(xm.shape[2 + j], om.shape[2 + j], wm.shape[2 + j], strides[j], pads[j], dilations[j],
-                          transposed)
-        reading = [k for k, win in enumerate(ws) if win is not None]
-        if not reading or reading != list(range(reading[0], reading[-1] + 1)):
-            return None
-        live[j] = (reading[0], reading[-1] + 1)
-        windows[j] = [ws[k] for k in reading]
+    found = _reading_taps(xm, om, wm, summed, strides, pads, dilations, transposed)
+    if found is None:
+        return None
+    live, windows = found
     nb, cin = xm.shape[:2]
     cout = om.shape[1]
     taps = math.prod(hi - lo for lo, hi in live.values())
@@ -909,20 +927,8 @@ def _conv_partial_reduction(graph: Graph, n: OpNode, conv: OpNode, kind: str, di
               [pads[j] for j in kept], [dilations[j] for j in kept], transposed, [out_pad[j] for j in kept], groups)
         if list(b.meta(z).shape) != [nb, cout] + [om.shape[2 + j] for j in kept]:
             raise _Skip("the convolution over the kept dims has another output size")
-        positions = math.prod(om.shape[2 + j] for j in summed)
-        if kind == "mean" and positions != 1:
-            z = b(f"{n.name}_mean", "aten.div.Tensor", z, positions)
-        if bias is not None:
-            bt = b(f"{bias.name}_col", "aten.view.default", bias, [cout] + [1] * len(kept))
-            if kind == "sum" and positions != 1:
-                bt = b(f"{bias.name}_times", "aten.mul.Tensor", bt, positions)
-            z = b(f"{n.name}_bias", "aten.add.Tensor", z, bt)
-        z = b(f"{n.name}_keep", "aten.view.default", z,
-              [nb, cout] + [1 if j in summed else om.shape[2 + j] for j in range(nsp)])
-        rest = [d for d in dims if d < 2]
-        if rest:
-            z = _reduce(b, kind, z, rest, True, f"{n.name}_rest")
-        z = _finish(b, z, want, n.name)
+        z = _as_reduction(b, n, z, kind, math.prod(om.shape[2 + j] for j in summed), bias, [cout] + [1] * len(kept),
+                          dims, want, keep=[nb, cout] + [1 if j in summed else om.shape[2 + j] for j in range(nsp)])
     except _Skip:
         return None
     what = "transposed convolution" if transposed else "convolution"

@@ -25,6 +25,17 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def tiles(spec: str) -> list[tuple[int, int, int, int, int]]:
+    """Tile configs written as "BMxBNxBK/warps/stages" words, space-separated:
+    ``tiles("128x256x64/8/3 64x128x32/4/4")`` -> [(128, 256, 64, 8, 3), (64, 128, 32, 4, 4)]."""
+    out = []
+    for word in spec.split():
+        shape, warps, stages = word.split("/")
+        bm, bn, bk = (int(v) for v in shape.split("x"))
+        out.append((bm, bn, bk, int(warps), int(stages)))
+    return out
+
+
 def pow2_range(lo: int, hi: int) -> list[int]:
     """Powers of two p with lo <= p <= hi, ascending (``pow2_range(128, 1024)`` -> 128..1024)."""
     if lo < 1 or hi < lo:

@@ -17,7 +17,7 @@ import itertools
 import math
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
-from kernelwright.space.axes import next_pow2
+from kernelwright.space.axes import next_pow2, tiles
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 # a box config's extra keys: the tile's output pixels as a BOX_D x BOX_H x BOX_W box of one image,
@@ -27,8 +27,8 @@ BOX_KEYS = ("BOX_D", "BOX_H", "BOX_W")
 # the problem's cap: the fastest tiles of the TMA probe on eight level-2 / ResNet shapes (3x3, stride 1,
 # tf32 and bf16; docs/benchmarks.md "The convolution's input through tensor descriptors")
 BOX_SEEDS = {
-    "tf32": [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (128, 128, 32, 8, 4), (64, 128, 32, 4, 3)],
-    "bf16": [(128, 128, 64, 8, 3), (128, 64, 64, 4, 3), (128, 128, 64, 4, 3), (64, 128, 64, 4, 3)],
+    "tf32": tiles("128x128x32/8/3 128x64x32/4/3 128x128x32/8/4 64x128x32/4/3"),
+    "bf16": tiles("128x128x64/8/3 128x64x64/4/3 128x128x64/4/3 64x128x64/4/3"),
 }
 
 AXES = dict(
@@ -43,12 +43,9 @@ AXES = dict(
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) tried first, per precision; BLOCK_N and BLOCK_K
 # are shrunk to the problem's caps before use (so a small N still starts from a big pixel tile)
 SEEDS = {
-    "bf16": [(128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (256, 128, 64, 8, 3),
-             (64, 128, 64, 4, 4), (128, 64, 64, 4, 4)],
-    "tf32": [(128, 128, 32, 8, 4), (128, 256, 32, 8, 3), (128, 128, 32, 4, 3), (256, 128, 32, 8, 3),
-             (64, 128, 32, 4, 4), (128, 64, 32, 4, 4)],
-    "fp32": [(128, 128, 16, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 128, 32, 8, 3),
-             (64, 64, 32, 4, 3)],
+    "bf16": tiles("128x128x64/8/4 128x256x64/8/3 128x128x64/4/4 256x128x64/8/3 64x128x64/4/4 128x64x64/4/4"),
+    "tf32": tiles("128x128x32/8/4 128x256x32/8/3 128x128x32/4/3 256x128x32/8/3 64x128x32/4/4 128x64x32/4/4"),
+    "fp32": tiles("128x128x16/8/3 128x64x32/4/3 64x128x32/4/3 128x128x32/8/3 64x64x32/4/3"),
 }
 PRECISIONS = {"fp32": "fp32", "ieee": "fp32", "tf32": "tf32", "bf16": "bf16"}
 

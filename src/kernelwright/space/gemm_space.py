@@ -15,7 +15,7 @@ import math
 from typing import TYPE_CHECKING, TypedDict
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
-from kernelwright.space.axes import next_pow2
+from kernelwright.space.axes import next_pow2, tiles
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -37,12 +37,9 @@ def _cfg(bm, bn, bk, gm, w, s, sk) -> dict:
 
 # Known-good Hopper configs (tile M, N, K, warps, stages), first in every space they fit.
 _SEEDS = {
-    "bf16": [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 4, 4),
-             (64, 256, 64, 4, 4), (128, 64, 64, 4, 4)],
-    "tf32": [(128, 256, 32, 8, 3), (256, 128, 32, 8, 3), (128, 128, 32, 8, 4), (128, 128, 32, 4, 4),
-             (64, 128, 32, 4, 4), (128, 64, 32, 4, 4)],
-    "fp32": [(128, 128, 16, 8, 3), (128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 3),
-             (64, 64, 32, 4, 3), (128, 128, 32, 4, 3)],
+    "bf16": tiles("128x256x64/8/3 256x128x64/8/3 128x128x64/8/4 128x128x64/4/4 64x256x64/4/4 128x64x64/4/4"),
+    "tf32": tiles("128x256x32/8/3 256x128x32/8/3 128x128x32/8/4 128x128x32/4/4 64x128x32/4/4 128x64x32/4/4"),
+    "fp32": tiles("128x128x16/8/3 128x128x32/8/3 128x64x32/4/3 64x128x32/4/3 64x64x32/4/3 128x128x32/4/3"),
 }
 
 
