@@ -8,7 +8,7 @@ is verified and faster.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Collection, Protocol
 
 from kernelwright.analyze.device import DeviceSpec
 from kernelwright.capture.graph import Graph, OpNode, Ref
@@ -65,14 +65,22 @@ class OneConfig:
         return Config.make(self.name, **self.CONFIG)
 
 
-def op_with_tensor_input(node: OpNode, targets, kind: str) -> str | None:
-    """Why `node` is not one of `targets` (a `kind`, for the message) reading a tensor value as its
-    first argument; None when it is (the first check of most node templates' ``supports``)."""
-    if node.target not in targets:
-        return f"{node.target} is not a {kind}"
-    if not node.args or not isinstance(node.args[0], Ref):
-        return f"the {kind}'s input is not a tensor value"
-    return None
+class OneTensorOp:
+    """A node template for the ops in `TARGETS` (a `KIND`, for its messages) that read a tensor value
+    first: ``supports`` checks that, then asks the template's own ``check`` (same arguments)."""
+
+    TARGETS: Collection[str]
+    KIND: str
+
+    def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
+        if node.target not in self.TARGETS:
+            return f"{node.target} is not a {self.KIND}"
+        if not node.args or not isinstance(node.args[0], Ref):
+            return f"the {self.KIND}'s input is not a tensor value"
+        return self.check(graph, node, used)
+
+    def check(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
+        raise NotImplementedError
 
 
 def policy_kwargs(template: NodeTemplate, policy: str | None) -> dict:

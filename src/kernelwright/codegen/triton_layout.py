@@ -14,7 +14,7 @@ import math
 from kernelwright.analyze.device import DeviceSpec
 from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
-from kernelwright.codegen.node_kernels import NodeKernel, op_with_tensor_input
+from kernelwright.codegen.node_kernels import NodeKernel, OneTensorOp
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
 from kernelwright.space.axes import Axis, Space
@@ -33,13 +33,13 @@ def _ncs(shape, stride) -> tuple[int, int, int] | None:
     return stride[0], stride[1], sp[-1][1]
 
 
-class LayoutCopyTemplate:
+class LayoutCopyTemplate(OneTensorOp):
     name = NAME
 
-    def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
-        why = op_with_tensor_input(node, ("aten.clone.default", "aten._to_copy.default"), "clone or cast")
-        if why is not None:
-            return why
+    TARGETS = ("aten.clone.default", "aten._to_copy.default")
+    KIND = "clone or cast"
+
+    def check(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
         if node.target == "aten._to_copy.default" and not set(node.kwargs) <= {"dtype", "memory_format"}:
             return "a cast with more than a dtype and a memory format"
         x, y = graph.meta(node.args[0].name), node.meta

@@ -21,7 +21,7 @@ from __future__ import annotations
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.graph import Graph, OpNode
 from kernelwright.capture.shapes import channels_last_strides
-from kernelwright.codegen.node_kernels import NodeKernel, op_with_tensor_input
+from kernelwright.codegen.node_kernels import NodeKernel, OneTensorOp
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
 from kernelwright.ops import POOLS
@@ -105,16 +105,16 @@ def _geometry(graph: Graph, node: OpNode) -> dict:
                 K=pad3(pp["kernel"], 1), S=pad3(pp["stride"], 1), P=pad3(pp["padding"], 0), DL=pad3(pp["dilation"], 1))
 
 
-class PoolTemplate:
+class PoolTemplate(OneTensorOp):
     """Node template for max/avg pooling (see the module docstring)."""
 
     name = TEMPLATE_NAME
 
+    TARGETS = TARGETS
+    KIND = "pooling op"
+
     # -- applicability ------------------------------------------------------------------------
-    def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
-        why = op_with_tensor_input(node, TARGETS, "pooling op")
-        if why is not None:
-            return why
+    def check(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
         x = graph.meta(node.args[0].name)
         if x is None or not node.outs or node.outs[0] is None:
             return "missing tensor metadata"

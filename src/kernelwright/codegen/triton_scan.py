@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.graph import Graph, OpNode, Ref
-from kernelwright.codegen.node_kernels import NodeKernel, op_with_tensor_input
+from kernelwright.codegen.node_kernels import NodeKernel, OneTensorOp
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
 from kernelwright.space.axes import Axis, Space, next_pow2, pow2_range, union
@@ -115,16 +115,16 @@ def _warps_fit(tile: int, num_warps: int) -> bool:
     return per_thread <= 64 and (per_thread >= 1 or num_warps == 1)
 
 
-class ScanTemplate:
+class ScanTemplate(OneTensorOp):
     """Node template for `aten.cumsum.default` / `aten.cumprod.default` on float32 tensors."""
 
     name = NAME
 
+    TARGETS = OPS
+    KIND = "cumsum/cumprod"
+
     # supports ----------------------------------------------------------------------------
-    def supports(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
-        why = op_with_tensor_input(node, OPS, "cumsum/cumprod")
-        if why is not None:
-            return why
+    def check(self, graph: Graph, node: OpNode, used: set[int]) -> str | None:
         extra = set(node.kwargs) - {"dtype", "dim"}
         if extra:
             return f"unsupported keyword argument(s) {sorted(extra)}"
