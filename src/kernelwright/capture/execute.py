@@ -107,14 +107,15 @@ def in_planned_layout(value, meta):
 
 
 def run_graph(graph: Graph, model: torch.nn.Module, inputs: list, keep: bool | set[str] = False,
-              planned_layouts: bool = False):
+              planned_layouts: bool = False, natural: dict | None = None):
     """Run the whole graph; returns the user outputs (a list), or, with `keep`, the environment:
     every value (keep=True), or the graph's inputs and the values named in `keep` (a set; the
     other values are let go after their last use, so the run holds about what eager holds).
     planned_layouts: each value in the layout its node's metadata gives it (a library op may
     return another: aten.native_layer_norm a contiguous result of a channels-last input the plan
     keeps channels-last), so that a unit is timed and checked on inputs laid out as the emitted
-    forward lays them out."""
+    forward lays them out where a generated kernel computes them; `natural` (a dict) then gets the
+    library's result of each value so moved, for the units the library computes after all."""
     env = bind_inputs(graph, model, inputs)
     device = input_device(env)
     names = keep if isinstance(keep, (set, frozenset)) else None
@@ -130,9 +131,14 @@ def run_graph(graph: Graph, model: torch.nn.Module, inputs: list, keep: bool | s
     for i, node in enumerate(graph.nodes):
         env[node.name] = run_node(node, env, device)
         if planned_layouts:
-            env[node.name] = in_planned_layout(env[node.name], node.meta)
+            value = env[node.name]
+            env[node.name] = in_planned_layout(value, node.meta)
+            if natural is not None and env[node.name] is not value:
+                natural[node.name] = value
         for v in dead.get(i, ()):
             env.pop(v, None)
+            if natural is not None:
+                natural.pop(v, None)
     if keep:
         return env
     return [env[name] for name in graph.outputs]

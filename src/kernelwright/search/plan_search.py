@@ -169,8 +169,9 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
     with torch.no_grad(), policy.active():
         # the values the tuners read: what crosses a unit's boundary (inputs and outputs of units), laid
         # out as the emitted forward lays them out
+        natural: dict = {}
         env = run_graph(graph, model, inputs, keep={v for u in plan.units for v in u.outputs} | set(graph.mutations),
-                        planned_layouts=True)
+                        planned_layouts=True, natural=natural)
     job = _Job(problem, graph, env, policy, device, timed, cache_dir, opts.backend,
                TrialDB(default_db_path(opts.db_path), priors=packaged_priors()), opts.log, [], Tuned(), device_spec(),
                bool(getattr(opts, "no_library", False)), reuse=not getattr(opts, "retune", True),
@@ -185,6 +186,12 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
                        id(unit) in once)
         else:
             job.out.summary.append(f"{unit.node}: library ({graph.node(unit.node).target})")
+        # the units after it read this unit's results as the emitted forward will make them: in the
+        # planned layout from a shipped kernel, in the library's own where the library runs it
+        for v in unit.outputs:
+            if v in natural and job.out.kernels.get(unit.name) is None:
+                env[v] = natural[v]
+            natural.pop(v, None)
     if opts.backend in ("triton", "all"):
         n = max(1, len(units))
         per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)
