@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from kernelwright.capture.shapes import contiguous_strides
+from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,12 @@ class TensorMeta:
     @property
     def contiguous(self) -> bool:
         return all(sh == 1 or st == e for sh, st, e in zip(self.shape, self.stride, contiguous_strides(self.shape)))
+
+    @property
+    def channels_last(self) -> bool:
+        """Whether this [N, C, *spatial] tensor (2 or 3 spatial dims) is stored channels-last(-3d)."""
+        return len(self.shape) in (4, 5) and all(
+            sh == 1 or st == e for sh, st, e in zip(self.shape, self.stride, channels_last_strides(self.shape)))
 
     def to_json(self) -> dict:
         return {"shape": list(self.shape), "stride": list(self.stride), "dtype": self.dtype}

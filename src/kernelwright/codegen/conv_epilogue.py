@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
+from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
 from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
@@ -166,12 +166,6 @@ def _output_view(strides: tuple, domain: tuple, shape: tuple) -> tuple[int, ...]
     return tuple(0 if shape[i] == 1 else s for i, s in enumerate(out))
 
 
-def _channels_last(meta: TensorMeta) -> bool:
-    """Whether `meta` ([N, C, *spatial]) is stored channels-last(-3d)."""
-    return len(meta.shape) >= 4 and all(sh == 1 or st == e for sh, st, e in
-                                        zip(meta.shape, meta.stride, channels_last_strides(meta.shape)))
-
-
 def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, ...] = (),
             post: Group | None = None) -> str | None:
     """None when `conv`'s output feeds only `group` (or, with no group, the first of `pools`) and the
@@ -204,7 +198,7 @@ def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, .
     out = graph.meta(last)
     if out.dtype not in ("float32", "bfloat16"):
         return "float32 or bf16 outputs only"
-    if not (out.contiguous or _channels_last(out)):
+    if not (out.contiguous or out.channels_last):
         return "the fused result is neither contiguous nor channels-last"
     return None
 
@@ -284,7 +278,7 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     w = conv.args[1].name
     widen = cast and graph.meta(w).dtype == "bfloat16"
     pre = Epilogue(tuple(ops[:pre_n]), "\n".join(code)) if code or ops[:pre_n] else IDENTITY
-    return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, _channels_last(meta), cast,
+    return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, meta.channels_last, cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,
                         Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape))
 

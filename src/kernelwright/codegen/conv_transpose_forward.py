@@ -10,7 +10,6 @@ where it measures faster, like every other candidate.
 from __future__ import annotations
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
-from kernelwright.capture.shapes import channels_last_strides
 from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.node_kernels import NodeKernel, OneConfig
 from kernelwright.codegen.templating import triton_template
@@ -56,8 +55,7 @@ class ConvTransposeForwardTemplate(OneConfig):
         k = list(wm.shape[2:])
         pad = [d * (kk - 1) - p for p, d, kk in zip(_ints(padding, nd), _ints(dilation, nd), k)]
         fmt = {4: "torch.channels_last", 5: "torch.channels_last_3d"}.get(len(ym.shape))
-        y_cl = fmt is not None and tuple(ym.stride) == channels_last_strides(ym.shape) and not ym.contiguous
-        x_cl = fmt is not None and tuple(xm.stride) == channels_last_strides(xm.shape) and not xm.contiguous
+        y_cl, x_cl = ym.channels_last and not ym.contiguous, xm.channels_last and not xm.contiguous
         args = ["x", "w"] + (["b"] if isinstance(b, Ref) else [])
         text = triton_template("conv_transpose_forward.py.j2").render(
             node=node.name, args=args, bias="b" if isinstance(b, Ref) else "None", groups=int(groups),

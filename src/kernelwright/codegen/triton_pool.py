@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.graph import Graph, OpNode
-from kernelwright.capture.shapes import channels_last_strides
 from kernelwright.codegen.node_kernels import NodeKernel, OneTensorOp
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
@@ -67,12 +66,6 @@ def pool_params(node: OpNode) -> dict:
                 count_include_pad=bool(got.get("count_include_pad", True)), divisor_override=None if div is None else int(div))
 
 
-def _is_cl(m, nd: int) -> bool:
-    """m is a channels-last [N, C, (D,) H, W] tensor (C innermost in memory, not also contiguous)."""
-    rank = len(m.shape)
-    return nd + 2 == rank and rank in (4, 5) and tuple(m.stride) == channels_last_strides(m.shape)
-
-
 def _layouts(x, node: OpNode) -> tuple[str, str] | None:
     """(input layout, output layout), each "contiguous" or "cl" (channels-last), or None where either
     side is neither or the outputs disagree. The kernel walks the outputs in the input's memory order
@@ -82,7 +75,7 @@ def _layouts(x, node: OpNode) -> tuple[str, str] | None:
     nd = TARGETS[node.target][1]
     sides = []
     for m in [x] + [m for m in node.outs if m is not None]:
-        sides.append("contiguous" if m.contiguous else "cl" if _is_cl(m, nd) else None)
+        sides.append("contiguous" if m.contiguous else "cl" if len(m.shape) == nd + 2 and m.channels_last else None)
     if None in sides or len(set(sides[1:])) > 1:
         return None
     return sides[0], (sides[1] if len(sides) > 1 else sides[0])
