@@ -22,7 +22,8 @@ import torch
 
 from kernelwright.build.triton_target import compile_source_for_target, meta_tensor
 from kernelwright.capture import capture
-from kernelwright.codegen import gemm_epilogue
+from kernelwright.codegen import gemm_epilogue, pool_chain
+from kernelwright.codegen.triton_pool import TEMPLATE as POOL
 from kernelwright.codegen.node_kernels import seeds, template_for, used_outputs
 from kernelwright.codegen.triton_group import Unsupported, extent, lower, render_group, tiled_apply_dims, transposed_walk
 from kernelwright.plan import plan_graph
@@ -91,6 +92,18 @@ def candidates(graph, plan):
                 yield f"{node.name} {template.name} {cfg.as_dict()}", template.name, cfg.as_dict(), k.source, k.inputs
 
 
+def chain_candidates(graph, plan):
+    """(label, kind, config, module text, input names) of each pool chain's default config."""
+    for chain in plan.chains:
+        try:
+            kernel = pool_chain.build(graph, chain)
+        except Unsupported:
+            continue
+        cfg = POOL.default(graph, graph.node(chain.pool)).as_dict()
+        text, ins = pool_chain.render(kernel, cfg, "unit")
+        yield f"{chain.name} {cfg}", "pool chain", cfg, text, ins
+
+
 def features(kind: str, cfg: dict, text: str, policy: str) -> set:
     """What decides how a candidate compiles, apart from its sizes: the kernel family with its
     config's flags and tile classes (1 or more; warps and stages left out) and the dtypes its code
@@ -118,7 +131,8 @@ def check(path: str, policy: str, cache: Path, seen: set | None = None) -> dict:
     graph, _ = rewrite(capture(load_problem(path)), policy)
     plan = plan_graph(graph)
     failures, compiled, covered, held = [], 0, 0, set()
-    for label, kind, cfg, text, inputs in [*candidates(graph, plan), *gemm_candidates(graph, plan, policy)]:
+    for label, kind, cfg, text, inputs in [*candidates(graph, plan), *gemm_candidates(graph, plan, policy),
+                                              *chain_candidates(graph, plan)]:
         feats = features(kind, cfg, text, policy)
         held |= feats
         if seen is not None:

@@ -153,10 +153,10 @@ def test_not_fusable_reasons():
 
 def test_output_view_splits_merged_domain_dims():
     """An operand's strides over a coarser domain ([N, C, H*W]) become strides over [N, C, H, W]."""
-    assert conv_epilogue._output_view((0, 1, 0), (2, 4, 36), (2, 4, 6, 6)) == (0, 1, 0, 0)
-    assert conv_epilogue._output_view((144, 36, 1), (2, 4, 36), (2, 4, 6, 6)) == (144, 36, 6, 1)
+    assert conv_epilogue.output_view((0, 1, 0), (2, 4, 36), (2, 4, 6, 6)) == (0, 1, 0, 0)
+    assert conv_epilogue.output_view((144, 36, 1), (2, 4, 36), (2, 4, 6, 6)) == (144, 36, 6, 1)
     with pytest.raises(Unsupported):
-        conv_epilogue._output_view((1, 1), (3, 96), (2, 4, 6, 6))
+        conv_epilogue.output_view((1, 1), (3, 96), (2, 4, 6, 6))
 
 
 class ConvPool(nn.Module):

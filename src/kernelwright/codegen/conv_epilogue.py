@@ -144,7 +144,7 @@ def _absorbable_input(graph: Graph, conv: OpNode, groups: list[Group]) -> tuple[
     return None
 
 
-def _output_view(strides: tuple, domain: tuple, shape: tuple) -> tuple[int, ...]:
+def output_view(strides: tuple, domain: tuple, shape: tuple) -> tuple[int, ...]:
     """Strides over the convolution output's dims `shape` of an operand read with `strides` over
     the group's `domain` (a coarsening of `shape`: each domain dim merges consecutive output
     dims); Unsupported for any other domain."""
@@ -289,12 +289,12 @@ def _stage(graph: Graph, group: Group, value: str, shape: tuple, code: list[str]
     (`_stage_fusable`) runs across the tile's columns. Returns whether the result is one value per
     pixel (the group's output is reduced over the channels)."""
     low = lower(graph, group)
-    own = _output_view(tuple(graph.meta(value).stride), shape, shape)
+    own = output_view(tuple(graph.meta(value).stride), shape, shape)
     row = False
     for st in low.stmts:
         if st.kind == "load":
             o = st.operand
-            strides = _output_view(tuple(o.strides), tuple(group.domain), shape)
+            strides = output_view(tuple(o.strides), tuple(group.domain), shape)
             if o.value == value:
                 if strides != own:
                     raise Unsupported("the group reads the convolution's output through a view")

@@ -171,56 +171,69 @@ class PoolTemplate(OneTensorOp):
         why = self.supports(graph, node, used)
         if why is not None:
             raise ValueError(f"triton.pool cannot render {node.name}: {why}")
-        cfg = config.as_dict() if isinstance(config, Config) else dict(config)
-        g = _geometry(graph, node)
-        x, y = g["x"], g["y"]
-        kind = g["kind"]
-        layout_in, layout_out = _layouts(x, node)
-        store_values = kind == "avg" or 0 in used
-        store_indices = kind == "max" and 1 in used
-        n_out = len(node.outs)
-        allocs, call = [], ["x"]
-        if store_values:
-            allocs.append(f"out = _alloc({tuple(y.shape)!r}, torch.{y.dtype}, x.device, {tuple(y.stride)!r})")
-            call.append("out")
-        if store_indices:
-            allocs.append(f"idx = _alloc({tuple(node.outs[1].shape)!r}, torch.int64, x.device, {tuple(node.outs[1].stride)!r})")
-            call.append("idx")
-        rets = ["out" if store_values else "None"]
-        if n_out > 1:
-            rets.append("idx" if store_indices else "None")
+        return render_pool(graph, node, config, used)
+
+
+def render_pool(graph: Graph, node: OpNode, config, used: set[int], chain: dict | None = None) -> NodeKernel:
+    """The pool kernel module of `node` for `config`. `chain` (codegen/pool_chain.py) fills the
+    template's hooks: the kernel's pointer parameters, the statements before the window loop
+    (`hoisted`), those computing each window element `v` from them (`prologue`, instead of a
+    load of the pool's input), those after pooling (`epilogue`), the launch signature and the
+    output's metadata (`out`) and its inputs (`inputs`)."""
+    cfg = config.as_dict() if isinstance(config, Config) else dict(config)
+    g = _geometry(graph, node)
+    x, y = g["x"], (chain or {}).get("out", g["y"])
+    kind = g["kind"]
+    layout_in, layout_out = _layouts(x, node)
+    if chain is not None:  # (the epilogue may write another layout than the pool's own: a model output)
+        layout_out = "contiguous" if y.contiguous else "cl"
+    store_values = kind == "avg" or 0 in used
+    store_indices = kind == "max" and 1 in used
+    n_out = len(node.outs)
+    allocs, call = [], list((chain or {}).get("ptrs", ["x"]))
+    if store_values:
+        allocs.append(f"out = _alloc({tuple(y.shape)!r}, torch.{y.dtype}, {call[0]}.device, {tuple(y.stride)!r})")
+        call.append("out")
+    if store_indices:
+        allocs.append(f"idx = _alloc({tuple(node.outs[1].shape)!r}, torch.int64, {call[0]}.device, {tuple(node.outs[1].stride)!r})")
+        call.append("idx")
+    rets = ["out" if store_values else "None"]
+    if n_out > 1 and chain is None:  # (a chain returns its one result)
+        rets.append("idx" if store_indices else "None")
         rets += ["None"] * (n_out - len(rets))
-        D, H, W = g["ins"]
-        OD, OH, OW = g["outs"]
-        KD, KH, KW = g["K"]
-        block = int(cfg.get("BLOCK", 256))
-        C = g["C"]
-        if layout_in != layout_out:  # [block // cb pixels, cb channels] tiles (the template says why)
-            cb = min(32, next_pow2(C), block)
-            n_cb = -(-C // cb)
-            programs = f"{n_cb} * triton.cdiv({g['total'] // C}, {block // cb})"
-            tile = "[BLOCK // CB, CB]"
-        else:
-            cb, n_cb, programs, tile = 0, 1, f"triton.cdiv({g['total']}, {block})", "[BLOCK]"
-        int64 = max(x.numel, y.numel) + block > _INT32_LIMIT
-        writes = ", ".join((["values"] if store_values else []) + (["indices"] if store_indices else []))
-        text = triton_template("pool.py.j2").render(
-            kind=kind, node=node.name, cl=layout_in == "cl", cl_out=layout_out == "cl", C=C, CB=cb, n_cb=n_cb,
-            programs=programs, tile=tile, target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
-            in_shape=tuple(x.shape), in_stride=tuple(x.stride), out_shape=tuple(y.shape),
-            dhw=(D, H, W), flat_in=[g["NC"], D, H, W], flat_out=[g["NC"], OD, OH, OW],
-            ks=g["kernel"], st=g["stride"], pd=g["padding"], dl=g["dilation"], ceil=g["ceil_mode"],
-            cip=g["count_include_pad"], divisor_override=g["divisor_override"], writes=writes,
-            kernel=f"{node.name}_pool_kernel", store_values=store_values, store_indices=store_indices,
-            int64=int64, total=g["total"], D=D, H=H, W=W, OD=OD, OH=OH, OW=OW, KD=KD, KH=KH, KW=KW,
-            SD=g["S"][0], SH=g["S"][1], SW=g["S"][2], PD=g["P"][0], PH=g["P"][1], PW=g["P"][2],
-            DD=g["DL"][0], DH=g["DL"][1], DW=g["DL"][2], BLOCK=block,
-            num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 1)),
-            input_repr=repr(node.args[0].name), allocs=allocs, call_args=", ".join(call),
-            returns="(" + ", ".join(rets) + ",)",
-            returns_doc=", ".join(("values" if r == "out" else "indices" if r == "idx" else "None") for r in rets),
-        )
-        return NodeKernel(source=with_helpers(text), inputs=[node.args[0].name], outputs=n_out)
+    D, H, W = g["ins"]
+    OD, OH, OW = g["outs"]
+    KD, KH, KW = g["K"]
+    block = int(cfg.get("BLOCK", 256))
+    C = g["C"]
+    if layout_in != layout_out:  # [block // cb pixels, cb channels] tiles (the template says why)
+        cb = min(32, next_pow2(C), block)
+        n_cb = -(-C // cb)
+        programs = f"{n_cb} * triton.cdiv({g['total'] // C}, {block // cb})"
+        tile = "[BLOCK // CB, CB]"
+    else:
+        cb, n_cb, programs, tile = 0, 1, f"triton.cdiv({g['total']}, {block})", "[BLOCK]"
+    int64 = max(x.numel, y.numel, (chain or {}).get("numel", 0)) + block > _INT32_LIMIT
+    writes = ", ".join((["values"] if store_values else []) + (["indices"] if store_indices else []))
+    text = triton_template("pool.py.j2").render(
+        kind=kind, node=node.name, cl=layout_in == "cl", cl_out=layout_out == "cl", C=C, CB=cb, n_cb=n_cb,
+        programs=programs, tile=tile, target=node.target, nd=g["nd"], dtype=x.dtype, acc=DTYPES[x.dtype],
+        in_shape=tuple(x.shape), in_stride=tuple(x.stride), out_shape=tuple(y.shape),
+        dhw=(D, H, W), flat_in=[g["NC"], D, H, W], flat_out=[g["NC"], OD, OH, OW],
+        ks=g["kernel"], st=g["stride"], pd=g["padding"], dl=g["dilation"], ceil=g["ceil_mode"],
+        cip=g["count_include_pad"], divisor_override=g["divisor_override"], writes=writes,
+        kernel=f"{node.name}_pool_kernel", store_values=store_values, store_indices=store_indices,
+        int64=int64, total=g["total"], D=D, H=H, W=W, OD=OD, OH=OH, OW=OW, KD=KD, KH=KH, KW=KW,
+        SD=g["S"][0], SH=g["S"][1], SW=g["S"][2], PD=g["P"][0], PH=g["P"][1], PW=g["P"][2],
+        DD=g["DL"][0], DH=g["DL"][1], DW=g["DL"][2], BLOCK=block,
+        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 1)),
+        input_repr=repr(node.args[0].name), allocs=allocs, call_args=", ".join(call),
+        returns="(" + ", ".join(rets) + ",)",
+        returns_doc=", ".join(("values" if r == "out" else "indices" if r == "idx" else "None") for r in rets),
+        chain=chain,
+    )
+    inputs = (chain or {}).get("inputs", [node.args[0].name])
+    return NodeKernel(source=with_helpers(text), inputs=inputs, outputs=len(rets))
 
 
 TEMPLATE = PoolTemplate()

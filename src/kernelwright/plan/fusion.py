@@ -101,10 +101,41 @@ class Pair:
 
 
 @dataclass
+class PoolChain:
+    """A pooling node with the pointwise group that alone computes its input (`pre`: applied to
+    every window element as the pool reads it) and/or the pointwise group that alone reads its
+    result (`post`: applied to every pooled value). One more choice for these units: one pooling
+    kernel that reads `pre`'s inputs (a library convolution's output, a bias) and writes `post`'s
+    result, so neither the pool's input nor its output goes through memory."""
+
+    pool: str
+    read: str | None  # the getitem reading a max pool's values (None for an avg pool)
+    pre: Group | None
+    post: Group | None
+
+    @property
+    def units(self) -> list[str]:
+        """The plan units the chain computes, in program order."""
+        return (([self.pre.id] if self.pre else []) + [self.pool] + ([self.read] if self.read else [])
+                + ([self.post.id] if self.post else []))
+
+    @property
+    def name(self) -> str:
+        return "+".join(u for u in (self.post.id if self.post else None, self.pool,
+                                    self.pre.id if self.pre else None) if u)
+
+    @property
+    def out(self) -> str:
+        """The value the chain produces."""
+        return self.post.outputs[0] if self.post else self.read or self.pool
+
+
+@dataclass
 class Plan:
     graph: Graph
     units: list[Unit]
     pairs: list[Pair] = field(default_factory=list)  # searched after the units they join
+    chains: list[PoolChain] = field(default_factory=list)  # searched after the units, before the pairs
 
     @property
     def groups(self) -> list[Group]:
@@ -370,7 +401,36 @@ def plan_graph(graph: Graph) -> Plan:
             if g.levels[name] != "tuple" and (name in escaping or outside_reads.get(name, set()) - {g.id}):
                 g.outputs.append(name)
     units = _order_units(graph, b)
-    return Plan(graph, units, anchor_pairs(graph, units))
+    return Plan(graph, units, anchor_pairs(graph, units), pool_chains(graph, units))
+
+
+def pool_chains(graph: Graph, units: list[Unit]) -> list[PoolChain]:
+    """Each pooling unit read only through its values (a max pool's indices unread) with a
+    pointwise group of one output that only it reads before it, or a pointwise group of one
+    output that alone reads it after it, or both (PoolChain)."""
+    groups = [u.group for u in units if u.group]
+    escaping = set(graph.outputs) | set(graph.mutations)
+    chains = []
+    for unit in units:
+        node = graph.node(unit.node) if unit.node is not None else None
+        if node is None or node.target not in POOLS or not node.args or not isinstance(node.args[0], Ref):
+            continue
+        read, value = None, node.name
+        if node.target.endswith("_with_indices.default"):
+            reads = graph.users(node.name)
+            if len(reads) != 1 or reads[0].target != "getitem" or reads[0].args[1] != 0:
+                continue
+            read = value = reads[0].name
+        x = node.args[0].name
+        pre = next((g for g in groups if g.rdims is None and g.outputs == [x]), None)
+        if pre is not None and (x in escaping or [u.name for u in graph.users(x)] != [node.name]):
+            pre = None
+        users = {u.name for u in graph.users(value)}
+        post = None if value in escaping or not users else \
+            next((g for g in groups if g.rdims is None and len(g.outputs) == 1 and users <= set(g.nodes)), None)
+        if pre is not None or post is not None:
+            chains.append(PoolChain(node.name, read, pre, post))
+    return chains
 
 
 def _order_units(graph: Graph, b: _Builder) -> list[Unit]:

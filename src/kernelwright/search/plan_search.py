@@ -21,7 +21,7 @@ from kernelwright import __version__
 from kernelwright.analyze.cost import node_flops
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.execute import run_graph
-from kernelwright.codegen import conv_epilogue, cuda_unit, gemm_epilogue
+from kernelwright.codegen import conv_epilogue, cuda_unit, gemm_epilogue, pool_chain
 from kernelwright.codegen.cuda_kernels import runtime_source
 from kernelwright.codegen.node_kernels import absorbed, template_for
 from kernelwright.codegen.triton_group import Unsupported
@@ -33,8 +33,8 @@ from kernelwright.search.database import TrialDB, default_db_path, packaged_prio
 from kernelwright.search.result import RunResult
 from kernelwright.search.strategies import Exhaustive
 from kernelwright.search.tune import tune
-from kernelwright.search.units import (ConvTuner, CudaTuner, GemmTuner, GroupTuner, KernelTuner, NodeTuner, group_impl,
-                                      kernel_resources, unit_impl)
+from kernelwright.search.units import (ConvTuner, CudaTuner, GemmTuner, GroupTuner, KernelTuner, NodeTuner,
+                                      PoolChainTuner, group_impl, kernel_resources, unit_impl)
 from kernelwright.space.config import Config
 
 
@@ -149,6 +149,7 @@ class _Job:
     # unit name -> the anchor of the pair whose kernel computes it (two convolutions read by one
     # group, a residual add, make two pairs: the second must not fuse a unit the first already did)
     fused_into: dict = field(default_factory=dict)
+    chained: dict = field(default_factory=dict)  # a pool chain's pool -> the units its kernel computes
     reuse: bool = False  # a unit measured before here runs its stored best config alone (search_unit)
     progress: Callable[[TrialProgress], None] | None = None  # called after every trial (Options.progress)
 
@@ -196,6 +197,8 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
         n = max(1, len(units))
         per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)
         per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
+        for chain in plan.chains:  # (before the pairs: a convolution computing a whole chain competes with it)
+            _tune_chain(job, plan, chain, per_trials, per_s)
         for pair in plan.pairs:
             _tune_pair(job, plan, pair, per_trials, per_s)
     record["groups"] = [asdict(r) for r in job.rows]
@@ -393,8 +396,9 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
     if (gemm_epilogue.fusable(graph, node, group) if pair.kind == "gemm"
             else conv_epilogue.fusable(graph, node, group, pair.pools, pair.post)):
         return
-    if any(job.fused_into.get(u, pair.anchor) != pair.anchor for u in pair.units):
-        return  # another pair's kernel computes one of its units (and reads this anchor's result)
+    for owner in {job.fused_into.get(u, pair.anchor) for u in pair.units} - {pair.anchor}:
+        if not job.chained.get(owner, set()) <= set(pair.units):
+            return  # another kernel computes one of its units (and reads this anchor's result)
     kind = ("conv_pool" if pair.pools else "conv_epilogue") if pair.kind == "conv" \
         else "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
     row = UnitResult(pair.name, kind, [graph.node(n).op for u in pair.units for n in _unit_nodes(plan, u)])
@@ -425,6 +429,58 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
     if not job.timed and not job.no_library:
         row.note = "untimed: the library node + epilogue kernel is kept"
         return
+    M, N, K = (fused.M, fused.N, fused.K) if pair.kind == "gemm" else fused.gemm
+    flops = 2 * M * N * K * (int(node.args[8]) if pair.kind == "conv" else 1)
+    best = _search_fused(job, row, tuner, per_trials, per_s, pair.units + absorbed, last, outputs,
+                         f"{last}_{pair.kind}", pair.anchor)
+    if best is not None:
+        row.note = f"{flops / (best.time_ms * 1e-3) / 1e12:.1f} TFLOP/s" if best.time_ms else "untimed: --no-library"
+    elif row.trials > row.failed:
+        row.note = f"{'library' if pair.kind == 'gemm' else 'chosen'} {pair.kind} + epilogue faster"
+    job.log(f"{row.id} [{kind}]: {row.strategy} {row.time_ms or 0:.3f} ms, {pair.kind} + epilogue "
+            f"{(tuner.library_ms or 0):.3f} ms ({row.trials} trials, {row.failed} failed)")
+
+
+def _tune_chain(job: _Job, plan, chain, per_trials, per_s) -> None:
+    """A pool and its pointwise neighbours (plan.PoolChain) as one pool kernel; it replaces the
+    units' chosen implementations only when verified and faster than they are one after the
+    other (with no_library: whenever it verifies)."""
+    graph = job.graph
+    row = UnitResult(chain.name, "pool_chain", [graph.node(n).op for u in chain.units for n in _unit_nodes(plan, u)])
+    job.rows.append(row)
+    try:
+        kernel = pool_chain.build(graph, chain)
+        impls = [_unit_impl(job, plan, u) for u in chain.units]
+        tuner = PoolChainTuner(graph, kernel, impls, job.env, job.policy, job.device, job.cache_dir, job.timed,
+                               job.spec)
+    except Unsupported as e:
+        row.note = f"no template: {e}"
+        return
+    row.eager_excess = tuner.eager_excess
+    row.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + [chain.out])
+    row.flops = _flops(graph, tuner.nodes)
+    if not job.timed and not job.no_library:
+        row.note = "untimed: the units' own kernels are kept"
+        return
+    best = _search_fused(job, row, tuner, per_trials, per_s, chain.units, chain.units[-1], [chain.out],
+                         f"{chain.units[-1]}_chain", chain.pool)
+    if best is not None:
+        job.chained[chain.pool] = set(chain.units)
+        row.note = "untimed: --no-library" if best.time_ms is None else ""
+    elif row.trials > row.failed:
+        row.note = "the units' own kernels faster"
+    job.log(f"{row.id} [pool_chain]: {row.strategy} {row.time_ms or 0:.3f} ms, units one after the other "
+            f"{(tuner.library_ms or 0):.3f} ms ({row.trials} trials, {row.failed} failed)")
+
+
+def _search_fused(job: _Job, row: UnitResult, tuner: KernelTuner, per_trials, per_s, units: list[str], last: str,
+                  outputs: list[str], name: str, owner: str) -> RunResult | None:
+    """Search `tuner`, whose kernel computes the plan units `units` (the result of `last`), and
+    install its best candidate as kernel `name` in place of those units' when it is verified and
+    faster than their implementations one after the other (with no_library: when a generated one
+    verifies; without a GPU: the first config, verified). Fills `row`; returns the installed
+    result or None."""
+    out = job.out
     if job.timed:
         results = search_unit(tuner, per_trials, per_s, {**job.common(row, tuner),
                                                          "on_result": trial_counter(row.id, per_trials, job.progress)})
@@ -441,29 +497,24 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
         best = min(ok, key=lambda r: r.time_ms) if ok else None
         if best is not None and (tuner.library_ms is None or best.time_ms >= tuner.library_ms):
             best = None
-    if best is not None:
-        text, ins = tuner.render(best.config)
-        name = f"{last}_{pair.kind}"
-        for u in pair.units + absorbed:
-            chosen = out.kernels.get(u)
-            out.sources.pop(u, None)
-            if chosen is not None:
-                out.sources.pop(chosen.kernel, None)
-            out.kernels[u] = None  # the fused kernel computes them
-            job.fused_into[u] = pair.anchor
-        out.sources[name] = text
-        out.kernels[last] = Chosen(name, ins, outputs)
-        row.strategy = "triton" if best.config.template.startswith("triton.") else "torch"
-        row.config, row.time_ms, row.excess = best.config.as_dict(), best.time_ms, best.excess
-        M, N, K = (fused.M, fused.N, fused.K) if pair.kind == "gemm" else fused.gemm
-        flops = 2 * M * N * K * (int(node.args[8]) if pair.kind == "conv" else 1)
-        row.note = f"{flops / (best.time_ms * 1e-3) / 1e12:.1f} TFLOP/s" if best.time_ms else "untimed: --no-library"
-    else:
+    if best is None:
         row.time_ms = tuner.library_ms
-        row.note = f"{'library' if pair.kind == 'gemm' else 'chosen'} {pair.kind} + epilogue faster" if ok \
-            else "no candidate passed"
-    job.log(f"{row.id} [{kind}]: {row.strategy} {row.time_ms or 0:.3f} ms, {pair.kind} + epilogue "
-            f"{(tuner.library_ms or 0):.3f} ms ({row.trials} trials, {row.failed} failed)")
+        if not ok:
+            row.note = "no candidate passed"
+        return None
+    text, ins = tuner.render(best.config)
+    for u in units:
+        chosen = out.kernels.get(u)
+        out.sources.pop(u, None)
+        if chosen is not None:
+            out.sources.pop(chosen.kernel, None)
+        out.kernels[u] = None  # the fused kernel computes them
+        job.fused_into[u] = owner
+    out.sources[name] = text
+    out.kernels[last] = Chosen(name, ins, outputs)
+    row.strategy = "triton" if best.config.template.startswith("triton.") else "torch"
+    row.config, row.time_ms, row.excess = best.config.as_dict(), best.time_ms, best.excess
+    return best
 
 
 def _flops(graph, nodes) -> int:

@@ -1,8 +1,8 @@
 """Tuners: build, verify and time the candidates of one unit of a plan (a `run` for `tune`).
 
 A unit is a fusion group (GroupTuner), a library node with a node template (NodeTuner), a
-library GEMM with its epilogue group (GemmTuner), or a convolution, alone or with its epilogue
-group (ConvTuner). Failures are results, never exceptions.
+library GEMM with its epilogue group (GemmTuner), a convolution, alone or with its epilogue
+group (ConvTuner), or a pool with its pointwise neighbours (PoolChainTuner). Failures are results, never exceptions.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import torch
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
-from kernelwright.codegen import conv_epilogue, cudnn_epilogue, gemm_epilogue, library_epilogue, node_kernels
+from kernelwright.codegen import conv_epilogue, cudnn_epilogue, gemm_epilogue, library_epilogue, node_kernels, pool_chain
+from kernelwright.codegen.triton_pool import TEMPLATE as POOL_TEMPLATE
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_group import (Unsupported, extent, lower, render_group, tiled_apply_dims,
                                               transposed_walk)
@@ -463,22 +464,56 @@ class ConvTuner(KernelTuner):
                      + (f"/{f.pool}{list(f.pool_window)}" + (f"/{f.post.id}" if f.post else "") if f.pool else ""))
 
     def library_fn(self):
-        if self.impls is None:
-            return self._run_library
-        env, ins, impls = self.env, self.unit_inputs, self.impls
-
-        def run():
-            local = {k: env[k] for k in ins}
-            for impl in impls:
-                local = impl(local)
-            return local
-
-        return run
+        return self._run_library if self.impls is None else chained(self.env, self.unit_inputs, self.impls)
 
     def render(self, cfg):
         if cfg.template == cudnn_epilogue.NAME:
             return cudnn_epilogue.render(self.graph, self.fused.conv, self.chain, self.fused.x, self.name)
         return conv_epilogue.render(self.fused, cfg.as_dict(), self.policy.name, self.name)
+
+
+class PoolChainTuner(KernelTuner):
+    """A pooling node with the pointwise group computing its input and/or the one reading its
+    result (plan.PoolChain) as one pool kernel (codegen/pool_chain.py). The reference to beat is
+    what the program would otherwise run: the chain's units' chosen implementations one after the
+    other (`impls`: env -> env functions, from `unit_impl`)."""
+
+    def __init__(self, graph, kernel: pool_chain.ChainKernel, impls, env, policy, device, cache_dir, timed,
+                 spec: DeviceSpec | None = None):
+        self.kernel, self.impls = kernel, impls
+        chain = kernel.chain
+        self.name = f"{chain.post.id if chain.post else chain.pool}_chain"
+        super().__init__(graph, kernel.nodes, kernel.inputs, [(chain.out, None)], env, policy, device, cache_dir,
+                         timed)
+        pool = graph.node(chain.pool)
+        spec = spec or device_spec()
+        self.space = POOL_TEMPLATE.space(graph, pool, spec)
+        self.default = POOL_TEMPLATE.default(graph, pool, spec)
+        self.seeds = [self.default] + [c for c in self.space if c != self.default
+                                       and c["num_warps"] == self.default["num_warps"]][:3]
+        meta = graph.meta(pool.inputs[0])
+        self.features = {"log2_bytes": math.log2(max(1, meta.nbytes)), "kind": "pool_chain",
+                         "n_operands": len(kernel.inputs)}
+        self.task = (f"{pool.target}/{'x'.join(map(str, meta.shape))}/chain"
+                     + (f"/{chain.pre.id}" if chain.pre else "") + (f"/{chain.post.id}" if chain.post else ""))
+
+    def library_fn(self):
+        return chained(self.env, self.unit_inputs, self.impls)
+
+    def render(self, cfg):
+        return pool_chain.render(self.kernel, cfg.as_dict(), self.name)
+
+
+def chained(env: dict, inputs: list[str], impls) -> Callable[[], dict]:
+    """A call running `impls` (env -> env functions) one after the other on `inputs` from `env`."""
+
+    def run():
+        local = {k: env[k] for k in inputs}
+        for impl in impls:
+            local = impl(local)
+        return local
+
+    return run
 
 
 def unit_impl(graph, nodes: list[str], kernel, cache_dir, source, device, name: str):
