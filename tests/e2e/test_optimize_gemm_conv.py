@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from kernelwright.emit.module import import_model_new, model_new_like
 from kernelwright.pipeline import Options, optimize_problem
 from kernelwright.problem import from_module, load_problem
 
@@ -212,3 +213,37 @@ def test_two_convolutions_read_by_one_group_fuse_one_of_them(tmp_path):
     pairs = [g for g in result["groups"] if g["kind"] == "conv_epilogue"]
     assert len(pairs) == 1 and pairs[0]["strategy"] == "triton", result["groups"]
     assert "original forward kept" not in (out / "model_new.py").read_text()
+
+
+def test_a_pool_chain_ships_after_a_transposed_convolution(tmp_path):
+    """A transposed convolution's pool is not fused into the convolution template, so the pool
+    chain (the scaling before the average pool, the bias and scaling after it) ships as one pool
+    kernel reading the convolution's output, and the emitted module matches Model (at another
+    batch size too)."""
+
+    class Chain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.ConvTranspose3d(3, 4, 3, stride=2, padding=1)
+            self.bias = nn.Parameter(torch.randn(4, 1, 1, 1))
+
+        def forward(self, x):
+            return (torch.nn.functional.avg_pool3d(self.conv(x) * 0.5, 2) + self.bias) * 2.0
+
+    out = tmp_path / "out"
+    problem = from_module(Chain(), [torch.randn(2, 3, 3, 4, 4)])
+    result = optimize_problem(problem, out,
+                              Options(device="cpu", budget_trials=1, precision="fp32", no_library=True,
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    (row,) = [g for g in result["groups"] if g["kind"] == "pool_chain"]
+    assert row["strategy"] == "triton" and "avg_pool3d" in row["ops"], row
+    (kernel,) = [k for k in (out / "kernels").glob("*_chain.py")]
+    assert "Fused: group" in kernel.read_text()
+    reference = problem.make_model()
+    new = model_new_like(import_model_new(out / "model_new.py"), problem, reference, "cpu")
+    x = torch.randn(3, 3, 3, 4, 4)  # another batch size
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), reference(x), rtol=1e-5, atol=1e-5)
+        x = problem.make_inputs(1)[0]
+        torch.testing.assert_close(new(x), reference(x), rtol=1e-5, atol=1e-5)
