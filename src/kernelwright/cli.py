@@ -109,8 +109,10 @@ MODE_HELP = ("Training modes to generate a forward for: train | eval | both (a m
 VERIFY_ONLY_HELP = "On a GPU: verify generated kernels there, without tuning trials or timing (configs untimed)."
 NO_REWRITES_HELP = ("Leave out the exact algebra rules (plan/algebra.py: reductions of matrix products and "
                     "convolutions, over size-1 dims, through affine ops), which change what is computed.")
-RETUNE_HELP = ("Search every unit again; without it a unit this device measured before (same precision and "
-               "kernelwright version, in the trial database) runs its fastest stored config alone, verified and timed.")
+RETUNE_HELP = ("Search every unit again and time the result again; without it a unit this device measured before "
+               "(same precision and kernelwright version, in the trial database) runs its fastest stored config "
+               "alone, verified and timed, and emitted files timed before on this GPU are verified and their stored "
+               "timing reported.")
 NCU_HELP = ("Profile the emitted module's generated kernels with Nsight Compute (ncu on PATH, --clock-control "
             "none): achieved occupancy, DRAM throughput, shared-memory bank conflicts, duration per unit, in "
             "result.json and the reports; without ncu or a GPU the reports say so.")

@@ -32,10 +32,12 @@ from kernelwright.measure import watchdog
 from kernelwright.measure.baselines import baseline_output_dtypes
 from kernelwright.measure.final import OWN_FORWARD, final_checks, graphs_in_every_mode, not_shipped
 from kernelwright.measure.memory import MemoryPeak
+from kernelwright.measure.stored import StoredTimings, module_key
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
+from kernelwright.search.database import TrialDB, default_db_path
 from kernelwright.search.plan_search import TrialProgress, tune_plan
 
 __all__ = ["Options", "optimize_problem", "baseline_output_dtypes"]
@@ -117,7 +119,8 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         r, p = results[mode], _in_mode(problem, mode)
         if mode in forwards:
             r["verify"], r["timing"] = _final_checks(p, path, policy, device, timed, log, opts.cuda_graphs,
-                                                     opts.compile_mode, what=f"{mode} mode", memory=memory)
+                                                     opts.compile_mode, what=f"{mode} mode", memory=memory,
+                                                     store=_store(p, opts, policy, device, timed, mode))
             why = not_shipped(r)
             if why is None:
                 continue
@@ -168,17 +171,35 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
     return ModeForward(mode, plan, tuned.kernels, tuned.sources, tuned.summary, tuned.support, keys), record
 
 
+def _store(problem, opts: Options, policy, device, timed: bool, mode: str):
+    """(the stored timings, the context of their key) for a problem file timed on a GPU; else None."""
+    if not timed or not problem.source:
+        return None
+    timings = StoredTimings(TrialDB(default_db_path(opts.db_path)), torch.cuda.get_device_name(device), policy.name)
+    overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small else None
+    return timings, (problem.source, overrides, opts.compile_mode, opts.cuda_graphs, mode), opts.retune
+
+
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default", what=None,
-                  memory=None):
-    """measure.final_checks on the module written at `path`, its ModelNew built with the reference's weights."""
+                  memory=None, store=None):
+    """measure.final_checks on the module written at `path`, its ModelNew built with the reference's
+    weights. `store` (from `_store`): its timing of these files is reused unless retuning, and a new
+    one is kept."""
     mod = import_model_new(path)
+    stored = keep = None
+    if store is not None:
+        timings, context, retune = store
+        key = module_key(path, *context)
+        stored = None if retune else timings.get(key)
+        keep = (lambda timing: timings.put(key, timing))
 
     def build(reference, graphs=False):
         m = model_new_like(mod, problem, reference, device)
         m._kw_cuda_graphs = graphs
         return m
 
-    return final_checks(problem, mod, build, policy, device, timed, log, cuda_graphs, compile_mode, what, memory)
+    return final_checks(problem, mod, build, policy, device, timed, log, cuda_graphs, compile_mode, what, memory,
+                        stored, keep)
 
 
 def _original_checks(problem, path, policy, device, timed, log, compile_mode):

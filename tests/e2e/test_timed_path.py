@@ -388,3 +388,46 @@ def test_a_choice_whose_template_refuses_the_unit_is_listed_with_why(fake_clock,
     (refused,) = [c for c in g["choices"] if "refused" in c]
     assert refused == {"choice": "cuda.row", "time_ms": None, "trials": 0, "failed": 0,
                        "refused": "no CUDA row kernel for this group here"}
+
+
+def test_a_rerun_reuses_the_final_timing_of_the_same_files(tmp_path, monkeypatch):
+    """The final timing of emitted files is kept in the trial database; a second check of the same
+    files on the same GPU verifies the module and reports that timing (marked reused) without timing
+    again, while --retune or any changed byte of kernels/ measures again."""
+    from kernelwright.measure import baselines
+    from kernelwright.measure.timer import Timing
+    from kernelwright.pipeline import _final_checks, _store, optimize_problem
+
+    problem = load_problem(os.path.join(ROOT, "problems", "level2", "conv2d_mish_mish.py"), small=True)
+    opts = Options(device="cpu", budget_trials=1, small=True, db_path=str(tmp_path / "db.sqlite"), log=lambda s: None)
+    optimize_problem(problem, tmp_path / "out", opts)
+    path = tmp_path / "out" / "model_new.py"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "fake-gpu")
+    calls = []
+
+    def fake_time_problem(problem, policy, device, candidates=None, **kw):
+        calls.append(sorted(candidates))
+        t = baselines.Timings({k: Timing(ms, ms, ms, 0.0, 50) for k, ms in
+                               (("eager", 3.0), ("compile", 2.0), ("kernelwright", 1.0))})
+        return t
+
+    monkeypatch.setattr(baselines, "time_problem", fake_time_problem)
+    policy, cpu, log = get_policy("fp32"), torch.device("cpu"), []
+
+    def check(retune=False):
+        store = _store(problem, Options(**{**opts.__dict__, "retune": retune}), policy, cpu, True, "any")
+        return _final_checks(problem, path, policy, cpu, True, log.append, store=store)
+
+    v, first = check()
+    assert v["passed"] and len(calls) == 1 and "reused" not in first and first["speedup_vs_compile"] == 2.0
+    v, again = check()
+    assert v["passed"] and len(calls) == 1  # verified, not timed
+    assert again["reused"]["measured"] and again["kernelwright"] == first["kernelwright"]
+    assert any(line.startswith("timing: reused") for line in log)
+    assert again["speedup_vs_compile"] == 2.0
+    check(retune=True)
+    assert len(calls) == 2
+    kernel = next((tmp_path / "out" / "kernels").glob("g*.py"))
+    kernel.write_text(kernel.read_text() + "\n# edited\n")
+    _, fresh = check()
+    assert len(calls) == 3 and "reused" not in fresh

@@ -191,6 +191,9 @@ def render_report(result: dict) -> str:
                              f"outputs {'copied out' if r['copies_out'] else 'lent'}"))
         for k, where in (t.get("syncs") or {}).items():
             lines.append(f"\n{k} makes the host wait for the GPU within a call, at {where}")
+        if t.get("reused"):
+            lines.append(f"\nThese times were measured on {t['reused']['measured']} for the same files on this GPU "
+                         "(same versions); this run verified the module and reused them (`--retune` measures again).")
         mode = t.get("compile_mode") or "default"
         for base in ("eager", "compile"):
             if f"speedup_vs_{base}" in t:

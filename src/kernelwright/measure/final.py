@@ -74,7 +74,7 @@ def replay_paths(graphs: dict) -> list[dict]:
 
 
 def final_checks(problem, module, build, policy, device, timed, log, cuda_graphs=False, compile_mode="default",
-                 what=None, memory=None):
+                 what=None, memory=None, stored: dict | None = None, keep=None):
     """Verify the emitted module and, on a GPU, time it beside eager and torch.compile (in
     `compile_mode`, which timing["compile_mode"] names; its timing is keyed "compile"). With
     `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified and timed too;
@@ -83,7 +83,10 @@ def final_checks(problem, module, build, policy, device, timed, log, cuda_graphs
     instead (the module's guard found the call unlike the specialised one) fails the check, so what
     is verified and timed is the generated code. `module` is the emitted model_new module and
     `build(reference, graphs)` makes its ModelNew with the reference's weights (replaying CUDA graphs
-    when `graphs`). `memory` (a MemoryPeak) gets the verification's and the timing's peaks."""
+    when `graphs`). `memory` (a MemoryPeak) gets the verification's and the timing's peaks.
+    `stored`: this module's timing from an earlier run (measure/stored.py), reported instead of
+    timing again once the module verifies (and its CUDA-graph replay, when that was chosen);
+    `keep(timing)` is called with a timing measured here."""
     mod = module
     v = verify(problem, build, policy, device)
     if what and v.passed and mod._KW_WARNED:
@@ -94,6 +97,15 @@ def final_checks(problem, module, build, policy, device, timed, log, cuda_graphs
     log((f"{what}: " if what else "") + f"verify: {'PASS' if v.passed else 'FAIL'} excess {v.excess:.3g} (eager {v.eager_excess:.3g}, threshold {v.threshold:.3g})"
         + (f" - {v.reason}" if v.reason else ""))
     timing = None
+    if timed and v.passed and stored is not None:
+        if stored.get("cuda_graphs"):
+            vg = verify(problem, lambda reference: build(reference, True), policy, device)
+            v, stored = (vg, stored) if vg.passed else (v, None)
+        if stored is not None:
+            log(f"timing: reused, measured {stored['reused']['measured']} for these files on this GPU "
+                f"(--retune measures again): kernelwright {stored['kernelwright']['median_ms']:.3f} ms, "
+                + ", ".join(f"{k} {stored[k]['median_ms']:.3f} ms" for k in ("eager", "compile") if k in stored))
+            return v.to_json(), stored
     if timed and v.passed:
         from kernelwright.measure.baselines import time_problem
 
@@ -135,6 +147,8 @@ def final_checks(problem, module, build, policy, device, timed, log, cuda_graphs
             for base in ("eager", "compile"):
                 if base in t:
                     timing[f"speedup_vs_{base}"] = t[base].median_ms / kw["median_ms"]
+        if keep is not None and kw and not timing["errors"]:
+            keep(timing)
     elif not timed:
         log("verified on the GPU; nothing was timed (verify only)" if device.type == "cuda" else
             "no CUDA GPU: verified in the Triton interpreter; nothing was timed (timing needs a GPU)")
