@@ -431,3 +431,25 @@ def test_a_rerun_reuses_the_final_timing_of_the_same_files(tmp_path, monkeypatch
     kernel.write_text(kernel.read_text() + "\n# edited\n")
     _, fresh = check()
     assert len(calls) == 3 and "reused" not in fresh
+
+
+def test_a_strided_transposed_convolution_tries_its_subpixel_forward_form(fake_clock, tmp_path):
+    """The stride-2 transposed convolution's choices on the fake clock: the library call, its
+    forward-convolution forms (torch.conv_transpose_as_conv), its channels-last variant and the
+    Triton template, each verified; the emitted forward matches Model whichever wins."""
+    problem, plan, result, kernels, sources = _run(fake_clock, tmp_path, "level2/conv_transpose2d_add_gelu.py",
+                                                   5.0, 1.0)
+    (row,) = [g for g in result["groups"] if g["kind"] == "node" and g["ops"] == ["convolution"]]
+    forms = {c["choice"]: c for c in row["choices"]}
+    # its two forms (one forward convolution over the phases, one per phase), each verified
+    assert forms["torch.conv_transpose_as_conv"]["trials"] == 2 and forms["torch.conv_transpose_as_conv"]["failed"] == 0
+    path = write_module(tmp_path / "out", render_model_new(problem, [ModeForward("any", plan, kernels, sources, [])],
+                                                           "fp32", None), sources)
+    mod = import_model_new(path)
+    ref = problem.make_model()
+    new = mod.ModelNew(*problem.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    x = problem.make_inputs(3)
+    with torch.no_grad():  # (with gradients the module runs the original forward)
+        torch.testing.assert_close(new(*x), ref(*x), rtol=1e-4, atol=1e-5)
+    assert not mod._KW_WARNED

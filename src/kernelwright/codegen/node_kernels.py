@@ -135,6 +135,13 @@ def templates() -> list[NodeTemplate]:
     return [pool, scan, depthwise, layout_copy, conv_layout, conv_transpose_forward, rnn]
 
 
+def templates_for(graph: Graph, node: OpNode) -> list[NodeTemplate]:
+    """Every template that supports `node`, in template_for's order: each one choice of its unit
+    (a transposed convolution's channels-last variant and its forward-convolution form)."""
+    used = used_outputs(graph, node)
+    return [t for t in templates() if t.supports(graph, node, used) is None]
+
+
 def template_for(graph: Graph, node: OpNode) -> tuple[NodeTemplate | None, str]:
     """The first template that supports `node`, or None and the reasons."""
     reasons = []

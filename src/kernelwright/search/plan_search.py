@@ -23,7 +23,7 @@ from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.execute import run_graph
 from kernelwright.codegen import conv_epilogue, cuda_unit, gemm_epilogue, pool_chain
 from kernelwright.codegen.cuda_kernels import runtime_source
-from kernelwright.codegen.node_kernels import absorbed, template_for
+from kernelwright.codegen.node_kernels import absorbed, template_for, templates_for
 from kernelwright.codegen.triton_group import Unsupported
 from kernelwright.measure import watchdog
 from kernelwright.plan.weights import weight_only, weight_roots
@@ -257,8 +257,9 @@ def _unit_choices(job: _Job, plan, unit, template) -> tuple[UnitResult, list[Cho
         return row, cuda, "" if cuda else why
     node = graph.node(unit.node)
     row = UnitResult(node.name, "node", [node.op])
-    choices = [] if template is None else [Choice(template.name, lambda: NodeTuner(
-        graph, node, template, job.env, job.policy, job.device, job.cache_dir, job.timed))]
+    others = [t for t in templates_for(graph, node) if t is not template] if template is not None else []
+    choices = [Choice(t.name, lambda t=t: NodeTuner(graph, node, t, job.env, job.policy, job.device, job.cache_dir,
+                                                    job.timed)) for t in ([template] if template else []) + others]
     if job.backend == "cuda":
         if template is None or template.name.startswith("triton."):
             return row, [], "the node's templates are Triton templates (--backend cuda)"
@@ -397,7 +398,7 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
             else conv_epilogue.fusable(graph, node, group, pair.pools, pair.post)):
         return
     for owner in {job.fused_into.get(u, pair.anchor) for u in pair.units} - {pair.anchor}:
-        if not job.chained.get(owner, set()) <= set(pair.units):
+        if owner not in job.chained or not job.chained[owner] <= set(pair.units):
             return  # another kernel computes one of its units (and reads this anchor's result)
     kind = ("conv_pool" if pair.pools else "conv_epilogue") if pair.kind == "conv" \
         else "gemm_epilogue" if group.rdims is None else "gemm_rowreduce"
