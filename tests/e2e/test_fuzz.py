@@ -328,3 +328,84 @@ def test_the_no_library_flag_reaches_the_oracle(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "check", fake_check)
     runner.run(2, 0, "cpu", "fp32", tmp_path, 1, log=lambda s: None, no_library=True)
     assert seen == [True, True]
+
+
+
+STATEFUL = """import torch
+import torch.nn as nn
+
+batch_size = 3
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.h0 = torch.randn(batch_size, 5)  # a state made for one batch size, as some KernelBench RNNs hold
+
+    def forward(self, x):
+        return torch.tanh(x + self.h0)
+
+
+def get_inputs():
+    return [torch.randn(batch_size, 5)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_tensor_attribute_is_read_from_the_live_module(tmp_path):
+    """A plain tensor attribute (an initial state made in __init__) is read from the module at each
+    call, not frozen at the value the optimized model had: every check passes (the other batch size
+    too, its ModelNew given the reference's attribute), the generated forward follows a replaced
+    attribute, and one of another size runs the original forward."""
+    from kernelwright.emit.module import import_model_new
+    from kernelwright.fuzz.oracle import check
+
+    path = tmp_path / "stateful.py"
+    path.write_text(STATEFUL)
+    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out")
+    assert outcome.status == "ok" and all(c.status in ("ok", "skipped") for c in outcome.checks), outcome
+    mod = import_model_new(str(tmp_path / "out" / "model_new.py"))
+    new, x = mod.ModelNew(), torch.randn(3, 5)
+    with torch.no_grad():
+        new.h0 = torch.randn(3, 5)
+        torch.testing.assert_close(new(x), torch.tanh(x + new.h0))
+        assert not mod._KW_WARNED
+        new.h0 = torch.randn(1, 5)
+        torch.testing.assert_close(new(x), torch.tanh(x + new.h0))
+    assert any("tensor attribute" in w for w in mod._KW_WARNED)
+
+
+FIXED_BATCH = """import torch
+import torch.nn as nn
+
+batch_size = 3
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x.reshape(3, 5))
+
+
+def get_inputs():
+    return [torch.randn(batch_size, 5)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_model_that_fails_at_another_batch_size_skips_that_check(tmp_path):
+    """When the model itself cannot run at the second batch size, the batch check is skipped and
+    says why; the other checks decide the outcome."""
+    from kernelwright.fuzz.oracle import check
+
+    path = tmp_path / "fixed.py"
+    path.write_text(FIXED_BATCH)
+    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out")
+    assert outcome.status == "ok", outcome
+    (batch,) = [c for c in outcome.checks if c.name == "batch"]
+    assert batch.status == "skipped" and "the model itself fails" in batch.detail

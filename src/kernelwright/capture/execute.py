@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from kernelwright.capture.export import tensor_attribute
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import dense_permuted
 
@@ -80,6 +81,8 @@ def bind_inputs(graph: Graph, model: torch.nn.Module, inputs: list) -> dict:
             env[inp.name] = inputs[inp.index]
         elif inp.kind in ("param", "buffer"):
             env[inp.name] = state[inp.fqn]
+        elif inp.kind == "attribute" and (attr := tensor_attribute(model, inp.fqn)) is not None:
+            env[inp.name] = attr  # (the live module's own, as its forward reads it)
         else:  # a tensor the forward made from Python data: beside the user inputs
             const = graph.exported.constants[inp.fqn]
             dev = next((x.device for x in inputs if isinstance(x, torch.Tensor)), const.device)

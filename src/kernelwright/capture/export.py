@@ -97,7 +97,27 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
                 raise CaptureError("the forward branches on or sizes by tensor values (.item(), a data-dependent "
                                    f"condition), which torch.export cannot trace: {first[:200]}") from e
             raise CaptureError(f"torch.export failed: {type(e).__name__}: {first[:300]}") from e
-    return _to_graph(ep, name)
+    graph = _to_graph(ep, name)
+    for inp in graph.inputs:  # torch.export lifts a module's plain tensor attributes as constants
+        if inp.kind == "constant" and tensor_attribute(model, inp.fqn) is not None:
+            inp.kind = "attribute"
+    return graph
+
+
+def tensor_attribute(model: torch.nn.Module, fqn: str | None) -> torch.Tensor | None:
+    """The tensor at module path `fqn` of `model` that is neither a parameter nor a buffer (None)."""
+    if not fqn:
+        return None
+    *path, leaf = fqn.split(".")
+    mod = model
+    for part in path:
+        mod = mod._modules.get(part) if isinstance(mod, torch.nn.Module) else None
+        if mod is None:
+            return None
+    if not isinstance(mod, torch.nn.Module) or leaf in mod._parameters or leaf in mod._buffers:
+        return None
+    value = mod.__dict__.get(leaf)
+    return value if isinstance(value, torch.Tensor) else None
 
 
 # Recurrent layers stay one ATen op each: decomposed, a sequence of T steps becomes T copies of

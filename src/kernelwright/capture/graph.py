@@ -65,12 +65,14 @@ class TensorMeta:
 
 @dataclass
 class Input:
-    """A graph input: a user input, a parameter, a buffer or a lifted constant."""
+    """A graph input: a user input, a parameter, a buffer, a tensor attribute of a module (neither
+    of those, e.g. an RNN's initial state made in __init__: read from the live module, like a
+    buffer) or a constant the forward makes from Python data."""
 
     name: str
-    kind: str  # "user" | "param" | "buffer" | "constant"
+    kind: str  # "user" | "param" | "buffer" | "attribute" | "constant"
     meta: TensorMeta | None
-    fqn: str | None = None  # module path of a parameter or buffer, e.g. "conv.weight"
+    fqn: str | None = None  # module path of a parameter, buffer or attribute, e.g. "conv.weight"
     index: int | None = None  # position among the user inputs
 
 

@@ -15,7 +15,7 @@ import torch
 
 from kernelwright import __version__
 from kernelwright.codegen.templating import render
-from kernelwright.emit.program import forward_text, state_reads
+from kernelwright.emit.program import STATE, attribute_shapes, forward_text, state_reads
 from kernelwright.plan.fusion import Plan
 from kernelwright.problem import Problem
 
@@ -127,9 +127,11 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
         reader = readers[tuple(state_reads(f.plan))]
         text = forward_text(f.plan, mods, single_output(f.plan), f.mode, tensors=reader)
         rendered.append({"mode": f.mode, "forward": text})
-        dtypes = _dtypes([i.meta.dtype for i in f.plan.graph.inputs if i.kind in ("param", "buffer")])
+        dtypes = _dtypes([i.meta.dtype for i in f.plan.graph.inputs if i.kind in STATE])
         run = (f"compute=_kw_compute_{f.mode}, commit=_kw_commit_{f.mode}" if text.commit
                else f"_kw_forward_{f.mode}")
+        shapes = attribute_shapes(f.plan)
+        run += f", shapes={shapes!r}" if shapes else ""
         records.append(f"_rt.Forward({json.dumps(f.mode)}, {[tuple(k) for k in f.keys]}, {reader}, {dtypes}, {run})")
     summary = list(notes) + ([f"{f.mode}: {line}" if f.mode != "any" else line for f in forwards for line in f.summary]
                              or ["(the original forward)"])
@@ -220,6 +222,11 @@ def model_new_like(mod, problem: Problem, reference: torch.nn.Module, device) ->
         m = mod.ModelNew(*problem.get_init_inputs())
     m.load_state_dict(reference.state_dict())
     m = m.to(device)
+    mine = dict(m.named_modules())
+    for name, sub in reference.named_modules():  # tensor attributes (not in the state_dict): the reference's
+        for key, value in vars(sub).items():
+            if isinstance(value, torch.Tensor) and name in mine and key in vars(mine[name]):
+                setattr(mine[name], key, value.detach().clone())
     modes = dict(reference.named_modules())
     for name, sub in m.named_modules():  # every submodule's own flag (a frozen norm stays frozen)
         if name in modes:

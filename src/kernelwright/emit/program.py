@@ -156,13 +156,25 @@ def table_path(fqn: str, kind: str) -> str:
         f".{'_parameters' if kind == 'param' else '_buffers'}[{leaf!r}]"
 
 
+STATE = ("param", "buffer", "attribute")  # the graph inputs the forward reads from the live module
+
+
 def state_reads(plan: Plan) -> list[tuple[str, str, str]]:
-    """The parameters and buffers the forward reads: (local name, lookup in the module tables,
-    attribute access on `self`). The forward reads them through its `_kw_tensors` function
-    (model_new.py.j2: the tables, or attributes when a table lacks one, e.g. a parametrized
-    weight); their addresses and versions also identify a CUDA graph capture of the forward."""
-    return [(i.name, table_path(i.fqn, i.kind), attr_path(i.fqn)) for i in plan.graph.inputs
-            if i.kind in ("param", "buffer")]
+    """The parameters, buffers and tensor attributes the forward reads: (local name, lookup in the
+    module tables, attribute access on `self`). The forward reads them through its `_kw_tensors`
+    function (model_new.py.j2: the tables, or attributes when a table lacks one, e.g. a
+    parametrized weight); their addresses and versions also identify a CUDA graph capture of the
+    forward."""
+    return [(i.name, attr_path(i.fqn) if i.kind == "attribute" else table_path(i.fqn, i.kind), attr_path(i.fqn))
+            for i in plan.graph.inputs if i.kind in STATE]
+
+
+def attribute_shapes(plan: Plan) -> list[tuple[int, tuple, tuple]]:
+    """(position among state_reads, shape, strides) of each tensor attribute the forward reads: an
+    attribute (unlike a parameter) may be replaced by one of another size, which the kernels were
+    not specialised for (the runtime then runs the original forward)."""
+    state = [i for i in plan.graph.inputs if i.kind in STATE]
+    return [(k, tuple(i.meta.shape), tuple(i.meta.stride)) for k, i in enumerate(state) if i.kind == "attribute"]
 
 
 class ForwardText(NamedTuple):
@@ -193,7 +205,7 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
     g = plan.graph
     lines = []
     reader = tensors or f"_kw_tensors_{mode}"
-    names = [i.name for i in g.inputs if i.kind in ("param", "buffer")]
+    names = [i.name for i in g.inputs if i.kind in STATE]
     unpack = [f"{', '.join(names)}{',' if len(names) == 1 else ''} = {reader}(self)"] if names else []
     lines += unpack
     local = {i.fqn: i.name for i in g.inputs if i.kind in ("param", "buffer")}

@@ -24,7 +24,8 @@ class Forward(NamedTuple):
     """One generated forward. `tag` names it (its training mode); `flags`: the training flags of
     the mode-dependent submodules it answers for (one tuple per mode it was captured and verified
     in); `tensors(module)` returns the parameters and buffers it reads, whose dtypes must be
-    `dtypes`; `forward(module, *args)` runs it.
+    `dtypes`; `forward(module, *args)` runs it. `shapes`: (position, shape, strides) of the tensor
+    attributes among them, whose sizes must stay the specialised ones.
     A forward that updates buffers is given as `compute(module, *args)` -> (result, new values) and
     `commit(module, *new values)`, which writes them in place (kept apart so that a CUDA-graph
     replay of `compute` can be issued before its state is checked and the update made only once
@@ -37,6 +38,7 @@ class Forward(NamedTuple):
     forward: Callable | None = None
     compute: Callable | None = None
     commit: Callable | None = None
+    shapes: tuple = ()
 
 
 class Fallback:
@@ -101,10 +103,14 @@ class Specialised:
         return None
 
     @staticmethod
-    def params_mismatch(tensors, dtypes):
-        """Why the module's parameters and buffers differ from the specialised ones (None: they do not)."""
+    def params_mismatch(tensors, dtypes, shapes=()):
+        """Why the module's parameters, buffers and tensor attributes differ from the specialised
+        ones (None: they do not)."""
         if tuple(map(_dtype, tensors)) != dtypes:
             return "parameters of another dtype"
+        for k, shape, stride in shapes:
+            if tuple(tensors[k].shape) != shape or tensors[k].stride() != stride:
+                return f"a tensor attribute of shape {tuple(tensors[k].shape)} (specialised for {shape})"
         if torch.is_grad_enabled() and any(map(_requires_grad, tensors)):
             return "gradients (parameters require grad)"
         return None
@@ -163,14 +169,14 @@ class Specialised:
     def _make_run(self, f: Forward):
         """`f` on a specialised call's `args`; a Fallback when the parameters differ. Replayed as a
         CUDA graph when the module's `_kw_cuda_graphs` is set, under no_grad, outside torch.compile."""
-        tensors, dtypes, tag, commit = f.tensors, f.dtypes, f.tag, f.commit
+        tensors, dtypes, tag, commit, shapes = f.tensors, f.dtypes, f.tag, f.commit, f.shapes
         forward = f.forward if f.forward is not None else _composed(f.compute, f.commit)
         first = f.compute if f.commit is not None else forward  # what the graph captures
         params_mismatch, graphed = self.params_mismatch, self._graphed
         partial = functools.partial
 
         def run(module, args):
-            why = params_mismatch(tensors(module), dtypes)
+            why = params_mismatch(tensors(module), dtypes, shapes)
             if why is not None:
                 return Fallback(why)
             if module._kw_cuda_graphs and not torch.is_grad_enabled() and not torch.compiler.is_compiling():

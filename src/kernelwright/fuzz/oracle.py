@@ -258,7 +258,10 @@ def _compare(name: str, s: _Subject, training: bool, tol_mode: str) -> Check:
     (and against the model in float64, for reduced-precision policies)."""
     ref, new = s.pair(training)
     with torch.no_grad():
-        want = s.run_eager(ref, s.inputs())
+        try:
+            want = s.run_eager(ref, s.inputs())
+        except Exception as e:  # noqa: BLE001 - e.g. a model that holds a state of its own batch size
+            return Check(name, "skipped", detail=f"the model itself fails: {first_line(e)}")
         try:
             got = s.run_emitted(new, s.inputs())
         except Exception as e:  # noqa: BLE001
