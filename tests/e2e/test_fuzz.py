@@ -409,3 +409,43 @@ def test_a_model_that_fails_at_another_batch_size_skips_that_check(tmp_path):
     assert outcome.status == "ok", outcome
     (batch,) = [c for c in outcome.checks if c.name == "batch"]
     assert batch.status == "skipped" and "the model itself fails" in batch.detail
+
+
+SCALAR = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, A, s):
+        return torch.relu(A * s + 1.0)
+
+
+batch_size = 4
+
+
+def get_inputs():
+    return [torch.randn(batch_size, 6), 3.5]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_number_input_specialises_the_forward(tmp_path):
+    """A number passed as an input (KernelBench's matrix-scalar problem) is captured as the value
+    the graph is specialised for: the checks pass, the generated forward runs for that number and
+    the original forward for any other."""
+    from kernelwright.emit.module import import_model_new
+    from kernelwright.fuzz.oracle import check
+
+    path = tmp_path / "scalar.py"
+    path.write_text(SCALAR)
+    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out")
+    assert outcome.status == "ok" and not outcome.kept, outcome
+    mod = import_model_new(str(tmp_path / "out" / "model_new.py"))
+    new, a = mod.ModelNew(), torch.randn(4, 6)
+    torch.testing.assert_close(new(a, 3.5), torch.relu(a * 3.5 + 1.0))
+    assert not mod._KW_WARNED
+    torch.testing.assert_close(new(a, 2.0), torch.relu(a * 2.0 + 1.0))
+    assert any("specialised for 3.5" in w for w in mod._KW_WARNED)

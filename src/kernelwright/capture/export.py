@@ -12,6 +12,7 @@ import warnings
 
 import torch
 from torch.export import ExportGraphSignature
+from torch.export.graph_signature import ConstantArgument, InputKind
 
 from kernelwright.capture import cumulative_bn
 from kernelwright.capture.graph import Graph, Input, OpNode, Ref, TensorMeta
@@ -44,6 +45,7 @@ def _convert(value):
 # tensors the forward makes from Python data (torch.tensor([...])) are written into the emitted
 # forward as literals, so only small ones are accepted
 MAX_CONSTANT = 4096
+NUMBERS = (bool, int, float)  # user inputs besides tensors: the graph is specialised for their values
 
 
 def _target_name(target) -> str:
@@ -77,9 +79,9 @@ def capture(problem: Problem, device: str = "meta", decompose: bool = True) -> G
 
 
 def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", decompose: bool = True) -> Graph:
-    if any(not isinstance(x, torch.Tensor) for x in inputs):
-        kinds = sorted({type(x).__name__ for x in inputs if not isinstance(x, torch.Tensor)})
-        raise CaptureError(f"non-tensor inputs ({', '.join(kinds)}) are not supported")
+    if any(not isinstance(x, (torch.Tensor, *NUMBERS)) for x in inputs):
+        kinds = sorted({type(x).__name__ for x in inputs if not isinstance(x, (torch.Tensor, *NUMBERS))})
+        raise CaptureError(f"inputs other than tensors and numbers ({', '.join(kinds)}) are not supported")
     # (torch.export prints the whole graph when tracing fails: the reason reaches the user in one line)
     with warnings.catch_warnings(), quiet_torch_logs(), contextlib.redirect_stdout(io.StringIO()), \
             contextlib.redirect_stderr(io.StringIO()):
@@ -155,7 +157,11 @@ def _to_graph(ep, name: str) -> Graph:
     params = sig.inputs_to_parameters
     buffers = sig.inputs_to_buffers
     consts = sig.inputs_to_lifted_tensor_constants
-    user_in = list(sig.user_inputs)
+    # user inputs in order: a tensor's placeholder name, or a number's (torch.export specialises the
+    # graph for the number: its placeholder is unused)
+    user_in = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+    numbers = {s.arg.name: s.arg.value for s in sig.input_specs
+               if s.kind == InputKind.USER_INPUT and isinstance(s.arg, ConstantArgument)}
     inputs: list[Input] = []
     nodes: list[OpNode] = []
     outputs: list[str] = []
@@ -175,7 +181,8 @@ def _to_graph(ep, name: str) -> Graph:
                                        f"constants up to {MAX_CONSTANT} elements are supported")
                 inputs.append(Input(n.name, "constant", meta, consts[n.name]))
             else:
-                inputs.append(Input(n.name, "user", meta, index=user_in.index(n.name)))
+                inputs.append(Input(n.name, "user", None if n.name in numbers else meta,
+                                    index=user_in.index(n.name), value=numbers.get(n.name)))
         elif n.op == "call_function":
             val = n.meta.get("val")
             outs = [tensor_meta(v) for v in val] if isinstance(val, (list, tuple)) else [tensor_meta(val)]

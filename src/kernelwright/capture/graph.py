@@ -74,6 +74,7 @@ class Input:
     meta: TensorMeta | None
     fqn: str | None = None  # module path of a parameter, buffer or attribute, e.g. "conv.weight"
     index: int | None = None  # position among the user inputs
+    value: Any = None  # a number given as a user input: the graph is specialised for it (meta None)
 
 
 @dataclass

@@ -66,9 +66,11 @@ def module_files(forwards: list[ModeForward]) -> dict[str, str]:
     return {**support, **kernels}
 
 
-def call_signature(plan: Plan) -> list[tuple[tuple, tuple, str]]:
-    """(shape, strides, dtype) of each user input the plan was specialised for."""
-    return [(tuple(i.meta.shape), tuple(i.meta.stride), i.meta.dtype) for i in plan.graph.user_inputs]
+def call_signature(plan: Plan) -> list[tuple]:
+    """(shape, strides, dtype) of each tensor user input the plan was specialised for; ("=", value)
+    of a number."""
+    return [("=", i.value) if i.meta is None else (tuple(i.meta.shape), tuple(i.meta.stride), i.meta.dtype)
+            for i in plan.graph.user_inputs]
 
 
 def _wrap(items: list[str], indent: int, width: int = 116) -> str:
@@ -137,7 +139,8 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
                              or ["(the original forward)"])
     if forwards:
         args = ", ".join(i.name for i in forwards[0].plan.graph.user_inputs)
-        signature = [f"(torch.Size({shape}), {stride}, torch.{dtype})" for shape, stride, dtype in call_signature(forwards[0].plan)]
+        signature = [repr(s) if s[0] == "=" else f"(torch.Size({s[0]}), {s[1]}, torch.{s[2]})"
+                     for s in call_signature(forwards[0].plan)]
     else:
         args, signature = "", []
     kernel_files, _ = _kernels_and_support(forwards)

@@ -209,7 +209,7 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
     unpack = [f"{', '.join(names)}{',' if len(names) == 1 else ''} = {reader}(self)"] if names else []
     lines += unpack
     local = {i.fqn: i.name for i in g.inputs if i.kind in ("param", "buffer")}
-    user = g.user_inputs
+    user = [i for i in g.user_inputs if i.meta is not None]  # (tensors: a number has no device)
     if user:
         lines.append(f"_dev = {user[0].name}.device")
     for inp in g.inputs:

@@ -66,7 +66,8 @@ class Specialised:
     `original`: the model's own forward (None: the module's class's, for attach()); `policy`: the
     precision policy (under "bf16" the original forward runs in bf16 autocast unless the caller
     chose an autocast); `device`: the device type the kernels run on; `args`: (shape, strides,
-    dtype) of each positional argument the forwards were specialised for; `mode_modules`: the
+    dtype) of each positional tensor argument the forwards were specialised for, ("=", value) of
+    a number (the call must pass that number); `mode_modules`: the
     submodules whose result depends on their training flag; `forwards`: the generated forwards
     (Forward); `graphs`: the CUDA-graph replay module
     (kernels/_graphs.py) when the replay ships, else None (the replay is then loaded from
@@ -90,7 +91,12 @@ class Specialised:
             return "keyword arguments " + ", ".join(sorted(kwargs))
         if len(args) != len(expected):
             return f"{len(args)} positional arguments (specialised for {len(expected)})"
-        for i, (a, (shape, stride, dtype)) in enumerate(zip(args, expected)):
+        for i, (a, spec) in enumerate(zip(args, expected)):
+            if spec[0] == "=":  # a number the forward was specialised for
+                if type(a) is not type(spec[1]) or a != spec[1]:
+                    return f"argument {i} is {a!r} (specialised for {spec[1]!r})"
+                continue
+            shape, stride, dtype = spec
             if not isinstance(a, torch.Tensor):
                 return f"argument {i} is a {type(a).__name__}"
             if a.shape != shape or a.dtype != dtype or a.device.type != device or a.stride() != stride:
@@ -98,7 +104,7 @@ class Specialised:
                         f"(specialised for {dtype} {tuple(shape)} strides {stride} on {device})")
         if torch.is_autocast_enabled(device):
             return "the caller's autocast"
-        if torch.is_grad_enabled() and any(map(_requires_grad, args)):
+        if torch.is_grad_enabled() and any(getattr(a, "requires_grad", False) for a in args):
             return "gradients (an input requires grad)"
         return None
 
