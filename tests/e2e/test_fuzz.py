@@ -449,3 +449,41 @@ def test_a_number_input_specialises_the_forward(tmp_path):
     assert not mod._KW_WARNED
     torch.testing.assert_close(new(a, 2.0), torch.relu(a * 2.0 + 1.0))
     assert any("specialised for 3.5" in w for w in mod._KW_WARNED)
+
+
+INPLACE_BACKWARD = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+
+    def forward(self, x):
+        out = torch.relu(self.lin(x))
+        out += x  # (ShuffleNet's unit adds its shortcut so: eager's own backward then raises)
+        return out
+
+
+batch_size = 3
+
+
+def get_inputs():
+    return [torch.randn(batch_size, 5)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_model_whose_own_backward_raises_skips_the_gradient_check(tmp_path):
+    from kernelwright.fuzz.oracle import check
+
+    path = tmp_path / "inplace.py"
+    path.write_text(INPLACE_BACKWARD)
+    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out")
+    assert outcome.status == "ok", outcome
+    (grad,) = [c for c in outcome.checks if c.name == "grad"]
+    assert grad.status == "skipped" and "eager's backward raises" in grad.detail
