@@ -145,6 +145,8 @@ def test_training_batch_norm_updates_running_stats(name, tmp_path):
 
 @pytest.mark.parametrize("name,policy,kind", [("level2/conv2d_relu_bias_add.py", "fp32", "conv_epilogue"),
                                               ("level2/conv_transpose2d_add_gelu.py", "tf32", "conv_epilogue"),
+                                              # (fp32: two library variants beside it, the generated one first)
+                                              ("level2/conv_transpose2d_add_gelu.py", "fp32", "conv_epilogue"),
                                               ("level2/conv2d_group_norm_tanh.py", "bf16", "node"),
                                               ("level2/conv3d_softmax_max_pool_max_pool.py", "tf32", "conv_pool"),
                                               # the pool chain (its pre and post groups) taken over by the pair
@@ -161,6 +163,8 @@ def test_no_library_ships_the_generated_convolution(name, policy, kind, tmp_path
     assert result["verify"]["passed"], result["verify"]
     rows = [g for g in result["groups"] if "convolution" in g["ops"] and g["kind"] == kind]
     assert rows and all(g["strategy"] == "triton" for g in rows), result["groups"]
+    nodes = [g for g in result["groups"] if g["ops"] == ["convolution"] and g["kind"] == "node"]
+    assert all(g["strategy"] == "triton" for g in nodes), nodes  # (not a library variant of it)
     kernels = list((tmp_path / "out" / "kernels").glob("*.py"))
     assert any("implicit" in k.read_text() and "_conv_launch" in k.read_text() for k in kernels)
     assert not any(k.stem.endswith("_chain") for k in kernels)  # a pair computing a whole chain replaces it

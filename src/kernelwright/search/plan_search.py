@@ -279,7 +279,8 @@ def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> 
         if not choices:
             raise Unsupported(why_none)
         if not job.timed and job.no_library and len(choices) > 1:
-            choices = choices[1:] + choices[:1]  # the generated kernel first: only the first runs untimed
+            # a generated kernel first (not a library variant): only the first runs untimed
+            choices = sorted(choices, key=lambda c: c.name.startswith("torch."))
         tuner = choices[0].make()
     except Unsupported as e:
         row.note = f"no template: {e}"
