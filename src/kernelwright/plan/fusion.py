@@ -195,6 +195,20 @@ def _pool_chain(graph: Graph, value: str) -> tuple[tuple[str, ...], str | None]:
     return tuple(pools), (value if pools else None)
 
 
+def feeds_pool(graph: Graph, value: str) -> bool:
+    """Whether `value` reaches a pool through elementwise ops, each the only reader of the last."""
+    while value not in graph.outputs and value not in graph.mutations:
+        users = graph.users(value)
+        if len(users) != 1:
+            return False
+        if users[0].target in POOLS:
+            return True
+        if not _is_pointwise(users[0], graph):
+            return False
+        value = users[0].name
+    return False
+
+
 def _views_domain(shape, domain) -> bool:
     """Whether a contiguous tensor of `shape` can be read as the domain by a view (split/merge)."""
     return len(shape) > 0 and refine_strides(tuple(shape), contiguous_strides(shape), tuple(domain)) is not None
@@ -267,6 +281,9 @@ class _Builder:
                     return None
                 if g.levels[i] in ("row", "row_b") and g.rdims is not None and len(g.rdims) == len(g.domain):
                     return None  # after a reduction to one value, a second kernel reads it as a scalar
+            if g.rdims is not None and any(g.levels[i] in ("row", "row_b") for i in in_group) \
+                    and feeds_pool(self.g, n.name):
+                return None  # the apply after the statistics: the pool's prologue (PoolChain) computes it
             return "full"
         if g.rdims is not None and shape in row_shapes(g.domain, g.rdims):
             if all(g.levels[i] == "row" and self.g.meta(i).shape == shape for i in in_group):
@@ -285,10 +302,35 @@ class _Builder:
             return self._acyclic(a, b)
         if a.domain != b.domain or (a.rdims is not None and b.rdims is not None and a.rdims != b.rdims):
             return False
+        if self._pool_apply(a, b) or self._pool_apply(b, a):
+            return False  # the apply after the statistics stays apart: the pool's prologue computes it
         rd = a.rdims if a.rdims is not None else b.rdims
         if rd is not None and len(rd) == len(a.domain) and (a.rdims is None or b.rdims is None):
             return False  # elementwise work after a reduction to one value stays a separate kernel
         return self._acyclic(a, b)
+
+    def _sibling_reduction(self, n: OpNode) -> tuple[Group, str] | None:
+        """For a reduction of a value no group computes (a library op's result): the reduction
+        group over the same dims that already reduces that value (a mean and a variance of one
+        tensor), so one kernel reads it once. None otherwise."""
+        spec = reduction_spec(n, self.g) if n.target in REDUCTIONS else None
+        if spec is None or not isinstance(n.args[0], Ref) or n.args[0].name in self.owner:
+            return None
+        x = n.args[0].name
+        for g in self.groups:
+            if g.rdims == spec[1] and g.domain == spec[0] and not g.normalizes and any(
+                    self.g.node(m).target in REDUCTIONS and self.g.node(m).args[0] == Ref(x) for m in g.nodes):
+                level = self._can_join(n, g)
+                if level is not None:
+                    return g, level
+        return None
+
+    def _pool_apply(self, pw: Group, red: Group) -> bool:
+        """Whether elementwise group `pw` applies statistics of reduction group `red` to values that
+        go on into a pool (feeds_pool): kept apart, as _can_join keeps such a node."""
+        return pw.rdims is None and red.rdims is not None and any(
+            feeds_pool(self.g, name) and any(self.owner.get(i) is red and red.levels.get(i) in ("row", "row_b")
+                                             for i in self.g.node(name).inputs) for name in pw.nodes)
 
     def _acyclic(self, a: Group, b: Group) -> bool:
         """No path from one group to the other leaves both."""
@@ -353,6 +395,8 @@ class _Builder:
                     target = (g, level)
                     break
         deps = set().union(*(self.deps.get(i, set()) for i in n.inputs)) if n.inputs else set()
+        if target is None and fusible:
+            target = self._sibling_reduction(n)
         if target is None and fusible and n.target != "getitem":
             spec = reduction_spec(n, self.g) if n.target in REDUCTIONS | COMPOSITES else None
             dom, rd = (spec[0], spec[1]) if spec else (n.meta.shape, None)
