@@ -255,3 +255,22 @@ def test_a_pool_chain_ships_after_a_transposed_convolution(tmp_path):
         torch.testing.assert_close(new(x), reference(x), rtol=1e-5, atol=1e-5)
         x = problem.make_inputs(1)[0]
         torch.testing.assert_close(new(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_two_pool_chains_sharing_a_group_ship_one(tmp_path):
+    """pool -> pointwise -> pool gives two chains around one group (the first's epilogue, the
+    second's prologue); once one kernel computes the group the other chain is not searched, and
+    the emitted module verifies."""
+
+    class TwoPools(nn.Module):
+        def forward(self, x):
+            y = torch.nn.functional.max_pool2d(x, 2)
+            return torch.nn.functional.avg_pool2d(torch.tanh(y) * 2.0, 2)
+
+    result = optimize_problem(from_module(TwoPools(), [torch.randn(2, 3, 8, 8)]), tmp_path / "out",
+                              Options(device="cpu", budget_trials=1, precision="fp32", no_library=True,
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    chains = [g for g in result["groups"] if g["kind"] == "pool_chain"]
+    assert len(chains) == 1 and chains[0]["strategy"] == "triton", result["groups"]
+    assert len(list((tmp_path / "out" / "kernels").glob("*_chain.py"))) == 1

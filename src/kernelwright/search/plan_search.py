@@ -448,6 +448,8 @@ def _tune_chain(job: _Job, plan, chain, per_trials, per_s) -> None:
     units' chosen implementations only when verified and faster than they are one after the
     other (with no_library: whenever it verifies)."""
     graph = job.graph
+    if any(u in job.fused_into for u in chain.units):
+        return  # another chain's kernel computes one of its units (the group between two pools)
     row = UnitResult(chain.name, "pool_chain", [graph.node(n).op for u in chain.units for n in _unit_nodes(plan, u)])
     job.rows.append(row)
     try:
