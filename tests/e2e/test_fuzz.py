@@ -487,3 +487,25 @@ def test_a_model_whose_own_backward_raises_skips_the_gradient_check(tmp_path):
     assert outcome.status == "ok", outcome
     (grad,) = [c for c in outcome.checks if c.name == "grad"]
     assert grad.status == "skipped" and "eager's backward raises" in grad.detail
+
+
+def test_a_large_tensor_attribute_is_an_input_not_a_literal():
+    """A plain tensor attribute of any size (a causal mask kept as an attribute) is a graph input
+    read from the module, and counts as a weight (computed once per call ahead of the inputs);
+    tensors the forward makes from Python data stay literals, up to their size limit."""
+    from kernelwright.capture import capture
+    from kernelwright.plan.weights import weight_roots
+    from kernelwright.problem import from_module
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mask = torch.tril(torch.ones(80, 80))
+
+        def forward(self, x):
+            return x.masked_fill(self.mask == 0, 0.0) * torch.tensor(2.0)
+
+    graph = capture(from_module(Masked(), [torch.randn(2, 80, 80)]))
+    kinds = {i.fqn: i.kind for i in graph.inputs if i.kind in ("attribute", "constant")}
+    assert kinds.get("mask") == "attribute" and "constant" in kinds.values(), kinds
+    assert next(i.name for i in graph.inputs if i.fqn == "mask") in weight_roots(graph)

@@ -67,8 +67,9 @@ def capture(problem: Problem, device: str = "meta", decompose: bool = True) -> G
     try:
         graph = capture_module(model, inputs, problem.name, decompose)
     except CaptureError as e:
-        if device == "meta" and "meta tensor" in str(e):
-            # the forward reads a value (.item()) the meta device does not have: trace with data
+        if device == "meta" and ("meta tensor" in str(e) or "devices, meta and cpu" in str(e)):
+            # the forward reads a value (.item()) the meta device does not have, or a tensor a
+            # module holds as a plain attribute stays on the CPU when the module moves: trace with data
             return capture(problem, "cpu", decompose)
         raise
     if any(getattr(graph.exported.constants.get(i.fqn), "is_meta", False) for i in graph.inputs if i.kind == "constant"):
@@ -99,11 +100,7 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
                 raise CaptureError("the forward branches on or sizes by tensor values (.item(), a data-dependent "
                                    f"condition), which torch.export cannot trace: {first[:200]}") from e
             raise CaptureError(f"torch.export failed: {type(e).__name__}: {first[:300]}") from e
-    graph = _to_graph(ep, name)
-    for inp in graph.inputs:  # torch.export lifts a module's plain tensor attributes as constants
-        if inp.kind == "constant" and tensor_attribute(model, inp.fqn) is not None:
-            inp.kind = "attribute"
-    return graph
+    return _to_graph(ep, name, model)
 
 
 def tensor_attribute(model: torch.nn.Module, fqn: str | None) -> torch.Tensor | None:
@@ -152,7 +149,7 @@ def _device_of(inputs: list, model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _to_graph(ep, name: str) -> Graph:
+def _to_graph(ep, name: str, model: torch.nn.Module | None = None) -> Graph:
     sig: ExportGraphSignature = ep.graph_signature
     params = sig.inputs_to_parameters
     buffers = sig.inputs_to_buffers
@@ -173,6 +170,9 @@ def _to_graph(ep, name: str) -> Graph:
                 inputs.append(Input(n.name, "param", meta, params[n.name]))
             elif n.name in buffers:
                 inputs.append(Input(n.name, "buffer", meta, buffers[n.name]))
+            elif n.name in consts and model is not None and tensor_attribute(model, consts[n.name]) is not None:
+                # torch.export lifts a module's plain tensor attributes as constants: read from the module
+                inputs.append(Input(n.name, "attribute", meta, consts[n.name]))
             elif n.name in consts:
                 value = ep.constants.get(consts[n.name])
                 if not isinstance(value, torch.Tensor) or value.numel() > MAX_CONSTANT:

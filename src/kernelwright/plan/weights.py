@@ -21,11 +21,11 @@ def pure(target: str) -> bool:
 def weight_roots(graph: Graph) -> dict[str, tuple[str, ...]]:
     """value -> the parameters (graph input names) it is computed from, for every node computed
     from parameters and constants only through pure ops; parameters map to themselves. Buffers the
-    forward does not update (a registered mask) count as parameters; those it writes (running
-    statistics) do not."""
+    forward does not update (a registered mask) and plain tensor attributes count as parameters;
+    buffers it writes (running statistics) do not."""
     written = set(graph.mutations.values())
-    roots: dict[str, tuple[str, ...]] = {i.name: (i.name,) for i in graph.inputs
-                                         if i.kind == "param" or (i.kind == "buffer" and i.fqn not in written)}
+    roots: dict[str, tuple[str, ...]] = {i.name: (i.name,) for i in graph.inputs if i.kind in ("param", "attribute")
+                                         or (i.kind == "buffer" and i.fqn not in written)}
     roots.update({i.name: () for i in graph.inputs if i.kind == "constant"})
     for n in graph.nodes:
         if not pure(n.target):
