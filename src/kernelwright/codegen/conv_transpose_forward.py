@@ -38,6 +38,17 @@ def _ints(v, nd: int) -> list[int]:
     return [int(v)] * nd if isinstance(v, int) else [int(x) for x in v]
 
 
+def _forward_rows(size: int, taps: int, first: int, last: int) -> tuple[int, int, int]:
+    """(padding P, row `base`, rows J) of the forward convolution with `taps` taps over an axis of
+    `size` whose row q + base holds output row q of a phase reading input rows from q + first -
+    taps + 1: P is widened on both sides until row `last` + base exists."""
+    pad = max(0, taps - 1 - first)
+    base, rows = first - taps + 1 + pad, size + 2 * pad - taps + 1
+    while last + base >= rows:
+        pad, base, rows = pad + 1, base + 1, rows + 2
+    return pad, base, rows
+
+
 def subpixel_plan(size: int, k: int, s: int, p: int, op: int) -> dict | None:
     """The forward convolution of one axis for the subpixel form (module docstring): taps M, its
     padding P, the first row `base` of Z that phase 0 reads, the phase offset c_r - c_0 = alpha r
@@ -49,12 +60,8 @@ def subpixel_plan(size: int, k: int, s: int, p: int, op: int) -> dict | None:
     alpha = d[1] - d[0] if s > 1 else 0
     if any(d[r] != alpha * r for r in range(s)):
         return None
-    pad = max(0, taps - 1 - c[0])
-    base = c[0] - taps + 1 + pad
-    rows = size + 2 * pad - taps + 1
     q = -(-out // s)
-    while q - 1 + base + max(d) >= rows:  # the last phase's last row must exist: widen both sides
-        pad, base, rows = pad + 1, base + 1, rows + 2
+    pad, base, rows = _forward_rows(size, taps, c[0], q - 1 + max(d))  # (the last phase's last row)
     return dict(M=taps, P=pad, base=base, alpha=alpha, Q=q, O=out, J=rows)
 
 
@@ -136,8 +143,7 @@ class ConvTransposeForwardTemplate:
                 form="forward", kernel=k, flip=list(range(2, 2 + nd)), padding=pad, dilation=_ints(dilation, nd),
                 **common)
         elif config["form"] == "phases":
-            text = self._render_phases(node, xm, k, _ints(stride, nd), _ints(padding, nd),
-                                       _ints(output_padding, nd), common)
+            text = self._render_phases(node, xm, k, _ints(stride, nd), _ints(padding, nd), common)
         else:
             s, p = _ints(stride, nd), _ints(padding, nd)
             plans = [subpixel_plan(*a) for a in zip(xm.shape[2:], k, s, p, _ints(output_padding, nd))]
@@ -168,10 +174,9 @@ class ConvTransposeForwardTemplate:
         return NodeKernel(text, [x.name, w.name] + ([b.name] if isinstance(b, Ref) else []), 1)
 
     @staticmethod
-    def _render_phases(node, xm, k, s, p, op, common) -> str:
+    def _render_phases(node, xm, k, s, p, common) -> str:
         nd = len(k)
-        sizes = list(xm.shape[2:])
-        out = [(i - 1) * sa - 2 * pa + ka + oa for i, sa, pa, ka, oa in zip(sizes, s, p, k, op)]
+        sizes, out = list(xm.shape[2:]), list(node.meta.shape[2:])
         q = [-(-o // sa) for o, sa in zip(out, s)]
         phases = []
         for r in itertools.product(*[range(sa) for sa in s]):
@@ -179,10 +184,7 @@ class ConvTransposeForwardTemplate:
             for a in range(nd):
                 t, c = (r[a] + p[a]) % s[a], (r[a] + p[a]) // s[a]
                 m = -(-(k[a] - t) // s[a]) if k[a] > t else 0
-                pad = max(0, m - 1 - c)
-                base, rows = c - m + 1 + pad, sizes[a] + 2 * pad - m + 1
-                while base + q[a] - 1 >= rows:  # (the phase's last row must exist: widen both sides)
-                    pad, base, rows = pad + 1, base + 1, rows + 2
+                pad, base, _ = _forward_rows(sizes[a], m, c, q[a] - 1)
                 taps.append((t, m))
                 pads.append(pad)
                 starts.append(base)
