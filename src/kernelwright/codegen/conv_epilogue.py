@@ -24,7 +24,7 @@ from kernelwright.capture.shapes import channels_last_strides, contiguous_stride
 from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
 from kernelwright.codegen.triton_conv import render_conv
-from kernelwright.codegen.triton_group import Unsupported, lower, reduce_tile_lines
+from kernelwright.codegen.triton_group import Stmt, Unsupported, lower, reduce_tile_lines
 from kernelwright.codegen.triton_pool import pool_params
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
@@ -288,29 +288,46 @@ def _stage(graph: Graph, group: Group, value: str, shape: tuple, code: list[str]
     (of `shape`); operands through `operand(value, strides, shape)`. A reduction over the channels
     (`_stage_fusable`) runs across the tile's columns. Returns whether the result is one value per
     pixel (the group's output is reduced over the channels)."""
-    low = lower(graph, group)
-    own = output_view(tuple(graph.meta(value).stride), shape, shape)
-    row = False
-    for st in low.stmts:
+    lines, result, store = stage_lines(
+        graph, group, shape, (value, "acc", "the convolution's output"),
+        lambda var, v, strides: f"{var} = {operand(v, strides, shape)}", "a convolution epilogue",
+        reduce=lambda st: reduce_tile_lines(st, shape[1], mask="mask", axis=1, index="offs_n[None, :]"))
+    code += lines + [f"acc = {result}"]
+    return group.rdims is not None and store.level == "row"
+
+
+def stage_lines(graph: Graph, group: Group, shape: tuple, own: tuple[str, str, str] | None, load, where: str,
+                reduce=None) -> tuple[list[str], str, Stmt]:
+    """The Triton statements of `group` (lowered) over a tensor of `shape` (the group's domain a
+    coarsening of it: `output_view`), for a kernel that holds one value already: a load of
+    own = (graph value, its variable, what it is called) reads the variable (Unsupported through
+    a view); every other load is `load(var, graph value, strides over shape)`, its line or None
+    when the caller placed it itself; a reduction is `reduce(stmt)`'s lines (Unsupported without
+    one). Returns (the lines, the variable the group stores, the store statement)."""
+    own_strides = None if own is None else output_view(tuple(graph.meta(own[0]).stride), shape, shape)
+    lines: list[str] = []
+    store = None
+    for st in lower(graph, group).stmts:
         if st.kind == "load":
             o = st.operand
             strides = output_view(tuple(o.strides), tuple(group.domain), shape)
-            if o.value == value:
-                if strides != own:
-                    raise Unsupported("the group reads the convolution's output through a view")
-                code.append(f"{st.var} = acc")
-            else:
-                code.append(f"{st.var} = {operand(o.value, strides, shape)}")
+            if own is not None and o.value == own[0]:
+                if strides != own_strides:
+                    raise Unsupported(f"the group reads {own[2]} through a view")
+                lines.append(f"{st.var} = {own[1]}")
+            elif (line := load(st.var, o.value, strides)) is not None:
+                lines.append(line)
         elif st.kind == "expr":
-            code.append(f"{st.var} = {st.code}")
-        elif st.kind == "reduce":
-            code.extend(reduce_tile_lines(st, shape[1], mask="mask", axis=1, index="offs_n[None, :]"))
+            lines.append(f"{st.var} = {st.code}")
+        elif st.kind == "reduce" and reduce is not None:
+            lines += reduce(st)
         elif st.kind == "store":
-            code.append(f"acc = {st.deps[0]}")
-            row = group.rdims is not None and st.level == "row"
+            store = st
         else:
-            raise Unsupported(f"statement {st.kind} {st.op} in a convolution epilogue")
-    return row
+            raise Unsupported(f"statement {st.kind} {st.op} in {where}")
+    if store is None:
+        raise Unsupported("the group stores nothing")
+    return lines, store.deps[0], store
 
 
 def _pool_window(pools: list[OpNode], shape: tuple) -> tuple[str, tuple[int, ...]]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, TensorMeta
-from kernelwright.codegen.conv_epilogue import output_view
+from kernelwright.codegen.conv_epilogue import stage_lines
 from kernelwright.codegen.node_kernels import NodeKernel, used_outputs
-from kernelwright.codegen.triton_group import Unsupported, lower
+from kernelwright.codegen.triton_group import Unsupported
 from kernelwright.codegen.triton_pool import TEMPLATE, render_pool
 from kernelwright.ops import POOLS
 from kernelwright.plan.fusion import Group, PoolChain
@@ -107,36 +107,25 @@ def _stage(graph: Graph, group: Group, shape: tuple, index: tuple, mask: str, ow
     Returns the variable holding the group's output."""
     if group.rdims is not None or len(group.outputs) != 1:
         raise Unsupported("a stage of the chain must be a pointwise group of one output")
-    low = lower(graph, group)
-    res = None
-    for st in low.stmts:
-        if st.kind == "load":
-            o = st.operand
-            if o.dtype not in _DTYPES:
-                raise Unsupported(f"operand {o.value} is {o.dtype} (float32 or bf16 only)")
-            strides = output_view(tuple(o.strides), tuple(group.domain), shape)
-            if own is not None and o.value == own[0]:
-                if strides != output_view(tuple(graph.meta(o.value).stride), shape, shape):
-                    raise Unsupported("the epilogue reads the pooled values through a view")
-                body.append(f"{st.var} = {own[1]}")
-                continue
-            terms = [f"{i} * {s}" if s != 1 else i for i, s in zip(index, strides) if s != 0]
-            ptr = f"{pointer(o.value)}_ptr"
-            if not any(strides[2:]):  # one value per output: before the window loop
-                at = " + ".join(terms)
-                load = f"tl.load({ptr} + {at}, mask=mask, other=0.0)" if terms else f"tl.load({ptr})"
-                hoisted.append(f"{st.var} = {load}.to(tl.float32)")
-            else:
-                body.append(f"{st.var} = tl.load({ptr} + {' + '.join(terms)}, mask={mask}, other=0.0).to(tl.float32)")
-        elif st.kind == "expr":
-            body.append(f"{st.var} = {st.code}")
-        elif st.kind == "store":
-            res = st.deps[0]
-        else:
-            raise Unsupported(f"statement {st.kind} {st.op} in a pool chain")
-    if res is None:
-        raise Unsupported("the group stores nothing")
-    return res
+
+    def load(var: str, value: str, strides: tuple) -> str | None:
+        dtype = graph.meta(value).dtype
+        if dtype not in _DTYPES:
+            raise Unsupported(f"operand {value} is {dtype} (float32 or bf16 only)")
+        terms = [f"{i} * {s}" if s != 1 else i for i, s in zip(index, strides) if s != 0]
+        ptr = f"{pointer(value)}_ptr"
+        if any(strides[2:]):
+            return f"{var} = tl.load({ptr} + {' + '.join(terms)}, mask={mask}, other=0.0).to(tl.float32)"
+        # one value per output: before the window loop
+        at = " + ".join(terms)
+        hoisted.append(f"{var} = {f'tl.load({ptr} + {at}, mask=mask, other=0.0)' if terms else f'tl.load({ptr})'}"
+                       ".to(tl.float32)")
+        return None
+
+    lines, result, _ = stage_lines(graph, group, shape, None if own is None else (*own, "the pooled values"), load,
+                                   "a pool chain")
+    body += lines
+    return result
 
 
 def _rounded(var: str, dtype: str) -> str:
