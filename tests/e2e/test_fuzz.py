@@ -281,6 +281,15 @@ def test_given_files_the_command_checks_them_and_applies_small_where_defined(tmp
     assert result.output.strip().endswith("fuzz: 2 programs, 0 wrong, 0 failed to optimize, 0 kept original")
 
 
+def _check_text(tmp_path, text: str, no_library: bool = False):
+    """The oracle's checks (fp32, CPU, one trial) of the program `text`, its module under tmp_path/out."""
+    from kernelwright.fuzz.oracle import check
+
+    path = tmp_path / "program.py"
+    path.write_text(text)
+    return check(path, "cpu", "fp32", 1, work=tmp_path / "out", no_library=no_library)
+
+
 CONV_POOL = """import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -308,11 +317,7 @@ def get_init_inputs():
 def test_no_library_puts_the_generated_convolution_through_every_check(tmp_path):
     """With no_library the oracle's checks (train and eval, another batch size, gradients, float64)
     run on the module whose convolution, tanh, pool and hardswish are one generated kernel."""
-    from kernelwright.fuzz.oracle import check
-
-    path = tmp_path / "conv_pool.py"
-    path.write_text(CONV_POOL)
-    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out", no_library=True)
+    outcome = _check_text(tmp_path, CONV_POOL, no_library=True)
     assert outcome.status == "ok", outcome
     kernels = [k.read_text() for k in (tmp_path / "out" / "kernels").glob("*.py")]
     assert any("max-pooled over [2, 2]" in k for k in kernels)
@@ -361,11 +366,8 @@ def test_a_tensor_attribute_is_read_from_the_live_module(tmp_path):
     too, its ModelNew given the reference's attribute), the generated forward follows a replaced
     attribute, and one of another size runs the original forward."""
     from kernelwright.emit.module import import_model_new
-    from kernelwright.fuzz.oracle import check
 
-    path = tmp_path / "stateful.py"
-    path.write_text(STATEFUL)
-    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out")
+    outcome = _check_text(tmp_path, STATEFUL)
     assert outcome.status == "ok" and all(c.status in ("ok", "skipped") for c in outcome.checks), outcome
     mod = import_model_new(str(tmp_path / "out" / "model_new.py"))
     new, x = mod.ModelNew(), torch.randn(3, 5)
@@ -401,11 +403,7 @@ def get_init_inputs():
 def test_a_model_that_fails_at_another_batch_size_skips_that_check(tmp_path):
     """When the model itself cannot run at the second batch size, the batch check is skipped and
     says why; the other checks decide the outcome."""
-    from kernelwright.fuzz.oracle import check
-
-    path = tmp_path / "fixed.py"
-    path.write_text(FIXED_BATCH)
-    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out")
+    outcome = _check_text(tmp_path, FIXED_BATCH)
     assert outcome.status == "ok", outcome
     (batch,) = [c for c in outcome.checks if c.name == "batch"]
     assert batch.status == "skipped" and "the model itself fails" in batch.detail
@@ -437,11 +435,8 @@ def test_a_number_input_specialises_the_forward(tmp_path):
     the graph is specialised for: the checks pass, the generated forward runs for that number and
     the original forward for any other."""
     from kernelwright.emit.module import import_model_new
-    from kernelwright.fuzz.oracle import check
 
-    path = tmp_path / "scalar.py"
-    path.write_text(SCALAR)
-    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out")
+    outcome = _check_text(tmp_path, SCALAR)
     assert outcome.status == "ok" and not outcome.kept, outcome
     mod = import_model_new(str(tmp_path / "out" / "model_new.py"))
     new, a = mod.ModelNew(), torch.randn(4, 6)
@@ -479,11 +474,7 @@ def get_init_inputs():
 
 
 def test_a_model_whose_own_backward_raises_skips_the_gradient_check(tmp_path):
-    from kernelwright.fuzz.oracle import check
-
-    path = tmp_path / "inplace.py"
-    path.write_text(INPLACE_BACKWARD)
-    outcome = check(path, "cpu", "fp32", 1, work=tmp_path / "out")
+    outcome = _check_text(tmp_path, INPLACE_BACKWARD)
     assert outcome.status == "ok", outcome
     (grad,) = [c for c in outcome.checks if c.name == "grad"]
     assert grad.status == "skipped" and "eager's backward raises" in grad.detail
