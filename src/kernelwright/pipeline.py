@@ -120,7 +120,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         if mode in forwards:
             r["verify"], r["timing"] = _final_checks(p, path, policy, device, timed, log, opts.cuda_graphs,
                                                      opts.compile_mode, what=f"{mode} mode", memory=memory,
-                                                     store=_store(p, opts, policy, device, timed, mode))
+                                                     store=_store(p, opts, policy, device, timed, mode, overrides))
             why = not_shipped(r)
             if why is None:
                 continue
@@ -171,12 +171,11 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
     return ModeForward(mode, plan, tuned.kernels, tuned.sources, tuned.summary, tuned.support, keys), record
 
 
-def _store(problem, opts: Options, policy, device, timed: bool, mode: str):
+def _store(problem, opts: Options, policy, device, timed: bool, mode: str, overrides: dict | None):
     """(the stored timings, the context of their key) for a problem file timed on a GPU; else None."""
     if not timed or not problem.source:
         return None
     timings = StoredTimings(TrialDB(default_db_path(opts.db_path)), torch.cuda.get_device_name(device), policy.name)
-    overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small else None
     return timings, (problem.source, overrides, opts.compile_mode, opts.cuda_graphs, mode), opts.retune
 
 

@@ -415,7 +415,8 @@ def test_a_rerun_reuses_the_final_timing_of_the_same_files(tmp_path, monkeypatch
     policy, cpu, log = get_policy("fp32"), torch.device("cpu"), []
 
     def check(retune=False):
-        store = _store(problem, Options(**{**opts.__dict__, "retune": retune}), policy, cpu, True, "any")
+        store = _store(problem, Options(**{**opts.__dict__, "retune": retune}), policy, cpu, True, "any",
+                       dict(problem._module.SMALL))
         return _final_checks(problem, path, policy, cpu, True, log.append, store=store)
 
     v, first = check()

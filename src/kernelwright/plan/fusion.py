@@ -281,8 +281,7 @@ class _Builder:
                     return None
                 if g.levels[i] in ("row", "row_b") and g.rdims is not None and len(g.rdims) == len(g.domain):
                     return None  # after a reduction to one value, a second kernel reads it as a scalar
-            if g.rdims is not None and any(g.levels[i] in ("row", "row_b") for i in in_group) \
-                    and feeds_pool(self.g, n.name):
+            if self._applies_pool_stats(n.name, g):
                 return None  # the apply after the statistics: the pool's prologue (PoolChain) computes it
             return "full"
         if g.rdims is not None and shape in row_shapes(g.domain, g.rdims):
@@ -326,11 +325,15 @@ class _Builder:
         return None
 
     def _pool_apply(self, pw: Group, red: Group) -> bool:
-        """Whether elementwise group `pw` applies statistics of reduction group `red` to values that
-        go on into a pool (feeds_pool): kept apart, as _can_join keeps such a node."""
-        return pw.rdims is None and red.rdims is not None and any(
-            feeds_pool(self.g, name) and any(self.owner.get(i) is red and red.levels.get(i) in ("row", "row_b")
-                                             for i in self.g.node(name).inputs) for name in pw.nodes)
+        """Whether elementwise group `pw` holds a node that applies statistics of reduction group
+        `red` to values going on into a pool (_applies_pool_stats): kept apart."""
+        return pw.rdims is None and any(self._applies_pool_stats(name, red) for name in pw.nodes)
+
+    def _applies_pool_stats(self, name: str, red: Group) -> bool:
+        """Whether node `name` reads a per-row value of reduction group `red` and its result goes on
+        into a pool (feeds_pool): that apply is the pool chain's prologue, not part of `red`."""
+        return red.rdims is not None and feeds_pool(self.g, name) and any(
+            self.owner.get(i) is red and red.levels.get(i) in ("row", "row_b") for i in self.g.node(name).inputs)
 
     def _acyclic(self, a: Group, b: Group) -> bool:
         """No path from one group to the other leaves both."""
