@@ -11,11 +11,13 @@ instead of optimising again).
 
 A graph that needs gradients goes through AOTAutograd: its forward graph (returning what the
 backward saves) and its backward graph are plain ATen graphs, each optimised and verified like an
-inference graph. What runs a graph as captured, with one warning line: a graph without tensor
-inputs, a graph with symbolic sizes (``dynamic=True``, or Dynamo's default after a second shape:
-the generated kernels are specialised, so compile with ``dynamic=False`` for one optimised graph per
-shape), and any failure to optimise or verify. ``backend(**options)`` makes a backend with options of
-kernelwright.pipeline.Options (budget_trials, precision, ...): ``torch.compile(model,
+inference graph. A graph with symbolic sizes (``dynamic=True``, or Dynamo's default after a second
+shape) runs as a bounded set of specialisations (`Specialisations`): the generated kernels are
+specialised, so each call's concrete sizes pick a graph optimised for them on first use (and cached
+on disk like any other), up to MAX_SPECIALISATIONS per graph; calls at further sizes run the graph
+as captured, with one warning. What else runs a graph as captured, with one warning line: a graph
+without tensor inputs and any failure to optimise or verify. ``backend(**options)`` makes a backend
+with options of kernelwright.pipeline.Options (budget_trials, precision, ...): ``torch.compile(model,
 backend=kernelwright.backend.backend(budget_trials=4))``.
 """
 from __future__ import annotations
@@ -34,14 +36,20 @@ NAME = "kernelwright"
 
 class Lifted(torch.nn.Module):
     """A Dynamo graph whose parameter and buffer inputs are this module's own state again; its
-    forward takes the other inputs, in order, and returns the graph's outputs but those that are
-    always None (`none_outputs`: a backward graph's gradients of inputs that need none)."""
+    forward takes the other tensor inputs, in order, and returns the graph's outputs but those
+    that are always None (`none_outputs`: a backward graph's gradients of inputs that need none).
+    `sizes`: the values of a graph with symbolic sizes that one specialisation fixes: {("in" or
+    "out", position): value} for its size inputs and outputs (SymInts) and its value inputs
+    (`_is_value`: a module's float attribute, which Dynamo then passes as a 0-d tensor)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs, state: list[int]):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs, state: list[int], sizes: dict | None = None):
         super().__init__()
         self.gm = gm
         self.state = state
+        self.sizes = dict(sizes or {})
         self.nones, self.n_outputs = none_outputs(gm)  # read once: with_nones runs on every call
+        self.constants = {i: v for (kind, i), v in self.sizes.items() if kind == "out"}
+        self.nones = self.nones | set(self.constants)
         for k, i in enumerate(state):
             t = example_inputs[i]
             if isinstance(t, torch.nn.Parameter):
@@ -54,9 +62,15 @@ class Lifted(torch.nn.Module):
         """Dynamo's full input list from the data inputs and this module's state."""
         out, it = [], iter(data)
         state = dict(zip(self.state, (getattr(self, f"s{k}") for k in range(len(self.state)))))
+        sizes = self.sizes
         for i in range(self.arity):
-            out.append(state[i] if i in state else next(it))
+            out.append(state[i] if i in state else sizes[("in", i)] if ("in", i) in sizes else next(it))
         return out
+
+    @property
+    def lifted(self) -> set[int]:
+        """Positions of the graph's inputs this module supplies (its state and fixed sizes)."""
+        return set(self.state) | {i for kind, i in self.sizes if kind == "in"}
 
     def forward(self, *data):
         out = self.gm(*self.merged(data))
@@ -68,8 +82,8 @@ class Lifted(torch.nn.Module):
         """The graph's outputs from forward's (the None outputs put back)."""
         if not self.nones:
             return out
-        it = iter(out if isinstance(out, (tuple, list)) else (out,))
-        return tuple(None if i in self.nones else next(it) for i in range(self.n_outputs))
+        it, constants = iter(out if isinstance(out, (tuple, list)) else (out,)), self.constants
+        return tuple(constants.get(i) if i in self.nones else next(it) for i in range(self.n_outputs))
 
 
 def none_outputs(gm: torch.fx.GraphModule) -> tuple[set[int], int]:
@@ -107,18 +121,98 @@ def _as_captured(gm: torch.fx.GraphModule, why: str) -> Callable:
     return gm.forward
 
 
-def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], options: dict) -> Callable:
+def _is_size(x) -> bool:
+    return isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool)
+
+
+def symbolic(example_inputs) -> bool:
+    """Whether a graph's example inputs carry symbolic sizes (SymInt inputs, or tensors whose
+    shape or strides are symbolic, as AOTAutograd's fake tensors are under dynamic shapes)."""
+    return any(_is_size(x) or (isinstance(x, torch.Tensor) and any(
+        isinstance(d, torch.SymInt) for d in (*x.shape, *x.stride()))) for x in example_inputs)
+
+
+MAX_SPECIALISATIONS = 8  # per graph with symbolic sizes
+
+
+class Specialisations:
+    """A graph with symbolic sizes as a bounded set of specialised ones. A call's concrete sizes
+    (each tensor's shape, strides and dtype, each size input's value) pick the function
+    `specialise(inputs)` made for the first call with those sizes; after `limit` of them, calls at
+    other sizes run the graph as captured (one warning): optimising a graph takes a search, so a
+    size that changes on every call is better served by the captured graph."""
+
+    def __init__(self, gm: torch.fx.GraphModule, specialise: Callable, limit: int | None = None):
+        self.gm, self.specialise = gm, specialise
+        self.limit = MAX_SPECIALISATIONS if limit is None else limit
+        self.made: dict[tuple, Callable] = {}
+        self.warned = False
+
+    @staticmethod
+    def key(inputs) -> tuple:
+        return tuple(x.item() if _is_value(x) else (tuple(x.shape), x.stride(), x.dtype, x.device.type)
+                     if isinstance(x, torch.Tensor) else int(x) if _is_size(x) else type(x).__name__ for x in inputs)
+
+    def __call__(self, *inputs):
+        key = self.key(inputs)
+        run = self.made.get(key)
+        if run is None:
+            if len(self.made) >= self.limit:
+                if not self.warned:
+                    self.warned = True
+                    warnings.warn(f"kernelwright: a graph with symbolic sizes met more than {self.limit} sizes; "
+                                  "calls at further sizes run the graph as captured", stacklevel=2)
+                return self.gm(*inputs)
+            run = self.made[key] = self.specialise(inputs)
+        return run(*inputs)
+
+
+def _specialised(gm: torch.fx.GraphModule, inputs, state: list[int], options: dict, copy: bool = False) -> Callable:
+    """`_optimised` for one call's concrete sizes of a graph with symbolic sizes: its size inputs
+    and the sizes it returns are fixed. `copy`: the examples are copies of the call's tensors (an
+    AOTAutograd graph), else the call's inputs themselves (a Dynamo graph, whose parameters are
+    lifted). The sizes a graph returns are read from one run of it on copies (the call's own state
+    is not touched; 0-d tensors of a graph with symbolic sizes can be values such as an eps)."""
+    copies = None
+    if copy or _returns_sizes(gm):
+        copies = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    sizes = {("in", i): int(x) if _is_size(x) else x.clone() for i, x in enumerate(inputs) if _is_size(x) or _is_value(x)}
+    if _returns_sizes(gm):
+        with torch.no_grad():
+            outs = gm(*copies)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        sizes.update({("out", i): int(o) for i, o in enumerate(outs) if _is_size(o)})
+    return _optimised(gm, copies if copy else list(inputs), state, options, sizes)
+
+
+def _is_value(x) -> bool:
+    """Whether a graph input is a value its specialisations fix: a 0-d CPU tensor that is not a
+    parameter and needs no gradient (Dynamo passes a module's float attribute, such as a norm's
+    eps or momentum, so under symbolic sizes)."""
+    return (isinstance(x, torch.Tensor) and not isinstance(x, torch.nn.Parameter) and x.dim() == 0
+            and x.device.type == "cpu" and not x.requires_grad)
+
+
+def _returns_sizes(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph returns sizes (an AOTAutograd forward graph saving them for the backward)."""
+    (node,) = [n for n in gm.graph.nodes if n.op == "output"]
+    outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
+    return any(isinstance(o, torch.fx.Node) and _is_size(o.meta.get("val")) for o in outs)
+
+
+def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], options: dict,
+               sizes: dict | None = None) -> Callable:
     """gm's inputs -> gm's outputs through the optimised module (cached), or gm itself with a
-    warning when optimisation fails."""
+    warning when optimisation fails. A graph with symbolic sizes: Specialisations of it."""
     from kernelwright import optimize
 
     data = [x for i, x in enumerate(example_inputs) if i not in state]
     if not any(isinstance(x, torch.Tensor) for x in data):
         return _as_captured(gm, "a graph without tensor inputs")
-    if any(isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool) for x in data):
-        return _as_captured(gm, "a graph with symbolic sizes (dynamic shapes: compile with dynamic=False "
-                                "for generated kernels, one graph per shape)")
-    lifted = Lifted(gm, example_inputs, state).eval()
+    if sizes is None and symbolic(example_inputs):
+        return Specialisations(gm, lambda inputs: _specialised(gm, inputs, state, options))
+    lifted = Lifted(gm, example_inputs, state, sizes).eval()
+    data = [x for i, x in enumerate(example_inputs) if i not in lifted.lifted]
     out = _cache_dir(gm, example_inputs, options)
     try:
         fast = _load(out, lifted)
@@ -128,7 +222,7 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
     except Exception as e:  # noqa: BLE001 - any failure runs the captured graph
         return _as_captured(gm, f"optimisation failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
 
-    lifted_at = set(state)
+    lifted_at = lifted.lifted
 
     def run(*inputs):
         return lifted.with_nones(fast(*[x for i, x in enumerate(inputs) if i not in lifted_at]))
@@ -186,6 +280,8 @@ def backend(**options) -> Callable:
     def joint_part(gm: torch.fx.GraphModule, example_inputs):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+        if symbolic(example_inputs):  # (specialised at run time, on copies of the call's tensors)
+            return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], joint_options, copy=True)))
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
             real = [_real(x) for x in example_inputs]
             return make_boxed_func(_optimised(gm, real, [], joint_options))

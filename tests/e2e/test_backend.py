@@ -47,7 +47,7 @@ def test_the_backend_is_registered_by_name():
 
 def test_eval_graphs_are_optimised_and_match_eager_at_two_batch_sizes(net, tmp_path):
     """With dynamic=False each batch size is a graph of its own, optimised and verified (Dynamo's
-    default would make the second one symbolic, which runs as captured: the next test)."""
+    default would make the second one symbolic: specialised per size, tested below)."""
     compiled = torch.compile(net, backend="kernelwright", dynamic=False)
     with torch.no_grad():
         for batch in (2, 3):  # the second batch size recompiles
@@ -164,20 +164,55 @@ def test_a_transformer_blocks_training_step_matches_eager(tmp_path, monkeypatch)
     assert all(any(g["strategy"] == "triton" for g in r["groups"]) for r in results)
 
 
-def test_a_graph_with_symbolic_sizes_runs_as_captured_and_says_so(tmp_path, monkeypatch):
-    """dynamic=True hands over sizes as SymInt inputs; the generated kernels are specialised, so
-    such a graph runs as captured, with one warning, and stays correct at every size."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    torch._dynamo.reset()
-    lin = torch.nn.Linear(8, 4).eval()
-    compiled = torch.compile(lin, backend="kernelwright", dynamic=True)
+def test_a_graph_with_symbolic_sizes_is_specialised_per_size_up_to_a_bound(net, tmp_path, monkeypatch):
+    """dynamic=True hands over sizes as SymInt inputs (and a batch norm's eps and momentum as 0-d
+    tensors): each batch size gets a graph optimised for it on first use, a size met again reuses
+    its own, and past the bound further sizes run as captured with one warning."""
+    compiled = torch.compile(net, backend="kernelwright", dynamic=True)
     with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        for batch in (3, 5):
-            x = torch.randn(batch, 8)
-            torch.testing.assert_close(compiled(x), lin(x))
+        for batch in (2, 3, 2):
+            x = torch.randn(batch, 3, 8, 8)
+            torch.testing.assert_close(compiled(x), net(x), rtol=1e-4, atol=1e-5)
+    assert not any("kernelwright" in str(w.message) for w in seen)
+    results = _results(tmp_path)
+    assert len(results) == 2 and all(r["verify"]["passed"] for r in results)
+    assert any(g["strategy"] == "triton" for r in results for g in r["groups"])
     torch._dynamo.reset()
-    assert any("symbolic sizes" in str(w.message) for w in seen)
+    monkeypatch.setattr(kwb, "MAX_SPECIALISATIONS", 1)
+    compiled = torch.compile(net, backend="kernelwright", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for batch in (2, 4, 5):
+            x = torch.randn(batch, 3, 8, 8)
+            torch.testing.assert_close(compiled(x), net(x), rtol=1e-4, atol=1e-5)
+    assert [str(w.message) for w in seen if "kernelwright" in str(w.message)] == [
+        "kernelwright: a graph with symbolic sizes met more than 1 sizes; calls at further sizes run the graph "
+        "as captured"]
+    assert len(_results(tmp_path)) == 2  # (batch 2 was cached on disk; 4 and 5 ran as captured)
+
+
+def test_training_graphs_with_symbolic_sizes_are_specialised_forward_and_backward(net, tmp_path):
+    """Under dynamic=True AOTAutograd's forward graph also returns sizes for its backward graph:
+    each batch size specialises both (the sizes fixed), and gradients equal eager's at each."""
+    net.train()
+    ref = Net().train()
+    ref.load_state_dict(net.state_dict())
+    compiled = torch.compile(net, backend="kernelwright", dynamic=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for batch in (2, 3):
+            x = torch.randn(batch, 3, 8, 8)
+            out = compiled(x)
+            out.sum().backward()
+            want = ref(x)
+            want.sum().backward()
+            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+            for a, b in ((net.conv.weight.grad, ref.conv.weight.grad), (net.bn.running_var, ref.bn.running_var)):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert not any("kernelwright" in str(w.message) for w in seen)
+    results = _results(tmp_path)
+    assert len(results) == 4 and all(r["verify"]["passed"] for r in results)  # forward and backward, per size
 
 
 def test_training_graphs_run_their_plain_forward_and_eval_graphs_keep_the_option(net, monkeypatch):

@@ -314,3 +314,48 @@ def test_the_report_says_how_each_mode_is_answered(emitted):
     assert "mode-dependent submodules: (the model), bn, drop" in text
     assert "- train mode: its generated forward, verification PASS" in text
     assert "- eval mode: its generated forward, verification PASS" in text
+
+
+# --- outputs in dicts, lists and tuples -----------------------------------------------------------
+
+def test_a_dict_list_and_none_output_is_rebuilt_around_the_generated_tensors(tmp_path):
+    problem = load_problem(os.path.join(FIX, "structured_output.py"))
+    result = optimize_problem(problem, tmp_path, Options(budget_trials=2, device="cpu", log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    text = (tmp_path / "model_new.py").read_text()
+    assert "return {'logits': out[0], 'aux': (None, [out[1], out[2]])}" in text
+    mod = import_model_new(tmp_path / "model_new.py")
+    ref = problem.make_model()
+    new = mod.ModelNew()
+    new.load_state_dict(ref.state_dict())
+    x = problem.make_inputs(3)[0]
+    for training in (True, False):
+        new.train(training), ref.train(training)
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("error")  # (a fallback to the original forward warns)
+            got = new(x)
+            want = ref(x)
+        assert list(got) == ["logits", "aux"] and got["aux"][0] is None and type(got["aux"][1]) is list
+        torch.testing.assert_close(got, want)
+
+
+class _Reordered(nn.Module):
+    """structured_output.py's model written again, returning the right tensors in the wrong
+    structure: a tuple where the model returns a dict."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.m = copy.deepcopy(model)
+
+    def forward(self, x):
+        m = self.m
+        f = torch.relu(m.bn(m.conv(x)))
+        pooled = f.mean((2, 3))
+        return (m.cls(pooled),), (None, [torch.sigmoid(m.box(pooled)), f])
+
+
+def test_verification_fails_a_candidate_returning_another_structure():
+    problem = load_problem(os.path.join(FIX, "structured_output.py"))
+    res = verify(problem, _Reordered, get_policy("fp32"), "cpu", n_sets=2)
+    assert not res.passed and res.failed_check == "outputs"
+    assert "returned ((T,), (None, [T, T])), the model returns {'logits': T, 'aux': (None, [T, T])}" in res.reason

@@ -134,6 +134,15 @@ RECURRENT = ("gru.input", "gru.data", "lstm.input", "lstm.data", "rnn_tanh.input
 RECURRENT_INPUT = ("aten.gru.input", "aten.lstm.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
 
 
+def output_structure(ep) -> tuple:
+    """The structure the exported forward returns its tensors in: (pytree spec of the user output,
+    positions of its Nones among the spec's leaves); the graph's outputs are the other leaves, in order."""
+    from torch.export.graph_signature import OutputKind
+
+    user = [o.arg for o in ep.graph_signature.output_specs if o.kind == OutputKind.USER_OUTPUT]
+    return ep.call_spec.out_spec, tuple(i for i, a in enumerate(user) if isinstance(a, ConstantArgument))
+
+
 def _decompositions():
     table = torch.export.default_decompositions()
     for name in RECURRENT:
@@ -195,6 +204,8 @@ def _to_graph(ep, name: str, model: torch.nn.Module | None = None) -> Graph:
             mut = sig.buffers_to_mutate
             written = {**getattr(sig, "user_inputs_to_mutate", {}), **getattr(sig, "parameters_to_mutate", {})}
             for r in results:
+                if r is None:  # (a None in the output's structure: see output_structure)
+                    continue
                 if not isinstance(r, torch.fx.Node):
                     raise CaptureError(f"output {r!r} is not a tensor")
                 if r.name in written:  # (the emitted forward writes buffers only)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from kernelwright import __version__
+from kernelwright.capture.export import output_structure
 from kernelwright.codegen.templating import render
 from kernelwright.emit.program import STATE, attribute_shapes, forward_text, state_reads
 from kernelwright.plan.fusion import Plan
@@ -28,6 +29,29 @@ def single_output(plan: Plan) -> bool:
         return len(plan.graph.outputs) == 1
     leaf = getattr(spec, "is_leaf", None)
     return bool(leaf()) if callable(leaf) else spec.num_children == 0
+
+
+def result_builder(plan: Plan) -> str | None:
+    """The expression over `out` (the generated forward's tuple of tensors) that builds the model's
+    output from them where it returns dicts, lists, nested tuples or Nones; None where the forward
+    returns the model's result as it is (one tensor, or a flat tuple of them)."""
+    if plan.graph.exported is None:
+        return None
+    spec, nones = output_structure(plan.graph.exported)
+    if not nones and (spec.is_leaf() or (spec.type is tuple and all(c.is_leaf() for c in spec.children()))):
+        return None
+    leaf, tensor = iter(range(spec.num_leaves)), iter(range(len(plan.graph.outputs)))
+
+    def build(s) -> str:
+        if s.is_leaf():
+            return "None" if next(leaf) in nones else f"out[{next(tensor)}]"
+        items = [build(c) for c in s.children()]
+        if s.type is dict:
+            return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(s.context, items)) + "}"
+        if s.type is list:
+            return "[" + ", ".join(items) + "]"
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return build(spec)
 
 
 @dataclass
@@ -124,10 +148,11 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
     tensors = [{"name": name, "fast": _tuple([fast for _, fast, _ in key], 16),
                 "attrs": _tuple([attr for _, _, attr in key], 16)} for key, name in readers.items()]
     rendered, records = [], []
+    result = result_builder(forwards[0].plan) if forwards else None
     for f in forwards:
         mods = {key: (None if k is None else (f"_k_{f.prefix}{k[0]}", k[1], k[2], k[3])) for key, k in f.kernels.items()}
         reader = readers[tuple(state_reads(f.plan))]
-        text = forward_text(f.plan, mods, single_output(f.plan), f.mode, tensors=reader)
+        text = forward_text(f.plan, mods, single_output(f.plan) and result is None, f.mode, tensors=reader)
         rendered.append({"mode": f.mode, "forward": text})
         dtypes = _dtypes([i.meta.dtype for i in f.plan.graph.inputs if i.kind in STATE])
         run = (f"compute=_kw_compute_{f.mode}, commit=_kw_commit_{f.mode}" if text.commit
@@ -150,7 +175,7 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
                   overrides=sorted((overrides or {}).items()), kernels=[(f"_k_{name}", name) for name in sorted(kernel_files)],
                   args=args, tensors=tensors, forwards=rendered, forward_records=records, has_model=bool(problem.source),
                   cuda_graphs=bool(cuda_graphs and forwards), mode_modules=tuple(mode_modules), signature=signature,
-                  device_type=device_type, files=None)
+                  device_type=device_type, result=result, files=None)
 
 
 # kernels/ files the runtime is made of: name -> (package, file); each ships where a module imports it

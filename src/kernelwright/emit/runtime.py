@@ -71,12 +71,14 @@ class Specialised:
     submodules whose result depends on their training flag; `forwards`: the generated forwards
     (Forward); `graphs`: the CUDA-graph replay module
     (kernels/_graphs.py) when the replay ships, else None (the replay is then loaded from
-    kernelwright when a module's `_kw_cuda_graphs` is set).
+    kernelwright when a module's `_kw_cuda_graphs` is set); `result`: where the model returns its
+    tensors in dicts, lists or nested tuples, the function that builds that structure from the
+    generated forward's flat tuple (None: the forward returns the model's result as it is).
 
     `forward` is the module's forward; `warned` the reasons it ran the original forward for."""
 
-    def __init__(self, original, policy, device, args, mode_modules=(), forwards=None, graphs=None):
-        self.original_forward, self.policy, self.device = original, policy, device
+    def __init__(self, original, policy, device, args, mode_modules=(), forwards=None, graphs=None, result=None):
+        self.original_forward, self.policy, self.device, self.result = original, policy, device, result
         self.args, self.mode_modules = tuple(args), tuple(mode_modules)
         self.forwards = list(forwards or ())
         self.graphs = graphs
@@ -149,7 +151,7 @@ class Specialised:
         the original forward for any other. A closure over its tables (host time per call)."""
         runs = {}
         for f in self.forwards:
-            runs.update(dict.fromkeys(map(tuple, f.flags), self._make_run(f)))
+            runs.update(dict.fromkeys(map(tuple, f.flags), self._make_run(f, self.result)))
         call_mismatch, mode, warn_once, original = self.call_mismatch, self.mode, self.warn_once, self.original
         if not runs:
             def forward(self, *args, **kwargs):
@@ -172,9 +174,13 @@ class Specialised:
             return original(self, args, kwargs)
         return forward
 
-    def _make_run(self, f: Forward):
+    def _make_run(self, f: Forward, result=None):
         """`f` on a specialised call's `args`; a Fallback when the parameters differ. Replayed as a
-        CUDA graph when the module's `_kw_cuda_graphs` is set, under no_grad, outside torch.compile."""
+        CUDA graph when the module's `_kw_cuda_graphs` is set, under no_grad, outside torch.compile.
+        `result` (see Specialised) builds the model's output structure from what `f` returns."""
+        if result is not None:
+            run = self._make_run(f)
+            return lambda module, args: out if type(out := run(module, args)) is Fallback else result(out)
         tensors, dtypes, tag, commit, shapes = f.tensors, f.dtypes, f.tag, f.commit, f.shapes
         forward = f.forward if f.forward is not None else _composed(f.compute, f.commit)
         first = f.compute if f.commit is not None else forward  # what the graph captures

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.utils import _pytree
 from torch.nn.modules.dropout import _DropoutNd
 
 from kernelwright.emit.module import import_model_new, model_new_like
@@ -44,6 +45,7 @@ from kernelwright.fuzz.generate import second_batch_size
 from kernelwright.pipeline import Options, optimize_problem
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
+from kernelwright.problem.load import output_skeleton
 
 INPUT_SEED = 11  # the inputs of every call
 CALL_SEED = 1234  # torch.manual_seed before every call
@@ -95,13 +97,16 @@ def _one_line(e: BaseException) -> bool:
 
 
 def _tensors(out) -> list:
-    return list(out) if isinstance(out, (tuple, list)) else [out]
+    """The leaves of an output (tensors, and whatever else the model returns), in order."""
+    return _pytree.tree_leaves(out)
 
 
 def _difference(got, want, tol: float, values: bool = True) -> tuple[float | None, str] | None:
     """None when `got` matches `want`: the same structure, shapes and dtypes, finite where eager
     is, and (with `values`) every element within tol + tol * |eager| (NaN where eager has NaN);
     else (the largest absolute difference, or None, and what differs)."""
+    if output_skeleton(got) != output_skeleton(want):
+        return None, f"returns {output_skeleton(got)}, eager {output_skeleton(want)}"
     gots, wants = _tensors(got), _tensors(want)
     if len(gots) != len(wants):
         return None, f"{len(gots)} outputs, eager {len(wants)}"

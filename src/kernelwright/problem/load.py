@@ -137,13 +137,58 @@ def quiet_torch_logs():
             lg.setLevel(lv)
 
 
-def flatten_outputs(out: Any, where: str = "model") -> list[torch.Tensor]:
-    """The model's output as a list of tensors; anything else is a ProblemError."""
+OUTPUT_CONTAINERS = (tuple, list, dict)
+
+
+def output_tree(out: Any, where: str = "model") -> tuple[list[torch.Tensor], str]:
+    """The model's output as its tensors in order and its structure (`output_skeleton`): a tensor,
+    or tuples, lists and dicts of tensors (and Nones) nested; anything else is a ProblemError."""
+    bad = _foreign(out)
+    if bad is not None:
+        held = f" holding a {bad}" if type(out) in OUTPUT_CONTAINERS else ""
+        raise ProblemError(where, "forward must return tensors (alone, or in tuples, lists and dicts), "
+                                  f"got {type(out).__name__}{held}")
+    from torch.utils import _pytree
+
+    tensors = [x for x in _pytree.tree_leaves(out) if x is not None]
+    if not tensors:
+        raise ProblemError(where, f"forward returned no tensor (got {type(out).__name__})")
+    return tensors, output_skeleton(out)
+
+
+def output_skeleton(out: Any) -> str:
+    """The structure of an output as text, each tensor a T (`{'logits': T, 'aux': (T, None)}`): two
+    outputs of one structure (containers, dict keys in order, where the Nones are) have equal texts."""
+    if out is None:
+        return "None"
     if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)) and out and all(isinstance(o, torch.Tensor) for o in out):
-        return list(out)
-    raise ProblemError(where, f"forward must return a tensor or a tuple of tensors, got {type(out).__name__}")
+        return "T"
+    if type(out) is dict:
+        return "{" + ", ".join(f"{k!r}: {output_skeleton(v)}" for k, v in out.items()) + "}"
+    if not isinstance(out, (tuple, list)):
+        return type(out).__name__
+    items = [output_skeleton(v) for v in out]
+    if type(out) is list:
+        return "[" + ", ".join(items) + "]"
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _foreign(x: Any) -> str | None:
+    """The type name of the first thing in an output that is not a tensor, None, tuple, list or
+    dict (a namedtuple or dataclass is such a thing: it is not rebuilt from the graph's tensors)."""
+    if x is None or isinstance(x, torch.Tensor):
+        return None
+    if type(x) not in OUTPUT_CONTAINERS:
+        return type(x).__name__
+    if type(x) is dict and not all(type(k) in (str, int) for k in x):
+        return "dict with keys other than strings and integers"
+    items = x.values() if type(x) is dict else x
+    return next((n for n in map(_foreign, items) if n is not None), None)
+
+
+def flatten_outputs(out: Any, where: str = "model") -> list[torch.Tensor]:
+    """The model's output tensors as a flat list (see output_tree); anything else is a ProblemError."""
+    return output_tree(out, where)[0]
 
 
 def _first_line(e: BaseException) -> str:

@@ -23,8 +23,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
+from torch.utils import _pytree
 
-from kernelwright.problem.load import _first_line, eager_under, flatten_outputs
+from kernelwright.problem.load import _first_line, eager_under, flatten_outputs, output_tree
 from kernelwright.verify import anticheat
 from kernelwright.verify.compare import excess_reason, park, poisoned_like
 
@@ -194,7 +195,8 @@ class _HighPrecisionReference:
 
 
 def _call_candidate(candidate, inputs, reference, policy, device):
-    """Run the candidate once. Returns (flat outputs, early copies, settled copies, stream info)."""
+    """Run the candidate once. Returns (flat outputs, early copies, settled copies, stream info,
+    the output's structure)."""
     with torch.no_grad(), policy.active(), anticheat.reference_disabled(reference) as wire:
         stream_before = torch.cuda.current_stream(device) if device.type == "cuda" else None
         try:
@@ -204,8 +206,7 @@ def _call_candidate(candidate, inputs, reference, policy, device):
                 raise _Fail("reference_fallback", anticheat.check_reference_fallback(wire)) from e
             raise _Fail("exception", f"candidate raised {_exc_line(e)}") from e
         stream_after = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        outs = out if isinstance(out, (list, tuple)) else [out]
-        tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+        tensors = [o for o in _pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         early = [anticheat.snapshot(t) for t in tensors] if device.type == "cuda" else None
     _sync(device)
     reason = anticheat.check_reference_fallback(wire)
@@ -215,11 +216,11 @@ def _call_candidate(candidate, inputs, reference, policy, device):
     if reason:
         raise _Fail("patched_timers", reason)
     try:
-        flat = flatten_outputs(out, "candidate")
+        flat, structure = output_tree(out, "candidate")
     except Exception as e:  # noqa: BLE001
         raise _Fail("outputs", str(e).removeprefix("candidate: ")) from e
     settled = [anticheat.snapshot(t) for t in flat]
-    return flat, early, settled, (stream_before, stream_after)
+    return flat, early, settled, (stream_before, stream_after), structure
 
 
 def verify(
@@ -305,7 +306,7 @@ def verify(
             before = _snapshots(inputs)
             torch.manual_seed(seed)
             with eager_under(policy, problem.where, device):
-                eager = flatten_outputs(reference(*inputs), problem.where)
+                eager, structure = output_tree(reference(*inputs), problem.where)
             _sync(device)
             n_out = len(eager)
             # buffers the forward updates (running statistics, an EMA) are outputs too: the
@@ -344,11 +345,13 @@ def verify(
                 before = _snapshots(cand_inputs) if full_checks else None
                 _restore_buffers(candidate, state)
                 torch.manual_seed(seed)
-                outs, early, settled, streams = _call_candidate(candidate, cand_inputs, reference, policy, device)
+                outs, early, settled, streams, got = _call_candidate(candidate, cand_inputs, reference, policy, device)
                 if not full_checks:
                     return outs, settled
                 if len(outs) != n_out:
                     raise _Fail("outputs", f"returned {len(outs)} output(s), expected {n_out}")
+                if got != structure:
+                    raise _Fail("outputs", f"returned {got}, the model returns {structure}")
                 for name, reason in (
                     ("lazy_results", anticheat.check_lazy_results(outs)),
                     ("output_memory", anticheat.check_output_memory(outs, eager, cand_inputs, ref_aliases)),
