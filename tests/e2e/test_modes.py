@@ -1,5 +1,5 @@
 """ModelNew as users call it: in train() and eval() (non-trivial running statistics), at another
-batch size, with gradients on, in another dtype, with keyword arguments, under the caller's
+batch size, with gradients on, in another dtype, with arguments by keyword, under the caller's
 autocast, and with submodules in mixed modes. Calls unlike the specialised one run the original
 forward (one warning per reason); each mode whose graph differs has its own generated forward."""
 import copy
@@ -155,8 +155,9 @@ def test_other_dtypes_keyword_arguments_autocast_and_mixed_modes_take_the_origin
     ref, new = _pair(problem, mod, training=False)
     x = problem.make_inputs(6)
     with torch.no_grad():
-        _same(lambda: ref(*x, scale=3.0), lambda: new(*x, scale=3.0))
+        _same(lambda: ref(*x, scale=3.0), lambda: new(*x, scale=3.0))  # (bound by position: 2 arguments)
         _same(lambda: ref(*x, 3.0), lambda: new(*x, 3.0))  # the optional argument given by position
+        _same(lambda: ref(x=x[0]), lambda: new(x=x[0]))  # the specialised call, by keyword
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _same(lambda: ref(*x), lambda: new(*x))
         ref.train(), new.train()
@@ -165,7 +166,8 @@ def test_other_dtypes_keyword_arguments_autocast_and_mixed_modes_take_the_origin
         ref.double(), new.double()
         _same(lambda: ref(x[0].double()), lambda: new(x[0].double()))
     assert any("mixed mode" in w for w in mod._KW_WARNED)
-    assert any("keyword" in w for w in mod._KW_WARNED) and any("autocast" in w for w in mod._KW_WARNED)
+    assert any("2 positional arguments" in w for w in mod._KW_WARNED) and any("autocast" in w for w in mod._KW_WARNED)
+    assert not any("keyword" in w for w in mod._KW_WARNED)
 
 
 def test_noncontiguous_input_of_the_same_shape_is_not_the_specialised_call(emitted):

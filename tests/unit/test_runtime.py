@@ -25,8 +25,8 @@ class Net(nn.Module):
         self.fc = nn.Linear(4, 3)
         self.drop = nn.Dropout(0.5)
 
-    def forward(self, x, scale=1.0):
-        return self.drop(self.fc(x)) * scale
+    def forward(self, x, scale=1.0, **extra):
+        return self.drop(self.fc(x)) * scale + extra.get("bias", 0.0)
 
 
 def _tensors(module):
@@ -76,8 +76,9 @@ def test_a_specialised_call_runs_the_generated_forward_of_the_modules_mode():
 
 
 @pytest.mark.parametrize("call,why", [
-    (lambda net, x: net(x, scale=2.0), "keyword arguments scale"),
+    (lambda net, x: net(x, scale=2.0), "2 positional arguments (specialised for 1)"),
     (lambda net, x: net(x, 2.0), "2 positional arguments (specialised for 1)"),
+    (lambda net, x: net(x, bias=2.0), "keyword arguments bias"),
     (lambda net, x: net.double()(x.double()), "argument 0 is torch.float64 (2, 4)"),
     (lambda net, x: net(x[:1]), "argument 0 is torch.float32 (1, 4)"),
     (lambda net, x: net(x.t().contiguous().t()), "strides (1, 2)"),
@@ -95,6 +96,16 @@ def test_other_calls_run_the_original_forward_warning_once_per_reason(call, why)
     assert len(messages) == 1 and why in messages[0] and "running the original forward" in messages[0]
     assert caught[0].filename == __file__  # the warning names the caller's line
     assert len(guard.warned) == 1
+
+
+def test_arguments_given_by_keyword_are_bound_to_their_positions():
+    """`net(x=x)` is the specialised call `net(x)`: the forward's signature binds the keyword."""
+    guard, calls = _guard()
+    net, x = _net(guard), torch.randn(2, 4)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert net(x=x).eq(7).all() and calls == ["train"]
+    assert _warnings(caught) == []
 
 
 def test_gradients_autocast_parameters_and_modes_without_a_forward_take_the_original():

@@ -8,6 +8,7 @@ like that one and the model's original forward, with a warning once per reason, 
 """
 import copy
 import functools
+import inspect
 import operator
 import types
 import warnings
@@ -83,9 +84,27 @@ class Specialised:
         self.forwards = list(forwards or ())
         self.graphs = graphs
         self.warned = set()
+        self._signatures = {}
         self.forward = self._make_forward()
 
     # -- why a call is not the specialised one -------------------------------------------------
+    def positional(self, module, args, kwargs):
+        """The call's arguments by position, where the forward's signature binds each keyword to a
+        parameter after the positional ones (`model(x, mask=m)` is `model(x, m)`); None where it
+        does not (a keyword of `**kwargs`, a parameter skipped before a later one given)."""
+        forward = self.original_forward or type(module).forward
+        sig = self._signatures.get(forward)
+        if sig is None:
+            try:
+                sig = self._signatures[forward] = inspect.signature(forward)
+            except (TypeError, ValueError):
+                return None
+        try:
+            bound = sig.bind(module, *args, **kwargs)
+        except TypeError:
+            return None
+        return bound.args[1:] if not bound.kwargs else None
+
     def call_mismatch(self, args, kwargs):
         """Why this call differs from the specialised one (None: it does not)."""
         expected, device = self.args, self.device
@@ -153,12 +172,15 @@ class Specialised:
         for f in self.forwards:
             runs.update(dict.fromkeys(map(tuple, f.flags), self._make_run(f, self.result)))
         call_mismatch, mode, warn_once, original = self.call_mismatch, self.mode, self.warn_once, self.original
+        positional = self.positional
         if not runs:
             def forward(self, *args, **kwargs):
                 return original(self, args, kwargs)
             return forward
 
         def forward(self, *args, **kwargs):
+            if kwargs and (by_position := positional(self, args, kwargs)) is not None:
+                args, kwargs = by_position, {}
             why = call_mismatch(args, kwargs)
             if why is None:
                 flags = mode(self)
