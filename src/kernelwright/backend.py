@@ -259,13 +259,22 @@ def backward_decompositions() -> dict:
 DEFAULT_TRIALS = 8  # per graph: a model compiles several graphs (two per graph in training)
 
 
-def backend(**options) -> Callable:
+PARTITIONS = ("recompute", "save")
+
+
+def backend(partition: str = "recompute", **options) -> Callable:
     """A torch.compile backend optimising each graph with `options` (kernelwright.pipeline.Options;
     budget_trials defaults to DEFAULT_TRIALS per graph). A graph that needs gradients goes through
     AOTAutograd: its forward graph (which also returns what the backward saves) and its backward
-    graph are each optimised as an inference graph."""
-    from functorch.compile import make_boxed_func
+    graph are each optimised as an inference graph. `partition` splits the joint graph:
+    "recompute" (AOTAutograd's min-cut rematerialisation, as Inductor's: cheap pointwise values
+    the backward needs are recomputed there from fewer saved tensors, so the forward writes less
+    and the backward's kernels fuse the recomputation) or "save" (every value the backward reads
+    is saved by the forward)."""
+    from functorch.compile import default_partition, make_boxed_func, min_cut_rematerialization_partition
 
+    if partition not in PARTITIONS:
+        raise ValueError(f"partition must be one of {', '.join(PARTITIONS)} (got {partition!r})")
     options = dict(options)
     if "budget_s" not in options:
         options.setdefault("budget_trials", DEFAULT_TRIALS)
@@ -286,7 +295,9 @@ def backend(**options) -> Callable:
             real = [_real(x) for x in example_inputs]
             return make_boxed_func(_optimised(gm, real, [], joint_options))
 
-    training = aot_autograd(fw_compiler=joint_part, bw_compiler=joint_part, decompositions=backward_decompositions())
+    training = aot_autograd(fw_compiler=joint_part, bw_compiler=joint_part, decompositions=backward_decompositions(),
+                            partition_fn=min_cut_rematerialization_partition if partition == "recompute"
+                            else default_partition)
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):

@@ -441,8 +441,9 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
                                            "algebra rule applies with --no-rewrites, and report the geomean both ways "
                                            "(a problem no rule changes is the same program either way)."),
           train: bool = typer.Option(False, "--train", help="Time training steps (forward, loss, backward, SGD) "
-                                     "under eager, torch.compile and torch.compile(backend=\"kernelwright\"), from "
-                                     "the same weights; each first step checked against float64 eager."),
+                                     "under eager, torch.compile and torch.compile(backend=\"kernelwright\") with "
+                                     "each partition of the joint graph (recompute, save), from the same weights; "
+                                     "each first step checked against float64 eager."),
           steps: int = typer.Option(100, "--steps", help="Training steps per implementation with --train (the last "
                                     "third, at most 30, timed).")):
     """Time eager, torch.compile (and kernelwright) over problems; per-level geometric means."""
@@ -506,7 +507,8 @@ def bench(paths: List[Path] = typer.Argument(..., help="Problem files or folders
 
 
 def _train_impls(compile_mode: str, baseline_only: bool, options: dict) -> dict:
-    """bench --train's implementations: name -> how a fresh model copy is called."""
+    """bench --train's implementations: name -> how a fresh model copy is called ("kernelwright"
+    partitions the joint graph by recomputing, "kernelwright-save" by saving: both timed)."""
     import torch
 
     def compiled(**how):
@@ -519,7 +521,9 @@ def _train_impls(compile_mode: str, baseline_only: bool, options: dict) -> dict:
     if not baseline_only:
         from kernelwright.backend import backend
 
-        impls["kernelwright"] = compiled(backend=backend(**{k: v for k, v in options.items() if v is not None}))
+        given = {k: v for k, v in options.items() if v is not None}
+        impls["kernelwright"] = compiled(backend=backend(**given))
+        impls["kernelwright-save"] = compiled(backend=backend(partition="save", **given))
     return impls
 
 

@@ -561,7 +561,8 @@ def test_progress_on_a_terminal_draws_a_status_line(monkeypatch, capsys):
 @pytest.mark.parametrize("flag", [[], ["--baseline-only"]])
 def test_bench_train_times_training_steps_of_each_implementation(run, monkeypatch, tmp_path, flag):
     """bench --train: run_train_bench gets eager, torch.compile and (unless --baseline-only) the
-    kernelwright backend, the step count and a timed share of it; --steps below 2 is one line."""
+    kernelwright backend (each partition), the step count and a timed share of it; --steps below 2
+    is one line."""
     from kernelwright.bench import training
 
     monkeypatch.chdir(tmp_path)
@@ -571,7 +572,7 @@ def test_bench_train_times_training_steps_of_each_implementation(run, monkeypatc
                         calls.append((policy.name, sorted(impls), steps, timed)))
     p = run("bench", RELU, "--train", "--steps", "12", "--precision", "tf32", *flag)
     assert p.returncode == 0, p.stderr
-    want = ["compile", "eager"] + ([] if flag else ["kernelwright"])
+    want = ["compile", "eager"] + ([] if flag else ["kernelwright", "kernelwright-save"])
     assert calls == [("tf32", want, 12, 4)]
     p = run("bench", RELU, "--train", "--steps", "1")
     assert p.returncode != 0 and p.stderr.strip().count("\n") == 0 and "at least 2 steps" in p.stderr
