@@ -143,9 +143,16 @@ def output_structure(ep) -> tuple:
     return ep.call_spec.out_spec, tuple(i for i, a in enumerate(user) if isinstance(a, ConstantArgument))
 
 
+# Attention stays one op: decomposed, F.scaled_dot_product_attention becomes its math form (the
+# scores written and read back, a causal mask built from aranges, a guard for fully masked rows),
+# where the library computes it in one fused kernel that never writes the scores; by-hand
+# attention is turned into this op by plan/attention.py.
+KEPT = RECURRENT + ("scaled_dot_product_attention.default",)
+
+
 def _decompositions():
     table = torch.export.default_decompositions()
-    for name in RECURRENT:
+    for name in KEPT:
         op, overload = name.split(".")
         table.pop(getattr(getattr(torch.ops.aten, op), overload), None)
     return table
