@@ -257,6 +257,40 @@ def test_a_pool_chain_ships_after_a_transposed_convolution(tmp_path):
         torch.testing.assert_close(new(x), reference(x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_group_norm_before_a_pool_ships_as_statistics_and_a_pool_chain(tmp_path):
+    """Convolution + bias + group norm + scaling + max pool: the norm's statistics are one kernel
+    reading the convolution's output (the bias added as it reads), and the apply runs as the pool
+    chain's prologue on each window element, so the normalized tensor is never written."""
+
+    class GroupNormPool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 6, 3, padding=1, bias=False)
+            self.bias = nn.Parameter(torch.randn(6, 1, 1))
+            self.gn = nn.GroupNorm(2, 6)
+            self.scale = nn.Parameter(torch.randn(6, 1, 1))
+
+        def forward(self, x):
+            return torch.nn.functional.max_pool2d(self.gn(self.conv(x) + self.bias) * self.scale, 2)
+
+    out = tmp_path / "out"
+    problem = from_module(GroupNormPool(), [torch.randn(2, 3, 6, 8)])
+    result = optimize_problem(problem, out,
+                              Options(device="cpu", budget_trials=1, precision="fp32", no_library=True,
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    assert any("group norm of" in r for r in result["rewrites"])
+    (row,) = [g for g in result["groups"] if g["kind"] == "pool_chain"]
+    assert row["strategy"] == "triton" and "max_pool2d_with_indices" in row["ops"], row
+    body = (out / "model_new.py").read_text().split("def _kw_forward", 1)[1]
+    assert "_chain.launch(convolution, " in body  # the chain reads the convolution's output itself
+    reference = problem.make_model()
+    new = model_new_like(import_model_new(out / "model_new.py"), problem, reference, "cpu")
+    x = problem.make_inputs(1)[0]
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), reference(x), rtol=1e-5, atol=1e-5)
+
+
 def test_two_pool_chains_sharing_a_group_ship_one(tmp_path):
     """pool -> pointwise -> pool gives two chains around one group (the first's epilogue, the
     second's prologue); once one kernel computes the group the other chain is not searched, and

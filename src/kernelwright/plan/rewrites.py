@@ -20,7 +20,7 @@ from kernelwright.ops import COMPOSITES, EVAL_BN, NORMS, POINTWISE, POOLS, REDUC
 from kernelwright.plan.algebra import algebra as exact_algebra
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
 from kernelwright.plan.dead_code import drop_unread
-from kernelwright.plan.batch_norm import split_batch_norm_before_pools
+from kernelwright.plan.norm_split import split_norms_before_pools
 from kernelwright.plan.instance_norm import instance_norm_rows
 from kernelwright.plan.weights import pure, weight_roots
 
@@ -861,8 +861,8 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     before non-decreasing elementwise ops, row rewrites, instance norms over their own dims, by-hand attention as one fused call (fp32 and
     bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
     bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
-    tensor-core policies (tf32, bf16) channels-last convolutions. Last, training batch norms that
-    feed a pool split into statistics and a pointwise apply (plan.batch_norm). `out_dtypes` (bf16
+    tensor-core policies (tf32, bf16) channels-last convolutions. Last, training batch norms, layer
+    norms and group norms that feed a pool split into statistics and a pointwise apply (plan.norm_split). `out_dtypes` (bf16
     only): the dtypes eager returns under the policy's autocast (bf16_outputs)."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe] + ([exact_algebra] if algebra else []) + [
@@ -875,7 +875,7 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
             steps.append(lambda g: bf16_outputs(g, out_dtypes))
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
-    steps.append(split_batch_norm_before_pools)  # (in the layouts chosen above)
+    steps.append(split_norms_before_pools)  # (in the layouts chosen above)
     for step in steps:
         graph, more = step(graph)
         notes += more
