@@ -80,6 +80,7 @@ FAST_CALLS = {
     "aten.unsqueeze.default": ("method", "unsqueeze", ()),
     "aten.squeeze.dim": ("method", "squeeze", ()),
     "aten.expand.default": ("method", "expand", ()),
+    "aten.clone.default": ("method", "clone", ("memory_format",)),
     "aten.split_with_sizes.default": ("method", "split_with_sizes", ()),
     "aten.mm.default": ("function", "mm", ()),
     "aten.bmm.default": ("function", "bmm", ()),
