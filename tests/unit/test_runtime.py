@@ -288,3 +288,31 @@ def _unused_helpers(source):
         elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and node.targets[0].id in library:
             own[node.targets[0].id] = text
     return {name for name, text in own.items() if name not in names_used(source.replace(text, ""))}
+
+
+def test_on_the_gpu_the_forward_runs_on_its_inputs_device(monkeypatch):
+    """Generated kernels launch on the current device: a call whose inputs sit on another GPU runs
+    under that device; parameters on another GPU than the inputs take the original forward. (No
+    GPU here: a tensor holding k stands for one on GPU k, and the device switch is recorded.)"""
+    switched, seen = [], []
+
+    class Device:
+        def __init__(self, index):
+            self.index = index
+
+        def __enter__(self):
+            switched.append(self.index)
+
+        def __exit__(self, *exc):
+            switched.append("back")
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: int(t.item()))
+    on = torch.tensor
+    run = rt._on_the_inputs_device(lambda module, args, state: seen.append(int(args[0])) or "out",
+                                   lambda module: (on(module),))
+    assert run(1, (on(1),)) == "out" and switched == [1, "back"] and seen == [1]
+    assert run(0, (on(0),)) == "out" and switched == [1, "back"] and seen == [1, 0]  # the current device
+    fell = run(0, (on(1),))
+    assert isinstance(fell, rt.Fallback) and fell.why == "parameters on another device than the inputs"

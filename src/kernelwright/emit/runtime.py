@@ -53,6 +53,25 @@ def mode_name(flags):
     return "train" if all(flags) else "eval" if not any(flags) else "mixed"
 
 
+def _on_the_inputs_device(run, tensors):
+    """`run` on the GPU its tensor arguments are on: generated kernels launch on the current
+    device (as Triton's do), which need not be the inputs' (a model moved to cuda:1, called without
+    torch.cuda.set_device). A Fallback when the module's tensors are on another GPU than the inputs
+    (the original forward then raises eager's own error)."""
+    current = torch.cuda.current_device
+
+    def on_device(module, args):
+        at = next((a.get_device() for a in args if isinstance(a, torch.Tensor)), -1)
+        state = tensors(module)
+        if state and state[0].get_device() != at:
+            return Fallback("parameters on another device than the inputs")
+        if at < 0 or at == current():
+            return run(module, args, state)
+        with torch.cuda.device(at):
+            return run(module, args, state)
+    return on_device
+
+
 def _composed(compute, commit):
     def forward(module, *args):
         out, new = compute(module, *args)
@@ -209,8 +228,8 @@ class Specialised:
         params_mismatch, graphed = self.params_mismatch, self._graphed
         partial = functools.partial
 
-        def run(module, args):
-            why = params_mismatch(tensors(module), dtypes, shapes)
+        def run(module, args, state=None):
+            why = params_mismatch(tensors(module) if state is None else state, dtypes, shapes)
             if why is not None:
                 return Fallback(why)
             if module._kw_cuda_graphs and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
@@ -219,7 +238,9 @@ class Specialised:
                 return g.graphed(module, tag, partial(first, module), args, lambda: g.stamp(*read()), read,
                                  None if commit is None else partial(commit, module))
             return forward(module, *args)
-        return run
+        if self.device != "cuda":
+            return run
+        return _on_the_inputs_device(run, tensors)
 
     def _graphed(self):
         """The CUDA-graph replay module: kernels/_graphs.py when it ships, else kernelwright's own
