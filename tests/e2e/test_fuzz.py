@@ -281,13 +281,48 @@ def test_given_files_the_command_checks_them_and_applies_small_where_defined(tmp
     assert result.output.strip().endswith("fuzz: 2 programs, 0 wrong, 0 failed to optimize, 0 kept original")
 
 
-def _check_text(tmp_path, text: str, no_library: bool = False):
-    """The oracle's checks (fp32, CPU, one trial) of the program `text`, its module under tmp_path/out."""
+def _check_text(tmp_path, text: str, no_library: bool = False, precision: str = "fp32"):
+    """The oracle's checks (CPU, one trial) of the program `text`, its module under tmp_path/out."""
     from kernelwright.fuzz.oracle import check
 
     path = tmp_path / "program.py"
     path.write_text(text)
-    return check(path, "cpu", "fp32", 1, work=tmp_path / "out", no_library=no_library)
+    return check(path, "cpu", precision, 1, work=tmp_path / "out", no_library=no_library)
+
+
+CLOSURE = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(8, 16), nn.Linear(16, 4)
+        m = self
+        self.mlp = lambda x: m.out(torch.tanh(m.fc(x)))  # (as MinGPT's block builds its MLP)
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+batch_size = 3
+
+
+def get_inputs():
+    return [torch.randn(batch_size, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_model_whose_float64_copy_cannot_run_is_judged_against_eager_alone(tmp_path):
+    """Under tf32 the oracle also measures against a float64 copy of the model; a forward that
+    reaches the original float32 modules through a closure cannot run as that copy: the checks
+    compare with eager alone instead of the oracle failing."""
+    outcome = _check_text(tmp_path, CLOSURE, precision="tf32")
+    assert outcome.status == "ok", outcome
 
 
 CONV_POOL = """import torch
