@@ -230,10 +230,10 @@ def split_norms_before_pools(graph: Graph) -> tuple[Graph, list[str]]:
                 if w is not None:
                     wg = op(f"{name}_w", "aten.view.default", (w, [1, G, K]), TensorMeta.dense((1, G, K), "float32"))
                     v = op(f"{name}_gk", "aten.mul.Tensor", (v, wg), per_channel)
-                else:
-                    v = op(f"{name}_gk", "aten.clone.default",
-                           [op(f"{name}_x", "aten.expand.default", (v, [N, G, K]), TensorMeta((N, G, K), (G, 1, 0), "float32"))],
-                           per_channel)
+                else:  # (times 1: a pointwise op writing the broadcast value, in the scale's kernel)
+                    v = op(f"{name}_gk", "aten.mul.Tensor",
+                           (op(f"{name}_x", "aten.expand.default", (v, [N, G, K]), TensorMeta((N, G, K), (G, 1, 0), "float32")),
+                            1.0), per_channel)
                 return op(f"{name}_nc", "aten.view.default", (v, nc), nc_meta)
 
             w, b = n.args[1], n.args[2]
