@@ -181,3 +181,12 @@ def test_recurrent_layers_are_captured_as_one_op(name, op):
     graph = capture(load_problem(ROOT / f"problems/level3/{name}.py", small=True), "meta")
     targets = [n.target for n in graph.nodes]
     assert targets.count(op) == 1 and len(targets) < 10, targets
+
+
+def test_scaled_dot_product_attention_is_captured_as_one_op():
+    """F.scaled_dot_product_attention stays one ATen op (the library's fused kernel), not its math
+    form: no [T, T] scores, no mask built from aranges."""
+    graph = capture(load_problem(ROOT / "problems/level3/gpt_block_sdpa.py", small=True), "meta")
+    targets = [n.target for n in graph.nodes]
+    assert targets.count("aten.scaled_dot_product_attention.default") == 1, targets
+    assert not {"aten.bmm.default", "aten._softmax.default", "aten.arange.start_step"} & set(targets), targets
