@@ -1,6 +1,6 @@
 """A pool with its pointwise neighbours as one kernel (plan.PoolChain, codegen/pool_chain.py): which
 chains the plan finds, and the chain kernels against the graph's values in the Triton interpreter
-(max and avg, 2 and 3 pooled dims, padded and overlapping windows, ceil mode, per-channel, 0-d and
+(max and avg, 1, 2 and 3 pooled dims, padded and overlapping windows, ceil mode, per-channel, 0-d and
 broadcast operands, channels-last inputs; fp32, tf32 and bf16 policies)."""
 import os
 
@@ -64,6 +64,9 @@ CASES = [
                                              "sub_hardswish", "mish"), (2, 3, 10, 9)),
     ("avg2d_pre_only", lambda: Chain(nn.Conv2d(3, 4, 3), nn.AvgPool2d(2), "sub_hardswish"), (1, 3, 9, 10)),
     ("avg2d_post_only", lambda: Chain(nn.Conv2d(3, 4, 3, bias=False), nn.AvgPool2d(2), None, "bias_scale"), (1, 3, 9, 10)),
+    # 1-D pools, captured as 2-D pools between an unsqueeze and a squeeze: the chain takes the views in
+    ("max1d_pre_post", lambda: Chain(nn.Conv1d(3, 5, 3), nn.MaxPool1d(3, 2, 1), "sub_hardswish", "mish"), (2, 3, 17)),
+    ("avg1d_pre_post", lambda: Chain(nn.Conv1d(3, 4, 3), nn.AvgPool1d(2), "scale", "bias_scale"), (2, 3, 16)),
 ]
 
 
@@ -98,6 +101,7 @@ def test_chain_matches_graph(name, make, shape, policy):
     if policy == "fp32":  # (under bf16 the widening cast of the convolution's output is a pre group too)
         assert (chain.pre is not None) == ("post_only" not in name)
     assert (chain.post is not None) == ("pre_only" not in name)  # (the stem's ReLU moves past its max pool)
+    assert bool(chain.into) == bool(chain.out_of) == ("1d" in name)  # (the unsqueezes and squeezes taken in)
     kernel, text, res, want = _run(g, chain, model, x, f"chain_{name}_{policy}")
     # the kernel reads the library's convolution output, never the group's
     assert chain.pre is None or chain.pre.outputs[0] not in kernel.inputs

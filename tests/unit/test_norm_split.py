@@ -3,6 +3,8 @@ its statistics and a pointwise apply (plan/norm_split.py): the rewritten graph c
 and the running statistics eager computes (float64), the planner keeps the apply apart from the
 statistics so the pool chain can take it, and norms that feed anything else stay one
 normalization group."""
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -141,3 +143,19 @@ def test_norms_that_cannot_split_stay_whole():
     graph, notes = _rewritten(Over(), torch.randn(2, 3, 6, 6))
     assert not any("pointwise apply" in n for n in notes)
     assert {n.target for n in graph.nodes} >= {"aten.native_layer_norm.default", "aten.native_group_norm.default"}
+
+
+def test_a_batch_norm_before_a_1d_pool_splits_through_the_pools_unsqueeze():
+    """A 1-D pool reads its input through an unsqueeze: the training batch norm before it splits
+    all the same, and the pool chain (views included) takes the apply as its prologue."""
+    model = nn.Sequential(nn.Conv1d(3, 4, 3), nn.BatchNorm1d(4), nn.ReLU(), nn.MaxPool1d(2)).train()
+    x = torch.randn(2, 3, 11)
+    graph, notes = _rewritten(model, x)
+    assert any("statistics and a pointwise apply" in n for n in notes)
+    (chain,) = plan_graph(graph).chains
+    assert chain.into and chain.pre is not None and any(n.endswith("_centred") for n in chain.pre.nodes)
+    model, x = model.double(), x.double()
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        env = run_graph(graph, model, [x], keep=True)
+        torch.testing.assert_close(env[graph.outputs[0]], reference(x), rtol=1e-10, atol=1e-10)

@@ -9,8 +9,9 @@ the pool's neutral value afterwards (-inf for max, 0 for avg), as if the group's
 written and then pooled. The epilogue runs on the pooled value at the output's (n, c, od, oh, ow)
 the same way. A bf16 value between the stages is rounded as its store would round it, so the
 chain computes what the separate kernels compute. Overlapping windows recompute the prologue of a
-shared element: cheap pointwise work against a pass over memory saved. (1-D pools are captured as
-unsqueeze -> 2-D pool -> squeeze: those views keep their groups apart, and no chain forms.)
+shared element: cheap pointwise work against a pass over memory saved. A 1-D pool is captured as
+unsqueeze -> 2-D pool -> squeeze: the chain takes those views in too, its stages indexing the
+groups' own [N, C, L] values with the variables of the dims the views leave.
 """
 from __future__ import annotations
 
@@ -45,8 +46,8 @@ class ChainKernel:
     @property
     def nodes(self) -> list[str]:
         c = self.chain
-        return ((c.pre.nodes if c.pre else []) + [c.pool] + ([c.read] if c.read else [])
-                + (c.post.nodes if c.post else []))
+        return ((c.pre.nodes if c.pre else []) + list(c.into) + [c.pool] + ([c.read] if c.read else [])
+                + list(c.out_of) + (c.post.nodes if c.post else []))
 
 
 def build(graph: Graph, chain: PoolChain) -> ChainKernel:
@@ -64,7 +65,8 @@ def build(graph: Graph, chain: PoolChain) -> ChainKernel:
     x = graph.meta(pool.args[0].name)
     if len(x.shape) != nd + 2:
         raise Unsupported(f"the pool's input {list(x.shape)} is not [N, C, {nd} pooled dims]")
-    pooled = graph.meta(chain.read or chain.pool)
+    pooled_value = (chain.out_of or (chain.read or chain.pool,))[-1]  # (what post reads: past a 1-D pool's squeezes)
+    pooled = graph.meta(pooled_value)
     out = graph.meta(chain.out)
     for what, meta in (("input", x), ("result", pooled), ("output", out)):
         if meta.dtype not in _DTYPES:
@@ -82,7 +84,8 @@ def build(graph: Graph, chain: PoolChain) -> ChainKernel:
     prologue: list[str] = []
     spatial = ("i_d", "i_h", "i_w")[3 - nd:]
     if chain.pre is not None:
-        res = _stage(graph, chain.pre, tuple(x.shape), ("img", "c") + spatial, "valid", None, pointer, hoisted,
+        res = _stage(graph, chain.pre, tuple(graph.meta(chain.pre.outputs[0]).shape),
+                     _unviewed(graph, ("img", "c") + spatial, chain.into, up=True), "valid", None, pointer, hoisted,
                      prologue)
         prologue.append(f"v = {_rounded(res, x.dtype)}")
     else:  # the template's own load of the pool's input
@@ -92,11 +95,29 @@ def build(graph: Graph, chain: PoolChain) -> ChainKernel:
         acc = "best" if POOLS[pool.target][0] == "max" else "y"
         if pooled.dtype == "bfloat16" and acc == "y":
             epilogue.append("y = kw_round_bf16(y)")
-        value = chain.read or chain.pool
-        res = _stage(graph, chain.post, tuple(pooled.shape), ("img", "c") + tuple(f"o{d[2]}" for d in spatial),
-                     "mask", (value, acc), pointer, epilogue, epilogue)
+        index = _unviewed(graph, ("img", "c") + tuple(f"o{d[2]}" for d in spatial), chain.out_of, up=False)
+        res = _stage(graph, chain.post, tuple(pooled.shape), index, "mask", (pooled_value, acc), pointer, epilogue,
+                     epilogue)
         epilogue.append(f"{acc} = {res}")
     return ChainKernel(graph, chain, list(params), list(params.values()), out, hoisted, prologue, epilogue)
+
+
+def _unviewed(graph: Graph, index: tuple, views: tuple, up: bool) -> tuple:
+    """The index variables of the pool's input (or output) `index` for the value past `views`:
+    the unsqueezes that made the pool's input (`up`, undone last first) or the squeezes after
+    its output drop the variables of their size-1 dims."""
+    index = list(index)
+    for v in (reversed(views) if up else views):
+        node = graph.node(v)
+        rank = len(graph.meta(node.args[0].name).shape) + (1 if up else 0)
+        dims = node.args[1] if len(node.args) > 1 else []
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        if not up and not dims:  # (squeeze without dims: every size-1 dim)
+            dims = [d for d, n in enumerate(graph.meta(node.args[0].name).shape) if n == 1]
+        for d in sorted((d % rank for d in dims), reverse=True):
+            if up or graph.meta(node.args[0].name).shape[d] == 1:
+                del index[d]
+    return tuple(index)
 
 
 def _stage(graph: Graph, group: Group, shape: tuple, index: tuple, mask: str, own, pointer, hoisted: list[str],

@@ -112,12 +112,14 @@ class PoolChain:
     read: str | None  # the getitem reading a max pool's values (None for an avg pool)
     pre: Group | None
     post: Group | None
+    into: tuple[str, ...] = ()  # unsqueezes from pre's output to the pool's input (a 1-D pool)
+    out_of: tuple[str, ...] = ()  # squeezes from the pooled value to what post reads
 
     @property
     def units(self) -> list[str]:
         """The plan units the chain computes, in program order."""
-        return (([self.pre.id] if self.pre else []) + [self.pool] + ([self.read] if self.read else [])
-                + ([self.post.id] if self.post else []))
+        return (([self.pre.id] if self.pre else []) + list(self.into) + [self.pool] + ([self.read] if self.read else [])
+                + list(self.out_of) + ([self.post.id] if self.post else []))
 
     @property
     def name(self) -> str:
@@ -195,18 +197,46 @@ def _pool_chain(graph: Graph, value: str) -> tuple[tuple[str, ...], str | None]:
     return tuple(pools), (value if pools else None)
 
 
+UNSQUEEZES = ("aten.unsqueeze.default",)
+SQUEEZES = ("aten.squeeze.dims", "aten.squeeze.dim")
+
+
 def feeds_pool(graph: Graph, value: str) -> bool:
-    """Whether `value` reaches a pool through elementwise ops, each the only reader of the last."""
+    """Whether `value` reaches a pool through elementwise ops (and the unsqueezes before a 1-D
+    pool), each the only reader of the last."""
     while value not in graph.outputs and value not in graph.mutations:
         users = graph.users(value)
         if len(users) != 1:
             return False
         if users[0].target in POOLS:
             return True
-        if not _is_pointwise(users[0], graph):
+        if not _is_pointwise(users[0], graph) and users[0].target not in UNSQUEEZES:
             return False
         value = users[0].name
     return False
+
+
+def _views(graph: Graph, value: str, targets: tuple, up: bool) -> tuple[str, list[str]]:
+    """(the value past them, the views) of the chain of `targets` views around `value`: up, the
+    views `value` is made by from another value; down, those made from it; each view the only
+    reader of the value before it, none escaping."""
+    escaping = set(graph.outputs) | set(graph.mutations)
+    views: list[str] = []
+    while True:
+        if up:
+            if graph.is_input(value) or graph.node(value).target not in targets or value in escaping:
+                return value, views
+            src = graph.node(value).args[0].name
+            if len(graph.users(src)) != 1:
+                return value, views
+            views.insert(0, value)
+            value = src
+        else:
+            users = graph.users(value)
+            if len(users) != 1 or users[0].target not in targets or value in escaping or users[0].name in escaping:
+                return value, views
+            value = users[0].name
+            views.append(value)
 
 
 def _views_domain(shape, domain) -> bool:
@@ -468,15 +498,17 @@ def pool_chains(graph: Graph, units: list[Unit]) -> list[PoolChain]:
             if len(reads) != 1 or reads[0].target != "getitem" or reads[0].args[1] != 0:
                 continue
             read = value = reads[0].name
-        x = node.args[0].name
+        x, into = _views(graph, node.args[0].name, UNSQUEEZES, up=True)  # (a 1-D pool's views)
         pre = next((g for g in groups if g.rdims is None and g.outputs == [x]), None)
-        if pre is not None and (x in escaping or [u.name for u in graph.users(x)] != [node.name]):
+        if pre is not None and (x in escaping or [u.name for u in graph.users(x)] != [(into or [node.name])[0]]):
             pre = None
+        value, out_of = _views(graph, value, SQUEEZES, up=False)
         users = {u.name for u in graph.users(value)}
         post = None if value in escaping or not users else \
             next((g for g in groups if g.rdims is None and len(g.outputs) == 1 and users <= set(g.nodes)), None)
         if pre is not None or post is not None:
-            chains.append(PoolChain(node.name, read, pre, post))
+            chains.append(PoolChain(node.name, read, pre, post, tuple(into) if pre else (),
+                                    tuple(out_of) if post else ()))
     return chains
 
 
