@@ -309,6 +309,7 @@ def test_on_the_gpu_the_forward_runs_on_its_inputs_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", Device)
     monkeypatch.setattr(torch.Tensor, "get_device", lambda t: int(t.item()))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     on = torch.tensor
     run = rt._on_the_inputs_device(lambda module, args, state: seen.append(int(args[0])) or "out",
                                    lambda module: (on(module),))

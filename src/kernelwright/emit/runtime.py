@@ -56,14 +56,14 @@ def mode_name(flags):
 def _on_the_inputs_device(run, tensors):
     """`run` on the GPU its tensor arguments are on: generated kernels launch on the current
     device (as Triton's do), which need not be the inputs' (a model moved to cuda:1, called without
-    torch.cuda.set_device). A Fallback when the module's tensors are on another GPU than the inputs
+    torch.cuda.set_device). A Fallback when the module's GPU tensors are on another GPU than the inputs
     (the original forward then raises eager's own error)."""
     current = torch.cuda.current_device
 
     def on_device(module, args):
         at = next((a.get_device() for a in args if isinstance(a, torch.Tensor)), -1)
         state = tensors(module)
-        if state and state[0].get_device() != at:
+        if next((t.get_device() for t in state if t.is_cuda), at) != at:
             return Fallback("parameters on another device than the inputs")
         if at < 0 or at == current():
             return run(module, args, state)
