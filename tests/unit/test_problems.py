@@ -190,3 +190,23 @@ def test_scaled_dot_product_attention_is_captured_as_one_op():
     targets = [n.target for n in graph.nodes]
     assert targets.count("aten.scaled_dot_product_attention.default") == 1, targets
     assert not {"aten.bmm.default", "aten._softmax.default", "aten.arange.start_step"} & set(targets), targets
+
+
+class _Histogram(torch.nn.Module):
+    """A size only the data knows (bincount): no meta kernel, and an unbacked size in the graph."""
+
+    def forward(self, ids, x):
+        return x * 2, torch.bincount(ids.flatten(), minlength=4)[:2].float()
+
+
+def test_a_data_dependent_size_is_a_one_line_capture_error_and_no_problem_error():
+    """The meta-device check cannot run bincount: it leaves the check to the first real run; the
+    capture refuses in one line (the original forward is kept), whatever torch raises inside."""
+    from kernelwright.problem import from_module
+
+    problem = from_module(_Histogram(), [torch.randint(0, 4, (3, 5)), torch.randn(3, 5)])
+    assert problem.check("meta") is None
+    assert len(problem.check("cpu")) == 2
+    with pytest.raises(CaptureError, match="sizes by tensor values") as info:
+        capture(problem)
+    assert "\n" not in str(info.value)

@@ -95,12 +95,22 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
             if decompose:
                 ep = ep.run_decompositions(_decompositions())
         except Exception as e:  # noqa: BLE001 - export raises many types
-            first = (str(e).strip().splitlines() or [""])[0]
-            if "data-dependent" in str(e) or "DataDependent" in type(e).__name__:
-                raise CaptureError("the forward branches on or sizes by tensor values (.item(), a data-dependent "
-                                   f"condition), which torch.export cannot trace: {first[:200]}") from e
-            raise CaptureError(f"torch.export failed: {type(e).__name__}: {first[:300]}") from e
-    return _to_graph(ep, name, model)
+            raise _export_error(e, "torch.export failed") from e
+    try:
+        return _to_graph(ep, name, model)
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. a size only known from the data (bincount, nonzero)
+        raise _export_error(e, "the exported graph cannot be read") from e
+
+
+def _export_error(e: Exception, what: str) -> CaptureError:
+    """The one-line CaptureError for an exception of torch.export (or of reading its graph)."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    if "data-dependent" in str(e) or "DataDependent" in type(e).__name__:
+        return CaptureError("the forward branches on or sizes by tensor values (.item(), a data-dependent "
+                            f"condition or size), which torch.export cannot trace: {first[:200]}")
+    return CaptureError(f"{what}: {type(e).__name__}: {first[:300]}")
 
 
 def tensor_attribute(model: torch.nn.Module, fqn: str | None) -> torch.Tensor | None:

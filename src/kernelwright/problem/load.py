@@ -89,8 +89,9 @@ class Problem:
         """Run the model once on `device` (meta by default: shapes only) and check its outputs.
 
         Returns the outputs as a flat list of tensors; raises ProblemError for bad problems. A
-        forward that reads tensor values (.item()) cannot run on the meta device: then None, and
-        the first run on real data (optimize runs eager before any work) is the check.
+        forward that reads tensor values (.item()) or calls an op without a meta kernel cannot run
+        on the meta device: then None, and the first run on real data (optimize runs eager before
+        any work) is the check.
         """
         model = self.make_model(device)
         inputs = self.make_inputs(0, device)
@@ -98,8 +99,8 @@ class Problem:
             with torch.no_grad(), quiet_torch_logs():
                 out = model(*inputs)
         except Exception as e:  # noqa: BLE001 - user code
-            if str(device) == "meta" and "meta tensor" in str(e):
-                return None
+            if str(device) == "meta" and ("meta tensor" in str(e).lower() or isinstance(e, NotImplementedError)):
+                return None  # (a value read, or an op without a meta kernel such as bincount)
             raise ProblemError(self.where, f"forward raised {type(e).__name__}: {_first_line(e)}") from e
         return flatten_outputs(out, self.where)
 
