@@ -30,3 +30,18 @@ def test_a_recurrent_layer_without_dropout_is_one_forward_for_both_modes():
 def test_a_batch_norm_still_gets_a_forward_per_mode():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     assert _modes(model, torch.randn(2, 3, 8, 8))[1] == ["train", "eval"]
+
+
+def test_a_forward_hook_that_reads_the_mode_makes_its_module_mode_dependent():
+    """The old-style spectral norm is a forward pre-hook (a callable object) that runs its power
+    iteration, updating buffers, in training mode only: its module gets a forward per mode. A
+    hook function is read like a class."""
+    model = nn.Sequential(nn.utils.spectral_norm(nn.Linear(4, 4)), nn.Linear(4, 2))
+
+    def scale_in_training(module, args):
+        return (args[0] * 2,) if module.training else args
+
+    model[1].register_forward_pre_hook(scale_in_training)
+    sensitive, modes = _modes(model, torch.randn(3, 4))
+    assert sensitive == ["0", "1"] and modes == ["train", "eval"]
+    assert _modes(nn.Sequential(nn.Linear(4, 4)), torch.randn(3, 4)) == ([], ["any"])

@@ -23,8 +23,27 @@ __all__ = ["mode_modules", "reads_training", "training_modes"]
 
 
 def mode_modules(model: torch.nn.Module) -> list[str]:
-    """Qualified names ("" for the root) of the submodules whose result depends on their training flag."""
-    return [name for name, m in model.named_modules() if reads_training(type(m))]
+    """Qualified names ("" for the root) of the submodules whose result depends on their training
+    flag: their class reads it, or a forward hook on them does (the old-style spectral norm's
+    power iteration runs in training mode only)."""
+    return [name for name, m in model.named_modules() if reads_training(type(m)) or _hooks_read_training(m)]
+
+
+def _hooks_read_training(m: torch.nn.Module) -> bool:
+    """Whether a forward (pre-)hook of `m` reads `training`: a function's source, or a callable
+    object's class (True when unknown, as for classes)."""
+    hooks = [*m._forward_pre_hooks.values(), *m._forward_hooks.values()]
+    for hook in hooks:
+        if inspect.isfunction(hook) or inspect.ismethod(hook):
+            try:
+                source = inspect.getsource(hook)
+            except (OSError, TypeError):
+                return True
+            if _names_training(source):
+                return True
+        elif reads_training(type(hook)):
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=None)
