@@ -535,3 +535,39 @@ def test_a_large_tensor_attribute_is_an_input_not_a_literal():
     kinds = {i.fqn: i.kind for i in graph.inputs if i.kind in ("attribute", "constant")}
     assert kinds.get("mask") == "attribute" and "constant" in kinds.values(), kinds
     assert next(i.name for i in graph.inputs if i.fqn == "mask") in weight_roots(graph)
+
+
+SPECTRAL = """import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.utils.spectral_norm(nn.Conv2d(3, 8, 3, padding=1))
+
+    def forward(self, x):
+        return F.leaky_relu(self.c(x), 0.2).mean((2, 3))
+
+
+batch_size = 2
+
+
+def get_inputs():
+    return [torch.randn(batch_size, 3, 6, 6)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_an_old_style_spectral_norm_passes_every_check(tmp_path):
+    """nn.utils.spectral_norm is a forward pre-hook that runs its power iteration (updating two
+    buffers) in training mode only: the module gets a forward per mode (capture.modes reads the
+    hook), and the training forward verifies: its normalization goes through an expand that one
+    group computes and another reads, specialised for its stride-0 layout, which the group writes."""
+    outcome = _check_text(tmp_path, SPECTRAL)
+    assert outcome.status == "ok", outcome
+    assert "original forward kept" not in (tmp_path / "out" / "model_new.py").read_text()

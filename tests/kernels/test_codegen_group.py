@@ -309,3 +309,17 @@ def test_a_training_batch_norm_over_a_gemm_result_runs_split_and_row_schedules(t
         k, _, outs = _run(graph, group, env, cfg, tmp_path, f"bn1d_{tag}")
         assert ("_partial" in k.source) == (tag != "row")
         _compare(k, outs, env)  # the normalised result and the new running mean and variance
+
+
+def test_an_output_is_written_in_its_recorded_layout_or_a_broadcast_of_one():
+    """Dense permutations (contiguous, transposed) and broadcasts of them (an expand the group ends
+    with: its readers are specialised for stride 0) keep their recorded strides; anything else (a
+    slice's gaps, another rank) is written contiguous."""
+    from kernelwright.capture.graph import TensorMeta
+    from kernelwright.codegen.triton_group import written_stride
+
+    assert written_stride(TensorMeta((4, 3), (1, 4), "float32"), 2) == (1, 4)
+    assert written_stride(TensorMeta((27,), (0,), "float32"), 1) == (0,)
+    assert written_stride(TensorMeta((4, 3), (1, 0), "float32"), 2) == (1, 0)
+    assert written_stride(TensorMeta((4, 3), (6, 1), "float32"), 2) == (3, 1)  # (a slice: gaps)
+    assert written_stride(TensorMeta((4, 3), (0, 1), "float32"), 3) == (3, 1)  # (not of the domain's rank)

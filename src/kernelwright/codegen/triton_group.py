@@ -103,9 +103,12 @@ def welford_update(n: str, mean: str, m2: str, delta: str, x: str, start: str) -
 def written_stride(meta: TensorMeta, domain_rank: int) -> tuple[int, ...]:
     """The layout a group kernel writes an output in (and allocates it with): the recorded one
     (e.g. channels-last) for an output of the domain's rank whose layout is a dense permutation,
-    else contiguous."""
-    if len(meta.shape) == domain_rank and dense_permuted(meta.shape, meta.stride):
-        return tuple(meta.stride)
+    or a broadcast of one (an expand the group ends with: stride 0 along the broadcast dims, as its
+    readers were specialised for; every lane along them stores the same value), else contiguous."""
+    if len(meta.shape) == domain_rank:
+        kept = [(n, s) for n, s in zip(meta.shape, meta.stride) if s != 0 or n == 1]
+        if dense_permuted([n for n, _ in kept], [s for _, s in kept]):
+            return tuple(meta.stride)
     return contiguous_strides(meta.shape)
 
 
