@@ -120,7 +120,8 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         if mode in forwards:
             r["verify"], r["timing"] = _final_checks(p, path, policy, device, timed, log, opts.cuda_graphs,
                                                      opts.compile_mode, what=f"{mode} mode", memory=memory,
-                                                     store=_store(p, opts, policy, device, timed, mode, overrides))
+                                                     store=_store(p, opts, policy, device, timed, mode, overrides),
+                                                     also=p.in_mode(not p.training) if mode == "any" else None)
             why = not_shipped(r)
             if why is None:
                 continue
@@ -180,10 +181,10 @@ def _store(problem, opts: Options, policy, device, timed: bool, mode: str, overr
 
 
 def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, compile_mode="default", what=None,
-                  memory=None, store=None):
+                  memory=None, store=None, also=None):
     """measure.final_checks on the module written at `path`, its ModelNew built with the reference's
     weights. `store` (from `_store`): its timing of these files is reused unless retuning, and a new
-    one is kept."""
+    one is kept. `also`: the problem in the other training mode, verified too (final_checks)."""
     mod = import_model_new(path)
     stored = keep = None
     if store is not None:
@@ -198,7 +199,7 @@ def _final_checks(problem, path, policy, device, timed, log, cuda_graphs=False, 
         return m
 
     return final_checks(problem, mod, build, policy, device, timed, log, cuda_graphs, compile_mode, what, memory,
-                        stored, keep)
+                        stored, keep, also)
 
 
 def _original_checks(problem, path, policy, device, timed, log, compile_mode):

@@ -361,3 +361,29 @@ def test_verification_fails_a_candidate_returning_another_structure():
     res = verify(problem, _Reordered, get_policy("fp32"), "cpu", n_sets=2)
     assert not res.passed and res.failed_check == "outputs"
     assert "returned ((T,), (None, [T, T])), the model returns {'logits': T, 'aux': (None, [T, T])}" in res.reason
+
+
+class _Hidden(nn.Module):
+    """Reads its mode where no search for the name `training` finds it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y * 2 if getattr(self, "train" + "ing") else y
+
+
+def test_a_forward_for_both_modes_is_verified_in_both(tmp_path):
+    """No submodule is found to depend on the mode, so one forward ("any", captured in training
+    mode) would serve both; verified in eval mode too, it fails there, and the original forward
+    is kept, saying why."""
+    from kernelwright.problem import from_module
+
+    problem = from_module(_Hidden().train(), [torch.randn(4, 8)], "hidden")
+    result = optimize_problem(problem, tmp_path, Options(budget_trials=1, device="cpu", log=lambda s: None))
+    assert result["mode"] == "any"
+    failed = result["verify_fallback"]
+    assert not failed["passed"] and failed["reason"].startswith("in eval mode too: "), failed
+    assert "original forward kept" in (tmp_path / "model_new.py").read_text()

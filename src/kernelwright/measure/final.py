@@ -74,7 +74,7 @@ def replay_paths(graphs: dict) -> list[dict]:
 
 
 def final_checks(problem, module, build, policy, device, timed, log, cuda_graphs=False, compile_mode="default",
-                 what=None, memory=None, stored: dict | None = None, keep=None):
+                 what=None, memory=None, stored: dict | None = None, keep=None, also=None):
     """Verify the emitted module and, on a GPU, time it beside eager and torch.compile (in
     `compile_mode`, which timing["compile_mode"] names; its timing is keyed "compile"). With
     `cuda_graphs`, the same module replaying its forward as CUDA graphs is verified and timed too;
@@ -86,12 +86,20 @@ def final_checks(problem, module, build, policy, device, timed, log, cuda_graphs
     when `graphs`). `memory` (a MemoryPeak) gets the verification's and the timing's peaks.
     `stored`: this module's timing from an earlier run (measure/stored.py), reported instead of
     timing again once the module verifies (and its CUDA-graph replay, when that was chosen);
-    `keep(timing)` is called with a timing measured here."""
+    `keep(timing)` is called with a timing measured here. `also`: the problem in the other training
+    mode, where a forward that serves both ("any": no submodule found to depend on the mode) is
+    verified too, before any timing: a dependence the search for mode-dependent code missed fails
+    there instead of shipping a forward wrong in one mode."""
     mod = module
     v = verify(problem, build, policy, device)
     if what and v.passed and mod._KW_WARNED:
         v.passed, v.failed_check = False, "fallback"
         v.reason = f"the {what} forward ran the original forward for a call with {sorted(mod._KW_WARNED)[0]}"
+    if also is not None and v.passed:
+        other = verify(also, build, policy, device)
+        if not other.passed:
+            other.reason = f"in {'train' if also.training else 'eval'} mode too: {other.reason}"
+            v = other
     if memory is not None:
         memory.mark("verify")
     log((f"{what}: " if what else "") + f"verify: {'PASS' if v.passed else 'FAIL'} excess {v.excess:.3g} (eager {v.eager_excess:.3g}, threshold {v.threshold:.3g})"
