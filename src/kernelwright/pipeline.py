@@ -98,9 +98,10 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     results: dict[str, dict] = {}
     forwards: dict[str, ModeForward] = {}
     for i, mode in enumerate(modes):
-        forward, results[mode] = _generate(_in_mode(problem, mode), mode, policy, device, timed,
-                                           out_dir / ".build" / mode, opts.mode_share(i, len(modes)), out_dtypes,
-                                           keys[mode], graphs.get(mode))
+        p = _in_mode(problem, mode)  # (eager's output dtypes under autocast may differ by mode: a fast path)
+        dtypes = out_dtypes if p.training == problem.training else baseline_output_dtypes(p, policy, device)
+        forward, results[mode] = _generate(p, mode, policy, device, timed, out_dir / ".build" / mode,
+                                           opts.mode_share(i, len(modes)), dtypes, keys[mode], graphs.get(mode))
         if forward is not None:
             forwards[mode] = forward
     memory.mark("tune")

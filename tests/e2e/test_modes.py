@@ -387,3 +387,32 @@ def test_a_forward_for_both_modes_is_verified_in_both(tmp_path):
     failed = result["verify_fallback"]
     assert not failed["passed"] and failed["reason"].startswith("in eval mode too: "), failed
     assert "original forward kept" in (tmp_path / "model_new.py").read_text()
+
+
+class _DtypeByMode(nn.Module):
+    """Under bf16 autocast its training result is float32 (a layer norm), its eval result bf16 (a Linear)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.ln = nn.Linear(8, 8), nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.ln(torch.relu(x)) if self.training else self.fc(torch.relu(x))
+
+
+def test_each_modes_forward_returns_eagers_dtype_in_that_mode(tmp_path):
+    """Eager's output dtypes under the bf16 policy's autocast are read in each mode: the eval forward
+    returns bf16 as eager's eval call does, the training forward float32."""
+    from kernelwright.problem import from_module
+
+    model = _DtypeByMode().train()
+    problem = from_module(model, [torch.randn(4, 8)], "dtype_by_mode")
+    result = optimize_problem(problem, tmp_path, Options(budget_trials=1, device="cpu", precision="bf16",
+                                                         log=lambda s: None))
+    assert set(result["modes"]) == {"train", "eval"}
+    mod = import_model_new(tmp_path / "model_new.py")
+    fast = mod.attach(copy.deepcopy(model))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        assert fast.train()(x).dtype == torch.float32
+        assert fast.eval()(x).dtype == torch.bfloat16

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 
 from kernelwright.measure.timer import require_gpu, time_interleaved
-from kernelwright.problem.load import eager_under
+from kernelwright.problem.load import eager_under, flatten_outputs
 
 __all__ = ["Baselines", "Timings", "baseline_output_dtypes", "make_baselines", "time_problem"]
 
@@ -25,8 +25,7 @@ def baseline_output_dtypes(problem, policy, device) -> list | None:
         outs = problem.make_model(device)(*problem.make_inputs(0, device))
     if policy.autocast_dtype is None:
         return None
-    outs = outs if isinstance(outs, (tuple, list)) else [outs]
-    return [o.dtype if isinstance(o, torch.Tensor) else None for o in outs]
+    return [o.dtype for o in flatten_outputs(outs, problem.where)]
 
 
 class Baselines(dict):
