@@ -308,3 +308,26 @@ def test_two_pool_chains_sharing_a_group_ship_one(tmp_path):
     chains = [g for g in result["groups"] if g["kind"] == "pool_chain"]
     assert len(chains) == 1 and chains[0]["strategy"] == "triton", result["groups"]
     assert len(list((tmp_path / "out" / "kernels").glob("*_chain.py"))) == 1
+
+
+def test_a_convolution_kept_nchw_after_a_channels_last_one_is_viewed_through_a_copy(tmp_path):
+    """Under tf32 the first convolution runs channels-last; the second, whose result is flattened
+    (a view channels-last strides cannot express), is kept NCHW, but the library convolves its
+    channels-last input into a channels-last result: the flatten reads an explicit contiguous copy
+    (it raised out of the search before)."""
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.Conv2d(8, 16, 3, stride=2, padding=1)
+            self.fc = nn.Linear(64, 4)
+
+        def forward(self, x):
+            return self.fc(self.c2(torch.nn.functional.leaky_relu(self.c1(x), 0.2)).flatten(1))
+
+    problem = from_module(Encoder(), [torch.randn(2, 3, 8, 8)])
+    result = optimize_problem(problem, tmp_path / "out",
+                              Options(device="cpu", budget_trials=1, precision="tf32",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert any("kept NCHW" in r for r in result["rewrites"]) and result["capture"] == "ok"
+    assert result["verify"]["passed"], result["verify"]

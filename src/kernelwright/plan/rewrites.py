@@ -634,6 +634,8 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
             view = _viewed_as_nchw(graph, n)
             if view is not None:
                 notes.append(f"{n.name}: kept NCHW ({view} views its result as channels-last strides cannot)")
+                if any(isinstance(a, Ref) and a.name in cl for a in n.args[:2]):
+                    unsure.add(n.name)  # (the library convolves a channels-last input into a channels-last result)
                 nodes.append(n)
                 continue
             args = list(n.args)
@@ -682,7 +684,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
         keeps = keeps or (n.target in NORMS and n.inputs and n.inputs[0] in cl)
         keeps = keeps or (n.target == "getitem" and n.args[0].name in cl and n.meta is not None
                           and len(n.meta.shape) in fmt)
-        if not keeps and n.target not in _VIEWS and any(i in cl for i in n.inputs):
+        if not keeps and n.target not in _VIEWS and any(i in cl or i in unsure for i in n.inputs):
             unsure.add(n.name)  # computed by the library from a channels-last value: its layout is the library's
         if keeps and n.name not in graph.mutations and n.name not in graph.outputs:
             outs = [_channels_last(m) if m is not None and len(m.shape) in fmt
