@@ -168,7 +168,16 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
         opts.log(("" if mode == "any" else f"{mode} mode: ") + f"capture failed: {e}; the original forward runs there")
         record["capture"] = str(e)
         return None, record
-    tuned = tune_plan(problem, plan, policy, device, timed, cache_dir, opts, record)
+    try:
+        tuned = tune_plan(problem, plan, policy, device, timed, cache_dir, opts, record)
+    except Exception as e:  # noqa: BLE001 - a fault of ours: this mode keeps its original forward, said in one line
+        if watchdog.is_device_fault(e):
+            raise  # (the CUDA context is lost: nothing more can run in this process)
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        opts.log(("" if mode == "any" else f"{mode} mode: ") + f"tuning failed ({type(e).__name__}: {first}); "
+                 "the original forward runs there")
+        record["capture"] = f"tuning failed: {type(e).__name__}: {first}"
+        return None, record
     record["plan"] = plan
     return ModeForward(mode, plan, tuned.kernels, tuned.sources, tuned.summary, tuned.support, keys), record
 

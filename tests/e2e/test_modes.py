@@ -416,3 +416,20 @@ def test_each_modes_forward_returns_eagers_dtype_in_that_mode(tmp_path):
     with torch.no_grad():
         assert fast.train()(x).dtype == torch.float32
         assert fast.eval()(x).dtype == torch.bfloat16
+
+
+def test_a_failure_inside_tuning_keeps_the_original_forward_and_says_why(tmp_path, monkeypatch):
+    """An exception out of the search (a fault of kernelwright's) is no traceback out of optimize:
+    that mode runs the original forward, and the reason is one line in result.json."""
+    import kernelwright.pipeline as pipeline
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("view size is not compatible\nwith input tensor's size and stride")
+
+    monkeypatch.setattr(pipeline, "tune_plan", broken)
+    problem = load_problem(os.path.join(FIX, "conv_bn_dropout.py"))
+    result = optimize_problem(problem, tmp_path, Options(budget_trials=1, device="cpu", mode="eval",
+                                                         log=lambda s: None))
+    assert result["capture"] == "tuning failed: RuntimeError: view size is not compatible"
+    assert result["verify"]["passed"]  # (the original forward, verified as the module that ships)
+    assert "_kw_forward" not in (tmp_path / "model_new.py").read_text()
