@@ -331,3 +331,29 @@ def test_a_convolution_kept_nchw_after_a_channels_last_one_is_viewed_through_a_c
                                       db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
     assert any("kept NCHW" in r for r in result["rewrites"]) and result["capture"] == "ok"
     assert result["verify"]["passed"], result["verify"]
+
+
+def test_a_pool_chain_leaves_a_cast_that_the_next_convolution_computes(tmp_path):
+    """Under bf16 the next convolution's kernel computes the bf16 cast of the pooled value itself;
+    a pool chain must not take that cast as its epilogue (the convolution reads the pooled value,
+    which the chain would no longer write)."""
+
+    class Audio(nn.Module):  # (the M5 audio network's first stages)
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv1d(1, 8, 16, stride=4), nn.Conv1d(8, 8, 3)
+            self.b1, self.b2 = nn.BatchNorm1d(8), nn.BatchNorm1d(8)
+            self.fc = nn.Linear(8, 5)
+
+        def forward(self, x):
+            x = torch.nn.functional.max_pool1d(torch.relu(self.b1(self.c1(x))), 4)
+            x = torch.nn.functional.max_pool1d(torch.relu(self.b2(self.c2(x))), 2)
+            return self.fc(torch.nn.functional.avg_pool1d(x, x.shape[-1]).permute(0, 2, 1))
+
+    problem = from_module(Audio(), [torch.randn(2, 1, 400)])
+    result = optimize_problem(problem, tmp_path / "out",
+                              Options(device="cpu", budget_trials=1, precision="bf16", no_library=True,
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert not [m for m, r in result["modes"].items() if "verify_fallback" in r], result["modes"]  # both ship
+    assert any(g["kind"] == "pool_chain" and g["strategy"] == "triton" for r in result["modes"].values()
+               for g in r["groups"])

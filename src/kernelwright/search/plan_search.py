@@ -11,6 +11,7 @@ documented default, verified in the Triton interpreter.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -420,6 +421,12 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
     except Unsupported as e:
         row.note = f"no template: {e}"
         return
+    taken = {job.fused_into[u] for u in absorbed if u in job.fused_into} - {pair.anchor}
+    if any(owner not in job.chained or not job.chained[owner] <= set(pair.units) for owner in taken):
+        # a group the kernel would take in (a bf16 cast after a pool) is computed inside another
+        # kernel (that pool's chain), which does not write the value the group reads
+        row.note = f"{', '.join(absorbed)}: computed inside {', '.join(sorted(taken))} already"
+        return
     if absorbed:
         row.id = "+".join(absorbed + [row.id])
         row.ops = [graph.node(n).op for u in absorbed for n in _unit_nodes(plan, u)] + row.ops
@@ -448,8 +455,12 @@ def _tune_chain(job: _Job, plan, chain, per_trials, per_s) -> None:
     units' chosen implementations only when verified and faster than they are one after the
     other (with no_library: whenever it verifies)."""
     graph = job.graph
-    if any(u in job.fused_into for u in chain.units):
-        return  # another chain's kernel computes one of its units (the group between two pools)
+    if chain.post is not None and _absorbed_unit(job, chain.post.id):  # (a cast the next convolution computes)
+        chain = dataclasses.replace(chain, post=None, out_of=())
+    if chain.pre is not None and _absorbed_unit(job, chain.pre.id):
+        chain = dataclasses.replace(chain, pre=None, into=())
+    if (chain.pre is None and chain.post is None) or any(u in job.fused_into for u in chain.units):
+        return  # another kernel computes one of its units (the group between two pools)
     row = UnitResult(chain.name, "pool_chain", [graph.node(n).op for u in chain.units for n in _unit_nodes(plan, u)])
     job.rows.append(row)
     try:
@@ -557,6 +568,12 @@ def _absorbable_groups(graph, units, templates) -> set[int]:
             if pattern:
                 gone |= set(pattern[0]) - {u.node}
     return {id(u) for u in _groups_within(units, gone)}
+
+
+def _absorbed_unit(job: _Job, unit: str) -> bool:
+    """Whether a node's kernel computes the group `unit` inside itself (`_drop_absorbed_groups`; a
+    fused kernel's units are in job.fused_into instead)."""
+    return unit in job.out.kernels and job.out.kernels[unit] is None and unit not in job.fused_into
 
 
 def _drop_absorbed_groups(plan, absorbs, by: str, out: Tuned, rows: list[UnitResult]) -> None:
