@@ -313,8 +313,8 @@ def test_two_pool_chains_sharing_a_group_ship_one(tmp_path):
 def test_a_convolution_kept_nchw_after_a_channels_last_one_is_viewed_through_a_copy(tmp_path):
     """Under tf32 the first convolution runs channels-last; the second, whose result is flattened
     (a view channels-last strides cannot express), is kept NCHW, but the library convolves its
-    channels-last input into a channels-last result: the flatten reads an explicit contiguous copy
-    (it raised out of the search before)."""
+    channels-last input into a channels-last result: the flatten reads an explicit contiguous copy,
+    not a view of a layout the library did not give."""
 
     class Encoder(nn.Module):
         def __init__(self):
