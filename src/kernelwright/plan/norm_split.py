@@ -165,7 +165,13 @@ def split_norms_before_pools(graph: Graph) -> tuple[Graph, list[str]]:
 
         def shifted(mean, meta):  # the mean of t + b + ...: the shifts added to t's
             for k, b in enumerate(m.shifts):
-                mean = op(f"{n.name}_mean_shifted{k or ''}", "aten.add.Tensor", (mean, Ref(b)), meta)
+                shift = Ref(b)
+                bm = graph.meta(b)
+                if tuple(bm.shape) != tuple(meta.shape) and bm.numel == meta.numel:  # ([C, 1, 1] as the statistics'
+                    # [1, C, 1, 1]: an operand of the statistics' own shape, which their reduction kernel reads)
+                    shift = op(f"{n.name}_shift{k or ''}", "aten.view.default", (shift, list(meta.shape)),
+                               TensorMeta.dense(meta.shape, bm.dtype))
+                mean = op(f"{n.name}_mean_shifted{k or ''}", "aten.add.Tensor", (mean, shift), meta)
             return mean
 
         def stats(source, dims, meta):
