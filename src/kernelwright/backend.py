@@ -173,11 +173,11 @@ def _specialised(gm: torch.fx.GraphModule, inputs, state: list[int], options: di
     AOTAutograd graph), else the call's inputs themselves (a Dynamo graph, whose parameters are
     lifted). The sizes a graph returns are read from one run of it on copies (the call's own state
     is not touched; 0-d tensors of a graph with symbolic sizes can be values such as an eps)."""
-    copies = None
-    if copy or _returns_sizes(gm):
+    copies, returns_sizes = None, _returns_sizes(gm)
+    if copy or returns_sizes:
         copies = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
     sizes = {("in", i): int(x) if _is_size(x) else x.clone() for i, x in enumerate(inputs) if _is_size(x) or _is_value(x)}
-    if _returns_sizes(gm):
+    if returns_sizes:
         with torch.no_grad():
             outs = gm(*copies)
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)

@@ -33,17 +33,8 @@ def _hooks_read_training(m: torch.nn.Module) -> bool:
     """Whether a forward (pre-)hook of `m` reads `training`: a function's source, or a callable
     object's class (True when unknown, as for classes)."""
     hooks = [*m._forward_pre_hooks.values(), *m._forward_hooks.values()]
-    for hook in hooks:
-        if inspect.isfunction(hook) or inspect.ismethod(hook):
-            try:
-                source = inspect.getsource(hook)
-            except (OSError, TypeError):
-                return True
-            if _names_training(source):
-                return True
-        elif reads_training(type(hook)):
-            return True
-    return False
+    return any(_code_reads_training(hook) if inspect.isfunction(hook) or inspect.ismethod(hook)
+               else reads_training(type(hook)) for hook in hooks)
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,13 +43,17 @@ def reads_training(cls: type) -> bool:
     for klass in cls.__mro__:
         if klass is torch.nn.Module or klass is object:
             break
-        try:
-            source = inspect.getsource(klass)
-        except (OSError, TypeError):
-            return True
-        if _names_training(source):
+        if _code_reads_training(klass):
             return True
     return False
+
+
+def _code_reads_training(obj) -> bool:
+    """Whether the source of a class or function names `training` (True when it cannot be read)."""
+    try:
+        return _names_training(inspect.getsource(obj))
+    except (OSError, TypeError):
+        return True
 
 
 def _names_training(source: str) -> bool:

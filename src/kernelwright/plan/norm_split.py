@@ -89,7 +89,7 @@ def _source(graph: Graph, x: str, reader: str, dims: list[int]) -> tuple[str, li
         reader, x = x, add[0]
     if not _elementwise(graph, x):
         return x, shifts, None
-    add = _broadcast_add(graph, x, reader)
+    # (`add`: the loop's last look, an add not constant over `dims`, or None)
     if add is None or _elementwise(graph, add[0]):
         return None
     return x, shifts, add
