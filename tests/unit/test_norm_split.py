@@ -159,3 +159,21 @@ def test_a_batch_norm_before_a_1d_pool_splits_through_the_pools_unsqueeze():
     with torch.no_grad():
         env = run_graph(graph, model, [x], keep=True)
         torch.testing.assert_close(env[graph.outputs[0]], reference(x), rtol=1e-10, atol=1e-10)
+
+
+def test_layer_norm_statistics_of_a_channels_last_convolution_keep_its_channels_innermost():
+    """Under tf32 the convolution runs channels-last; the layer norm's statistics over its last dim
+    are laid out with the channels innermost too (so the pool chain's per-element reads of them
+    run along the channels as its reads of the convolution do), and the result is unchanged."""
+    torch.manual_seed(0)
+    model = ConvNormPool("layer", affine=True, shift=True, bias=False, nd=3)
+    x = torch.randn(2, 3, 4, 6, 4)
+    graph, _ = _rewritten(model, x, policy="tf32")
+    conv = next(n for n in graph.nodes if n.target == "aten.convolution.default")
+    assert conv.meta.stride[1] == 1  # (channels-last)
+    mean = next(n for n in graph.nodes if n.name.endswith("_mean") and n.target == "aten.mean.dim")
+    assert mean.meta.shape == (2, 6, 4, 6, 1) and mean.meta.stride == (144, 1, 36, 6, 6)
+    model, x = model.double(), x.double()
+    with torch.no_grad():
+        env = run_graph(graph, model, [x], keep=True)
+        torch.testing.assert_close(env[graph.outputs[0]], model(x), rtol=1e-10, atol=1e-10)

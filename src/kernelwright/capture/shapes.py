@@ -73,6 +73,19 @@ def channels_last_strides(shape) -> tuple[int, ...]:
     return (c * math.prod(spatial), inner[-1]) + tuple(inner[:-1])
 
 
+def strides_ordered_like(shape, like) -> tuple[int, ...]:
+    """Dense strides of a tensor of `shape` whose dims lie in memory in the order of the strides
+    `like` (of a tensor of the same rank): the largest stride outermost, ties in dim order. A
+    reduction over trailing dims of a channels-last tensor gets a channels-last result so, its
+    channels innermost as in its input."""
+    order = sorted(range(len(shape)), key=lambda d: (-like[d], d))
+    out, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        out[d] = acc
+        acc *= shape[d]
+    return tuple(out)
+
+
 def dense_permuted(shape, stride) -> bool:
     """Whether a layout covers its elements exactly once, in some order of the dims (contiguous,
     channels-last, a transpose; not an expanded / stride-0 or a sliced view)."""

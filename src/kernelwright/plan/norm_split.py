@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, rebuilt
+from kernelwright.capture.shapes import strides_ordered_like
 from kernelwright.ops import POINTWISE
 from kernelwright.plan.fusion import feeds_pool
 
@@ -213,7 +214,12 @@ def split_norms_before_pools(graph: Graph) -> tuple[Graph, list[str]]:
                     op(items[k].name, "aten.add.Tensor", (new, running), vec, {"alpha": 1.0 - momentum})
             what = "training batch norm"
         elif n.target == _LN:
-            row = TensorMeta.dense(tuple(1 if d in m.dims else s for d, s in enumerate(xm.shape)), "float32")
+            shape = tuple(1 if d in m.dims else s for d, s in enumerate(xm.shape))
+            # statistics laid out like the input (channels innermost for a channels-last convolution's
+            # result), so the kernel that writes them and the apply that reads them per element both
+            # walk them in the input's order; the saved mean and rstd the model returns stay dense
+            row = TensorMeta.dense(shape, "float32") if 1 in items or 2 in items else \
+                TensorMeta(shape, strides_ordered_like(shape, xm.stride), "float32")
             mean, _, rstd = stats(read("input_stats"), m.dims, row)
             apply(mean, rstd, n.args[2], n.args[3], None)  # (w and b have the normalized shape: they broadcast)
             for k, v in {1: shifted(mean, row) if 1 in items else None, 2: rstd}.items():
