@@ -36,6 +36,8 @@ CASES = {
     "conv2d-bf16-tensors": (False, (8, 128, 64, 64), (128, 128, 1, 1), {}, "bf16-tensors", "cl", False, 2),
     "conv3d-cl-tf32-epi": (False, (4, 64, 32, 32, 32), (64, 64, 3, 3, 3), dict(padding=1), "tf32", "cl", True, 2),
     "conv1d-cin3-fold": (False, (16, 3, 4096), (64, 3, 7), dict(stride=2, padding=3), "tf32", "nchw", False, 1),
+    "conv2d-cin8-fold-epi": (False, (128, 8, 256, 256), (32, 8, 3, 3), {}, "tf32", "cl", True, 2),
+    "stem7x7-cin3-bf16": (False, (32, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3), "bf16", "nchw", False, 1),
     "grouped4": (False, (16, 128, 28, 28), (128, 32, 3, 3), dict(padding=1, groups=4), "tf32", "cl", False, 1),
     "depthwise": (False, (16, 64, 56, 56), (64, 1, 3, 3), dict(padding=1, groups=64), "fp32", "nchw", False, 1),
     "convT2d-s2-tf32-epi": (True, (16, 128, 32, 32), (128, 64, 4, 4), dict(stride=2, padding=1), "tf32", "cl", True, 3),

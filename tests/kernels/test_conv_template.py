@@ -86,6 +86,9 @@ FORWARD = {
     "depthwise": (2, 5, 5, (6, 7), (3, 3), dict(stride=2, padding=1, groups=5)),
     "multiplier": (1, 3, 6, (5, 5), (3, 1), dict(padding=(1, 0), groups=3)),  # 2 output channels per input
     "3d-depthwise": (1, 4, 8, (3, 4, 4), (3, 3, 3), dict(padding=1, groups=4)),
+    # folded taps tested by one bit per tap: 49 taps in 64-bit masks, 81 past them (bounds per element)
+    "2d-7x7-stem": (1, 3, 5, (9, 8), (7, 7), dict(stride=2, padding=3)),
+    "2d-9x9": (1, 2, 4, (7, 10), (9, 9), dict(padding=(4, 1), stride=(1, 2))),
 }
 
 
