@@ -156,6 +156,13 @@ def conv_space(
         c = cfg(bm, bn, bk, w, s)
         if ok(c) and c not in seeds:
             seeds.append(c)
+    # seeds whose tile repeats an earlier seed's (after the shrinking toward a small N, only warps or
+    # stages differ) go after the distinct tiles, so that a search of two or three trials compares
+    # tile shapes rather than pipeline depths
+    first: dict[tuple, dict] = {}
+    for c in seeds:
+        first.setdefault((c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]), c)
+    seeds = list(first.values()) + [c for c in seeds if c not in first.values()]
     cands = [dict(zip(AXES, v)) for v in itertools.product(*AXES.values())]
     rest = sorted((c for c in cands if ok(c) and c not in seeds), key=score, reverse=True)
     out = seeds + rest
