@@ -1,13 +1,15 @@
 """Dev tool (GPU): the convolution template's first configs against cuDNN, on 3x3 / 1x1 stride-1
 shapes of the level-2 problems and ResNets, input channels-last or NCHW, tf32 and bf16.
 
-For each shape, policy and layout: cuDNN (torch.nn.functional.conv2d / conv3d) and the first
+For each shape, policy and layout (channels-last, NCHW, or a channels-last input convolved into an
+NCHW output, as a fused convolution whose result the model returns writes it): cuDNN (torch.nn.functional.conv2d / conv3d) and the first
 `--configs` configs of `conv_space` for that shape (box configs, which read the input through
 tensor descriptors, alternating with gather configs), each checked against cuDNN's output and timed
 with triton.testing.do_bench (median). An NCHW input's box configs include launch's channels-last
 copy. Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
 
-usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7] [--out DIR]
+usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7]
+       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--out DIR]
 """
 import argparse
 import json
@@ -25,12 +27,18 @@ SHAPES = {
     "s7": (32, 256, 256, (14, 14), 3, 1),  # resnet18 layer 3
     "s8": (32, 64, 64, (56, 56), 3, 1),  # resnet18 layer 1
     "s9": (32, 256, 64, (56, 56), 1, 0),  # resnet50 1x1
+    "s10": (128, 8, 32, (256, 256), 3, 0),  # KernelBench level 2 #21 (8 input channels: folded taps)
+    "s11": (64, 64, 64, (128, 128), 3, 0),  # KernelBench level 2 #54
 }
+LAYOUTS = ("channels-last", "nchw", "cl-to-nchw")
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--precision", nargs="+", default=["tf32", "bf16"], choices=["tf32", "bf16"])
 ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
 ap.add_argument("--configs", type=int, default=7, help="first configs of the space to time")
+ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS[:2]), choices=LAYOUTS)
+ap.add_argument("--no-pixel-runs", action="store_true",
+                help="store NCHW outputs without the template's pixel-run hint (an A/B of that hint)")
 ap.add_argument("--out", default=".")
 args = ap.parse_args()
 
@@ -47,6 +55,8 @@ log = open(out / "conv_check.jsonl", "a")
 torch.backends.cudnn.benchmark = True
 mod = load_module_from_source(render_conv(name="kw_conv"), "kw_conv_check", str(out / "cache"))
 spec = device_spec()
+if args.no_pixel_runs:
+    mod._pixel_run = lambda *a: 1
 
 
 def emit(**row):
@@ -63,15 +73,15 @@ for name in args.shapes:
     for prec in args.precision:
         dt = torch.bfloat16 if prec == "bf16" else torch.float32
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
-        for layout in ("channels-last", "nchw"):
+        for layout in args.layouts:
             x = torch.randn(n, c, *sp, device="cuda", dtype=dt)
             w = torch.randn(co, c, *(k,) * nd, device="cuda", dtype=dt) * 0.1
-            if layout == "channels-last":
+            if layout != "nchw":
                 fmt = torch.channels_last if nd == 2 else torch.channels_last_3d
                 x, w = x.to(memory_format=fmt), w.to(memory_format=fmt)
             ref = conv(x, w, padding=p)
             ms = do_bench(lambda: conv(x, w, padding=p), return_mode="median")
-            base = dict(shape=name, precision=prec, layout=layout)
+            base = dict(shape=name, precision=prec, layout=layout, pixel_runs=not args.no_pixel_runs)
             emit(**base, impl="cuDNN", ms=ms, tflops=flops / ms / 1e9)
             configs = conv_space(M=pixels, N=co, K=c * k ** nd, precision=prec, elem_bytes=x.element_size(),
                                  spec=spec, channels=c, box_out=(1,) * (3 - nd) + tuple(sp))[:args.configs]
