@@ -137,3 +137,14 @@ def test_box_configs_respect_whole_n_and_the_channel_cap():
                        whole_n=True, box_out=(1, 64, 64))
     boxes = [c for c in space if "BOX_W" in c]
     assert boxes and all(c["BLOCK_N"] == 64 and c["BLOCK_K"] <= 32 for c in boxes)
+
+
+@pytest.mark.parametrize("box", [None, (1, 126, 126)])
+def test_the_first_configs_differ_in_tile_where_the_seeds_shrink_to_one(box):
+    """A narrow convolution (N = 32 or 64) shrinks several seeds to one tile: the first three configs
+    (box and gather alike) still have three different tiles, so a small budget compares tile shapes."""
+    for n in (32, 64):
+        space = conv_space(M=64 * 126 * 126, N=n, K=8 * 9 if n == 32 else 64 * 9, channels=8 if n == 32 else 64,
+                           precision="tf32", elem_bytes=4, spec=H200, box_out=box)
+        tiles = [(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c.get("BOX_W")) for c in space[:3]]
+        assert len(set(tiles)) == 3, tiles

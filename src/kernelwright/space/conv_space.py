@@ -156,13 +156,7 @@ def conv_space(
         c = cfg(bm, bn, bk, w, s)
         if ok(c) and c not in seeds:
             seeds.append(c)
-    # seeds whose tile repeats an earlier seed's (after the shrinking toward a small N, only warps or
-    # stages differ) go after the distinct tiles, so that a search of two or three trials compares
-    # tile shapes rather than pipeline depths
-    first: dict[tuple, dict] = {}
-    for c in seeds:
-        first.setdefault((c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]), c)
-    seeds = list(first.values()) + [c for c in seeds if c not in first.values()]
+    seeds = _distinct_tiles_first(seeds)
     cands = [dict(zip(AXES, v)) for v in itertools.product(*AXES.values())]
     rest = sorted((c for c in cands if ok(c) and c not in seeds), key=score, reverse=True)
     out = seeds + rest
@@ -181,6 +175,16 @@ def conv_space(
         mixed = [c for pair in itertools.zip_longest(boxes, rest[:len(boxes)]) for c in pair if c is not None]
         out = mixed + rest[len(boxes):]
     return out[:max_configs]
+
+
+def _distinct_tiles_first(seeds: list[dict]) -> list[dict]:
+    """`seeds` with those whose tile repeats an earlier seed's (after the shrinking toward a small N,
+    only warps or stages differ) moved after the distinct tiles, so that a search of two or three
+    trials compares tile shapes rather than pipeline depths."""
+    first: dict[tuple, dict] = {}
+    for c in seeds:
+        first.setdefault((c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]), c)
+    return list(first.values()) + [c for c in seeds if c not in first.values()]
 
 
 def best_box(out: tuple[int, int, int], pixels: int) -> tuple[int, int, int]:
@@ -210,7 +214,7 @@ def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: in
                  BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
         if c not in seeds and smem_bytes(c, elem_bytes) <= spec.smem_per_block:
             seeds.append(c)
-    return seeds
+    return _distinct_tiles_first(seeds)
 
 
 __all__ = ["CONFIG_KEYS", "BOX_KEYS", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
