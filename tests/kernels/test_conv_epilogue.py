@@ -332,13 +332,16 @@ def test_a_channel_softmax_after_a_grouped_conv_is_refused():
     (lambda: nn.Conv2d(16, 8, 3, stride=2), (2, 16, 6, 8), "tf32", None),
     (lambda: nn.Conv2d(16, 8, 3, groups=2), (2, 16, 6, 8), "tf32", None),
     (lambda: nn.Conv2d(16, 8, 3), (2, 16, 6, 6), "tf32", (1, 4, 4)),  # (rows of any length: x is copied)
-    (lambda: nn.ConvTranspose2d(16, 8, 3), (2, 16, 6, 8), "tf32", None),
+    (lambda: nn.ConvTranspose2d(16, 8, 3), (2, 16, 6, 8), "tf32", (1, 8, 10)),
+    # a stride-2 transposed convolution: boxes of its largest phase class's sub-grid (the output / 2)
+    (lambda: nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1), (2, 16, 3, 4), "tf32", (1, 3, 4)),
+    (lambda: nn.ConvTranspose2d(16, 8, 3, stride=2, groups=2), (2, 16, 3, 4), "tf32", None),
 ])
 def test_box_out_where_the_descriptor_path_applies(make, shape, policy, box):
-    """ConvEpilogue.box_out: the output's (D, H, W) where the template's tensor-descriptor path
-    reads the input the fused kernel takes (stride 1, one group, tf32 / bf16, >= 16 channels of
-    16-byte rows, channels-last or NCHW), else None; the fused kernel with a box config matches the
-    graph."""
+    """ConvEpilogue.box_out: the output's (D, H, W) (a transposed convolution's: its largest phase
+    class's sub-grid) where the template's tensor-descriptor path reads the input the fused kernel
+    takes (stride 1 or transposed, one group, tf32 / bf16, >= 16 channels of 16-byte rows,
+    channels-last or NCHW), else None; the fused kernel with a box config matches the graph."""
     torch.manual_seed(3)
     model = ConvAct(make()).eval()
     x = torch.randn(shape)

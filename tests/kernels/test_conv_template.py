@@ -164,6 +164,37 @@ def test_box_tiles_read_through_descriptors(mods, case):
     _close(mod.launch(strided, w, **args, **tile), _ref(strided, w, False, **args))
 
 
+# transposed convolutions of one group read through descriptors, box per phase class:
+# (batch, Cin, Cout, spatial, kernel, conv args, box)
+TRANSPOSED_BOXES = {
+    "2d-s2-k3-op1": (2, 16, 16, (5, 6), (3, 3), dict(stride=2, padding=1, output_padding=1), (1, 2, 8)),
+    "2d-s2-k4": (1, 16, 20, (4, 7), (4, 4), dict(stride=2, padding=1), (1, 4, 4)),
+    "2d-s3-d2": (1, 32, 16, (4, 5), (3, 2), dict(stride=(3, 2), dilation=(2, 1), padding=(2, 0),
+                                                 output_padding=(1, 0)), (1, 2, 8)),  # classes without taps
+    "2d-s1": (2, 16, 16, (6, 5), (3, 3), dict(padding=1), (1, 2, 8)),
+    "3d-s2": (1, 16, 16, (3, 4, 3), (3, 3, 3), dict(stride=2, padding=1, output_padding=1), (2, 2, 4)),
+    "1d-s2": (2, 16, 16, (9,), (4,), dict(stride=2, padding=1), (1, 1, 16)),
+}
+
+
+@pytest.mark.parametrize("case", list(TRANSPOSED_BOXES), ids=str)
+def test_transposed_box_tiles_per_phase_class(mods, case):
+    """A transposed convolution's box config: each phase class is a stride-1 walk of its input, so a
+    box of the class's output sub-grid reads each of its taps' inputs as one descriptor box (the
+    zero fill covers the edges); channels-last and NCHW x (copied first), and a class with no taps
+    (stride past the kernel) storing zeros."""
+    batch, cin, cout, size, kernel, args, box = TRANSPOSED_BOXES[case]
+    mod = mods(True)
+    x, w = _case(True, batch, cin, cout, size, kernel, 1, seed=len(case))
+    ref = _ref(x, w, True, **args)
+    tile = dict(TILE, BLOCK_M=math.prod(box), BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
+    xcl = _channels_last(x) if x.dim() > 3 else x.transpose(1, 2).contiguous().transpose(1, 2)
+    assert mod.tma_box_ok(xcl, 1, (1,) * (x.dim() - 2)) == "channels-last"
+    _close(mod.launch(xcl, w, **args, **tile), ref)
+    _close(mod.launch(xcl, _channels_last(w) if w.dim() > 3 else w, **args, **tile, out_channels_last=True), ref)
+    _close(mod.launch(x, w, **args, **tile), ref)
+
+
 def test_box_tiles_with_an_epilogue_and_bf16(mods):
     """The box path feeds the same epilogue (col, full and scalar operands over the output's
     coordinates) and rounds float32 tiles to bf16 with CAST_BF16."""
