@@ -77,8 +77,13 @@ def check(case, cache):
     cin_g = xs[1] // groups
     M, N, K = out[0] * math.prod(out[2:]), out[1] // groups, cin_g * math.prod(ws[2:])
     precision = "bf16" if policy.startswith("bf16") else policy
+    stride = args.get("stride", 1)
+    box = None  # box configs (tensor descriptors) where the template's descriptor path applies
+    if precision in ("tf32", "bf16") and groups == 1 and cin_g >= 16 and (transposed or stride == 1):
+        sub = [-(-o // stride) for o in out[2:]]
+        box = tuple([1] * (3 - len(sub)) + sub)
     configs = conv_space(M=M, N=N, K=K, channels=cin_g, groups=groups, precision=precision,
-                         elem_bytes=2 if dtype == torch.bfloat16 else 4, spec=H200)[:n_configs]
+                         elem_bytes=2 if dtype == torch.bfloat16 else 4, spec=H200, box_out=box)[:n_configs]
     text = render_conv(EPI if epi else Epilogue(), name=f"kw_conv_{case.replace('-', '_')}", transposed=transposed)
     x = meta_tensor(xs, _strides(xs, layout), dtype)
     w = meta_tensor(ws, _strides(ws, layout), dtype)

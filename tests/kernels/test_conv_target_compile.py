@@ -1,7 +1,8 @@
 """The convolution template compiles for sm_90 (no GPU needed) with the first configs of its space:
 dense, grouped, depthwise and transposed convolutions with 1-3 spatial dims, float32 (IEEE and
 TF32), bf16 casts and bf16 tensors, NCHW and channels-last, with and without a fused epilogue, at
-real problem sizes. The interpreter tests never lower a kernel; this catches what only the
+real problem sizes; box configs (tensor-descriptor loads) where the space offers them, transposed
+convolutions' included. The interpreter tests never lower a kernel; this catches what only the
 compiler sees, and checks that each build's shared memory fits the H200's per-block budget (the
 space's shared-memory model). The compiling runs in one fresh worker process
 (tests/kernels/conv_target_compile_worker.py): the interpreter tests put Triton into interpreter

@@ -76,6 +76,8 @@ def _arg_type(v) -> str:
         return "fp32"
     if v is None:
         return "constexpr"
+    if hasattr(v, "block_shape") and isinstance(getattr(v, "base", None), torch.Tensor):  # a TensorDescriptor
+        return f"tensordesc<{_DTYPES[v.base.dtype]}[{','.join(map(str, v.block_shape))}]>"
     raise TypeError(f"cannot type kernel argument {type(v).__name__}")
 
 
