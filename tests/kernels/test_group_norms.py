@@ -81,6 +81,26 @@ def test_instance_norm_and_var_use_welford_passes():
     assert checked >= 2
 
 
+def test_a_mean_beside_a_variance_of_the_same_values_shares_its_welford_pass():
+    """mean(x) and var(x) (a split norm's statistics, instance norm's decomposition) read the data
+    once: the multi-pass kernel has one loop over the row, not a sum loop and a Welford loop; a
+    mean of other values keeps its own sum. Values match the library, split form included."""
+    torch.manual_seed(0)
+
+    class Stats(nn.Module):
+        def forward(self, x):
+            y = x * 2 + 1
+            return y.mean(dim=(2, 3), keepdim=True), y.var(dim=(2, 3), keepdim=True, correction=0), \
+                (y * y).mean(dim=(2, 3), keepdim=True)
+
+    x = torch.randn(2, 3, 6, 7) * 3 + 5
+    g = capture(from_module(Stats(), [x]))
+    (grp,) = plan_graph(g).groups
+    src = render_group(g, grp, MULTI).source
+    assert src.count("for r0 in range") == 2  # the Welford pass (mean and variance) and y * y's sum
+    _groups_match(Stats(), x, [ONE, MULTI, {"BLOCK_M": 2, "BLOCK_R": 16, "SPLIT": 4, "one_pass": False, "num_warps": 4}])
+
+
 def test_welford_step_reciprocal_keeps_the_variance_exact_with_masked_tails():
     """The Welford loops multiply by one reciprocal per step (triton_group.WELFORD_STEP): rows of
     1000 elements (a masked tail in the last step, a split whose last chunk is partly and one wholly

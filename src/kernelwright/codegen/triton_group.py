@@ -91,6 +91,11 @@ class Stmt:
 WELFORD_STEP = "(1.0 / ((r0 - {start}) // BLOCK_R + 1))"
 
 
+# ops the group template lowers to a Welford pass over their first argument
+_WELFORD_OPS = ("aten.var.correction", "aten.native_layer_norm.default", "aten.native_group_norm.default",
+                "aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_functional.default")
+
+
 def welford_update(n: str, mean: str, m2: str, delta: str, x: str, start: str) -> list[str]:
     """One loop step of the per-lane Welford accumulators `n`, `mean`, `m2` ([BLOCK_M, BLOCK_R]
     tiles) over the masked values `x`, in a loop whose r0 starts at `start` (WELFORD_STEP)."""
@@ -125,6 +130,7 @@ class Lowering:
         self.loads: dict[tuple, str] = {}
         self.inputs: list[Operand] = []
         self.outputs: list[Operand] = []
+        self._welfords: dict[str, tuple[str, str]] = {}  # reduced value -> its (mean, m2)
         self.R = 1
         for d in self.rd:
             self.R *= self.D[d]
@@ -276,8 +282,11 @@ class Lowering:
         if t in ("aten.sum.default", "aten.sum.dim_IntList"):
             self.vars[n.name] = (self._reduce("sum", x), "row")
         elif t in ("aten.mean.default", "aten.mean.dim"):
-            s = self._reduce("sum", x)
-            self.vars[n.name] = (self._emit("row", f"{s} / {R}", [s]), "row")
+            if self._deviations_of(n.args[0]):  # their one Welford pass over the data gives the mean too
+                self.vars[n.name] = (self._welford(x)[0], "row")
+            else:
+                s = self._reduce("sum", x)
+                self.vars[n.name] = (self._emit("row", f"{s} / {R}", [s]), "row")
         elif t == "aten.amax.default":
             self.vars[n.name] = (self._reduce("max", x), "row")
         elif t == "aten.amin.default":
@@ -341,10 +350,20 @@ class Lowering:
             raise Unsupported(f"{t} is not supported by the group template")
 
     def _welford(self, x: str) -> tuple[str, str]:
-        """Row mean and sum of squared deviations of `x` in one pass over the data."""
-        mean, m2 = self._new("s"), self._new("s")
-        self.stmts.append(Stmt(m2, "row", "reduce", code=mean, deps=(x,), op="welford"))
-        return mean, m2
+        """Row mean and sum of squared deviations of `x` in one pass over the data (one pass per
+        value: a variance and a norm of the same values share it)."""
+        if x not in self._welfords:
+            mean, m2 = self._new("s"), self._new("s")
+            self.stmts.append(Stmt(m2, "row", "reduce", code=mean, deps=(x,), op="welford"))
+            self._welfords[x] = (mean, m2)
+        return self._welfords[x]
+
+    def _deviations_of(self, ref) -> bool:
+        """Whether the group takes a variance or a normalization of the value `ref` (a Welford
+        pass over it), so that a mean of the same value need not read the data again."""
+        return isinstance(ref, Ref) and any(
+            (m := self.g.node(name)).target in _WELFORD_OPS and m.args and isinstance(m.args[0], Ref)
+            and m.args[0].name == ref.name for name in self.grp.nodes)
 
     def _per_channel(self, ref) -> tuple | None:
         """Domain strides of a per-channel parameter ([C], channels = domain dim 1)."""
