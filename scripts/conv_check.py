@@ -1,10 +1,12 @@
 """Dev tool (GPU): the convolution template's first configs against cuDNN, on 3x3 / 1x1 stride-1
-shapes of the level-2 problems and ResNets, input channels-last or NCHW, tf32 and bf16.
+shapes of the level-2 problems and ResNets and stride-2 transposed ones (whose box configs read each
+phase class's taps through descriptors), input channels-last or NCHW, tf32 and bf16.
 
 For each shape, policy and layout (channels-last, NCHW, or a channels-last input convolved into an
-NCHW output, as a fused convolution whose result the model returns writes it): cuDNN (torch.nn.functional.conv2d / conv3d) and the first
-`--configs` configs of `conv_space` for that shape (box configs, which read the input through
-tensor descriptors, alternating with gather configs), each checked against cuDNN's output and timed
+NCHW output, as a fused convolution whose result the model returns writes it): cuDNN
+(torch.nn.functional.conv2d / conv3d, conv_transpose2d / 3d) and the first `--configs` configs of
+`conv_space` for that shape (box configs, which read the input through tensor descriptors,
+alternating with gather configs), each checked against cuDNN's output and timed
 with triton.testing.do_bench (median). An NCHW input's box configs include launch's channels-last
 copy. Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-# name: (batch, Cin, Cout, spatial, kernel, padding)
+# name: (batch, Cin, Cout, input spatial, kernel, padding[, transposed convolution's stride and output_padding])
 SHAPES = {
     "s1": (32, 64, 128, (224, 224), 3, 1),  # conv2d_relu_bias_add and four more level-2 problems
     "s2": (128, 64, 64, (64, 64), 3, 1),  # conv2d_mish_mish
@@ -29,6 +31,9 @@ SHAPES = {
     "s9": (32, 256, 64, (56, 56), 1, 0),  # resnet50 1x1
     "s10": (128, 8, 32, (256, 256), 3, 0),  # KernelBench level 2 #21 (8 input channels: folded taps)
     "s11": (64, 64, 64, (128, 128), 3, 0),  # KernelBench level 2 #54
+    "t1": (128, 64, 64, (128, 128), 3, 1, (2, 1)),  # KernelBench level 2 #2 (ConvTranspose2d, stride 2)
+    "t2": (128, 64, 128, (64, 64), 4, 1, (2, 0)),  # KernelBench level 2 #93 / #91
+    "t3": (32, 32, 64, (16, 32, 32), 3, 1, (2, 1)),  # KernelBench level 2 #3 (ConvTranspose3d, stride 2)
 }
 LAYOUTS = ("channels-last", "nchw", "cl-to-nchw")
 
@@ -53,10 +58,12 @@ out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 log = open(out / "conv_check.jsonl", "a")
 torch.backends.cudnn.benchmark = True
-mod = load_module_from_source(render_conv(name="kw_conv"), "kw_conv_check", str(out / "cache"))
+mods = {t: load_module_from_source(render_conv(name="kw_conv", transposed=t), f"kw_conv_check_{int(t)}", str(out / "cache"))
+        for t in (False, True)}
 spec = device_spec()
 if args.no_pixel_runs:
-    mod._pixel_run = lambda *a: 1
+    for m in mods.values():
+        m._pixel_run = lambda *a: 1
 
 
 def emit(**row):
@@ -65,28 +72,39 @@ def emit(**row):
 
 
 for name in args.shapes:
-    n, c, co, sp, k, p = SHAPES[name]
+    n, c, co, sp, k, p, *tr = SHAPES[name]
     nd = len(sp)
-    pixels = n * int(torch.tensor(sp).prod())
-    flops = 2 * pixels * co * c * k ** nd
-    conv = F.conv2d if nd == 2 else F.conv3d
+    transposed = bool(tr)
+    mod = mods[transposed]
+    if transposed:  # (stride, output_padding); the weight is [Cin, Cout, *kernel]
+        st, op = tr[0]
+        extra = dict(stride=st, output_padding=op)
+        osp = tuple((i - 1) * st - 2 * p + k + op for i in sp)
+        conv = (F.conv_transpose2d if nd == 2 else F.conv_transpose3d)
+        box = tuple(-(-o // st) for o in osp)  # the largest phase class's sub-grid
+    else:
+        extra, osp = {}, tuple(i + 2 * p - k + 1 for i in sp)
+        conv = F.conv2d if nd == 2 else F.conv3d
+        box = osp
+    pixels = n * int(torch.tensor(osp).prod())
+    flops = 2 * pixels * co * c * k ** nd // (st ** nd if transposed else 1)  # (taps that meet an input)
     for prec in args.precision:
         dt = torch.bfloat16 if prec == "bf16" else torch.float32
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
         for layout in args.layouts:
             x = torch.randn(n, c, *sp, device="cuda", dtype=dt)
-            w = torch.randn(co, c, *(k,) * nd, device="cuda", dtype=dt) * 0.1
+            w = torch.randn(*((c, co) if transposed else (co, c)), *(k,) * nd, device="cuda", dtype=dt) * 0.1
             if layout != "nchw":
                 fmt = torch.channels_last if nd == 2 else torch.channels_last_3d
                 x, w = x.to(memory_format=fmt), w.to(memory_format=fmt)
-            ref = conv(x, w, padding=p)
-            ms = do_bench(lambda: conv(x, w, padding=p), return_mode="median")
+            ref = conv(x, w, padding=p, **extra)
+            ms = do_bench(lambda: conv(x, w, padding=p, **extra), return_mode="median")
             base = dict(shape=name, precision=prec, layout=layout, pixel_runs=not args.no_pixel_runs)
             emit(**base, impl="cuDNN", ms=ms, tflops=flops / ms / 1e9)
             configs = conv_space(M=pixels, N=co, K=c * k ** nd, precision=prec, elem_bytes=x.element_size(),
-                                 spec=spec, channels=c, box_out=(1,) * (3 - nd) + tuple(sp))[:args.configs]
+                                 spec=spec, channels=c, box_out=(1,) * (3 - nd) + box)[:args.configs]
             for cfg in configs:
-                kw = dict(cfg, padding=p, out_channels_last=layout == "channels-last",
+                kw = dict(cfg, padding=p, **extra, out_channels_last=layout == "channels-last",
                           INPUT_PRECISION="tf32" if prec == "tf32" else "ieee")
                 try:
                     y = mod.launch(x, w, **kw)

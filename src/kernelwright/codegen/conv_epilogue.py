@@ -76,9 +76,11 @@ class ConvEpilogue:
         stride 1 or a transposed one, one group, no pooling, tensor-core operands (tf32 / bf16), at
         least 16 input channels whose rows are 16-byte multiples, and an input channels-last or
         NCHW-contiguous (which launch copies channels-last first: the template's `tma_box_ok`);
-        else None."""
+        else None. Transposed convolutions only with TRANSPOSED_BOXES (below)."""
         x = graph.meta(self.x)
         a = self.args
+        if self.transposed and not TRANSPOSED_BOXES:
+            return None
         if (self.pool or a["groups"] != 1 or (not self.transposed and any(s != 1 for s in a["stride"]))
                 or precision not in ("tf32", "bf16") or len(x.shape) < 3 or x.shape[1] < 16):
             return None  # (under 16 channels a tap's K step would be mostly padding: taps fold instead)
@@ -104,6 +106,14 @@ class ConvEpilogue:
     def flops(self) -> int:
         M, N, K = self.gemm
         return 2 * M * N * K * int(self.conv.args[8])
+
+
+# Whether the search offers box configs for transposed convolutions. The template's box path takes
+# them (each phase class reads its taps' inputs as descriptor boxes), verified against torch in the
+# interpreter and compiled for sm_90 (tests/kernels/test_conv_template.py, test_conv_target_compile.py),
+# but not yet run on a GPU: the search offers it once a GPU run has checked and timed it
+# (scripts/conv_check.py), as the convolution's own box configs were.
+TRANSPOSED_BOXES = False
 
 
 def conv_supported(graph: Graph, conv: OpNode) -> str | None:
