@@ -75,9 +75,9 @@ def channels_last_strides(shape) -> tuple[int, ...]:
 
 def strides_ordered_like(shape, like) -> tuple[int, ...]:
     """Dense strides of a tensor of `shape` whose dims lie in memory in the order of the strides
-    `like` (of a tensor of the same rank): the largest stride outermost, ties in dim order. A
-    reduction over trailing dims of a channels-last tensor gets a channels-last result so, its
-    channels innermost as in its input."""
+    `like` (of a tensor of the same rank): the largest stride outermost, ties in dim order. (The
+    statistics of a channels-last tensor over its last dims, laid out so, keep its channels
+    innermost.)"""
     order = sorted(range(len(shape)), key=lambda d: (-like[d], d))
     out, acc = [0] * len(shape), 1
     for d in reversed(order):
