@@ -170,7 +170,9 @@ TRANSPOSED_BOXES = {
     "2d-s2-k3-op1": (2, 16, 16, (5, 6), (3, 3), dict(stride=2, padding=1, output_padding=1), (1, 2, 8)),
     "2d-s2-k4": (1, 16, 20, (4, 7), (4, 4), dict(stride=2, padding=1), (1, 4, 4)),
     "2d-s3-d2": (1, 32, 16, (4, 5), (3, 2), dict(stride=(3, 2), dilation=(2, 1), padding=(2, 0),
-                                                 output_padding=(1, 0)), (1, 2, 8)),  # classes without taps
+                                                 output_padding=(1, 0)), (1, 2, 8)),
+    # phase classes without taps: a kernel shorter than the stride (h), a dilation the stride divides (w)
+    "2d-tapless": (1, 16, 16, (4, 5), (2, 2), dict(stride=(3, 2), dilation=(1, 2), output_padding=(1, 1)), (1, 2, 8)),
     "2d-s1": (2, 16, 16, (6, 5), (3, 3), dict(padding=1), (1, 2, 8)),
     "3d-s2": (1, 16, 16, (3, 4, 3), (3, 3, 3), dict(stride=2, padding=1, output_padding=1), (2, 2, 4)),
     "1d-s2": (2, 16, 16, (9,), (4,), dict(stride=2, padding=1), (1, 1, 16)),
