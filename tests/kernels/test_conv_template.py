@@ -142,21 +142,28 @@ BOXES = {
 }
 
 
+def _box_case(mod, transposed, name, spec):
+    """(x, w, conv args, box tile, reference) of a box case, after checking that a channels-last x
+    takes the descriptor path and gives the reference, into NCHW and channels-last outputs."""
+    batch, cin, cout, size, kernel, args, box = spec
+    x, w = _case(transposed, batch, cin, cout, size, kernel, 1, seed=len(name))
+    ref = _ref(x, w, transposed, **args)
+    tile = dict(TILE, BLOCK_M=math.prod(box), BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
+    xcl = _channels_last(x) if x.dim() > 3 else x.transpose(1, 2).contiguous().transpose(1, 2)
+    assert mod.tma_box_ok(xcl, 1, (1,) * (x.dim() - 2)) == "channels-last"
+    _close(mod.launch(xcl, w, **args, **tile), ref)
+    _close(mod.launch(xcl, _channels_last(w), **args, **tile, out_channels_last=True), ref)
+    return x, w, args, tile, ref
+
+
 @pytest.mark.parametrize("case", list(BOXES), ids=str)
 def test_box_tiles_read_through_descriptors(mods, case):
     """Box configs: the tile is a box of output pixels and each tap's input box comes through a tensor
     descriptor whose zero fill is the padding (negative and past-the-end coordinates), for
     channels-last x and for NCHW x (copied channels-last first); x in neither layout takes the
     gather path with the same tile, and gives the same result."""
-    batch, cin, cout, size, kernel, args, box = BOXES[case]
     mod = mods(False)
-    x, w = _case(False, batch, cin, cout, size, kernel, 1, seed=len(case))
-    ref = _ref(x, w, False, **args)
-    tile = dict(TILE, BLOCK_M=math.prod(box), BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
-    xcl = _channels_last(x) if x.dim() > 3 else x.transpose(1, 2).contiguous().transpose(1, 2)
-    assert mod.tma_box_ok(xcl, 1, (1,) * (x.dim() - 2)) == "channels-last"
-    _close(mod.launch(xcl, w, **args, **tile), ref)
-    _close(mod.launch(xcl, _channels_last(w), **args, **tile, out_channels_last=True), ref)
+    x, w, args, tile, ref = _box_case(mod, False, case, BOXES[case])
     assert mod.tma_box_ok(x, 1, (1,) * (x.dim() - 2)) == "copy"  # NCHW: copied channels-last first
     _close(mod.launch(x, w, **args, **tile), ref)
     strided = x[..., ::2]  # neither layout: gathered through its strides
@@ -185,15 +192,8 @@ def test_transposed_box_tiles_per_phase_class(mods, case):
     box of the class's output sub-grid reads each of its taps' inputs as one descriptor box (the
     zero fill covers the edges); channels-last and NCHW x (copied first), and a class with no taps
     (stride past the kernel) storing zeros."""
-    batch, cin, cout, size, kernel, args, box = TRANSPOSED_BOXES[case]
     mod = mods(True)
-    x, w = _case(True, batch, cin, cout, size, kernel, 1, seed=len(case))
-    ref = _ref(x, w, True, **args)
-    tile = dict(TILE, BLOCK_M=math.prod(box), BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
-    xcl = _channels_last(x) if x.dim() > 3 else x.transpose(1, 2).contiguous().transpose(1, 2)
-    assert mod.tma_box_ok(xcl, 1, (1,) * (x.dim() - 2)) == "channels-last"
-    _close(mod.launch(xcl, w, **args, **tile), ref)
-    _close(mod.launch(xcl, _channels_last(w) if w.dim() > 3 else w, **args, **tile, out_channels_last=True), ref)
+    x, w, args, tile, ref = _box_case(mod, True, case, TRANSPOSED_BOXES[case])
     _close(mod.launch(x, w, **args, **tile), ref)
 
 
