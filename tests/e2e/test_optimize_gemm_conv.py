@@ -171,12 +171,13 @@ def test_no_library_ships_the_generated_convolution(name, policy, kind, tmp_path
     assert "Library units: " in (tmp_path / "out" / "report.md").read_text()
 
 
-@pytest.mark.parametrize("policy", ["tf32", "bf16"])
-def test_a_stride_1_convolution_with_16_channels_ships_a_box_config(policy, tmp_path, monkeypatch):
-    """Where the descriptor path applies (stride 1, one group, >= 16 channels, tf32 / bf16), the
-    space's first config is a box one: with no_library and no prior trials (the untimed choice is
-    then the space's first config) the emitted fused kernel reads the input through tensor
-    descriptors (in the interpreter) and ModelNew matches Model."""
+@pytest.mark.parametrize("policy,pooled", [("tf32", False), ("bf16", False), ("tf32", True)])
+def test_a_stride_1_convolution_with_16_channels_ships_a_box_config(policy, pooled, tmp_path, monkeypatch):
+    """Where the descriptor path applies (stride 1, one group, >= 16 channels, tf32 / bf16; a fused
+    pool's window of a power-of-two size), the space's first config is a box one: with no_library
+    and no prior trials (the untimed choice is then the space's first config) the emitted fused
+    kernel reads the input through tensor descriptors (in the interpreter) and ModelNew matches
+    Model."""
     from kernelwright.search import plan_search
 
     monkeypatch.setattr(plan_search, "packaged_priors", lambda: [])
@@ -187,14 +188,15 @@ def test_a_stride_1_convolution_with_16_channels_ships_a_box_config(policy, tmp_
             self.conv = nn.Conv2d(16, 16, 3, padding=1)
 
         def forward(self, x):
-            return torch.nn.functional.silu(self.conv(x)) * 0.5
+            y = torch.nn.functional.silu(self.conv(x)) * 0.5
+            return torch.tanh(torch.nn.functional.max_pool2d(y, 2)) if pooled else y
 
     out = tmp_path / "out"
-    result = optimize_problem(from_module(ConvAct().eval(), [torch.randn(2, 16, 8, 8)]), out,
+    result = optimize_problem(from_module(ConvAct().eval(), [torch.randn(2, 16, 8, 10)]), out,
                               Options(device="cpu", budget_trials=1, precision=policy, no_library=True, mode="eval",
                                       db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
     assert result["verify"]["passed"], result["verify"]
-    (pair,) = [g for g in result["groups"] if g["kind"] == "conv_epilogue"]
+    (pair,) = [g for g in result["groups"] if g["kind"] == ("conv_pool" if pooled else "conv_epilogue")]
     assert pair["strategy"] == "triton" and pair["config"].get("BOX_W", 0) > 0, pair
     text = next(k.read_text() for k in (out / "kernels").glob("*_conv.py"))
     assert f"BOX_W={pair['config']['BOX_W']}" in text and "TensorDescriptor" in text

@@ -27,7 +27,7 @@ EPI = Epilogue(
     "acc = (acc + e0) * e2 + e1\nacc = kw_tanh(acc)",
 )
 
-# name: (transposed, x shape, weight shape, conv args, policy, layout, epilogue, configs)
+# name: (transposed, x shape, weight shape, conv args, policy, layout, epilogue, configs[, (pool, window)])
 # policy: fp32 / tf32 / bf16 (float32 tensors rounded in the kernel) / bf16-tensors
 CASES = {
     "resnet3x3-cl-tf32": (False, (32, 256, 56, 56), (256, 256, 3, 3), dict(padding=1), "tf32", "cl", False, 4),
@@ -45,6 +45,11 @@ CASES = {
                             dict(stride=2, padding=1, output_padding=1), "bf16-tensors", "cl", False, 2),
     "convT1d-s3-dil2": (True, (8, 32, 500), (32, 16, 5), dict(stride=3, dilation=2, padding=2, output_padding=1),
                         "fp32", "nchw", False, 1),
+    # fused pools: box configs pool each box's whole windows in the kernel
+    "conv2d-maxpool2-tf32-epi": (False, (128, 64, 64, 64), (128, 64, 3, 3), dict(padding=1), "tf32", "cl", True, 3,
+                                 ("max", (2, 2))),
+    "conv3d-avgpool2-bf16": (False, (16, 32, 16, 32, 32), (64, 32, 3, 3, 3), {}, "bf16", "nchw", False, 2,
+                             ("avg", (2, 2, 2))),
 }
 
 
@@ -70,7 +75,8 @@ def _out_shape(transposed, x, w, args):
 
 
 def check(case, cache):
-    transposed, xs, ws, args, policy, layout, epi, n_configs = CASES[case]
+    transposed, xs, ws, args, policy, layout, epi, n_configs, *pool = CASES[case]
+    pool, window = pool[0] if pool else (None, ())
     dtype = torch.bfloat16 if policy == "bf16-tensors" else torch.float32
     out = _out_shape(transposed, xs, ws, args)
     groups = args.get("groups", 1)
@@ -80,11 +86,14 @@ def check(case, cache):
     stride = args.get("stride", 1)
     box = None  # box configs (tensor descriptors) where the template's descriptor path applies
     if precision in ("tf32", "bf16") and groups == 1 and cin_g >= 16 and (transposed or stride == 1):
-        sub = [-(-o // stride) for o in out[2:]]
+        sub = [-(-o // stride) // k * k for o, k in zip(out[2:], window or [1] * (len(out) - 2))]
         box = tuple([1] * (3 - len(sub)) + sub)
     configs = conv_space(M=M, N=N, K=K, channels=cin_g, groups=groups, precision=precision,
-                         elem_bytes=2 if dtype == torch.bfloat16 else 4, spec=H200, box_out=box)[:n_configs]
-    text = render_conv(EPI if epi else Epilogue(), name=f"kw_conv_{case.replace('-', '_')}", transposed=transposed)
+                         elem_bytes=2 if dtype == torch.bfloat16 else 4, spec=H200, box_out=box,
+                         box_window=tuple([1] * (3 - len(window)) + list(window)),
+                         min_block_m=2 * math.prod(window) if pool else 1)[:n_configs]
+    text = render_conv(EPI if epi else Epilogue(), name=f"kw_conv_{case.replace('-', '_')}", transposed=transposed,
+                       pool=pool)
     x = meta_tensor(xs, _strides(xs, layout), dtype)
     w = meta_tensor(ws, _strides(ws, layout), dtype)
     operands = []
@@ -95,7 +104,7 @@ def check(case, cache):
     precision_kw = dict(CAST_BF16=True) if policy == "bf16" else dict(INPUT_PRECISION="tf32") if policy == "tf32" else {}
     rows = []
     for cfg in configs:
-        kw = dict(args, **cfg, **precision_kw, out_channels_last=layout == "cl")
+        kw = dict(args, **cfg, **precision_kw, out_channels_last=layout == "cl", **({"pool_window": window} if pool else {}))
         try:
             builds = _compile(text, case, [x, w, *operands], kw, cache)
         except Exception as e:  # noqa: BLE001 - reported per config

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernelwright.analyze.device import H200
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture import capture
 from kernelwright.capture.execute import run_graph
@@ -18,6 +19,7 @@ from kernelwright.codegen.triton_group import Unsupported
 from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.problem import from_module
+from kernelwright.space.conv_space import BOX_KEYS, conv_space
 
 pytestmark = pytest.mark.interpreter
 CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".pytest_kw_cache")
@@ -214,6 +216,59 @@ def test_conv_pool_chain_matches_graph(name, make, shape, policy):
     assert fused.out == g.outputs[0] and res.shape == want.shape
     tol = 1e-4 if policy == "fp32" else 2e-2
     torch.testing.assert_close(res, want, rtol=tol, atol=tol)
+
+
+# box configs of pool-fused convolutions: (name, model, input shape, box); boxes past the output's
+# edge and past its last whole window (floor mode), windows over one to three axes
+POOL_BOX_CASES = [
+    ("max2d_ragged", lambda: ConvPool(nn.Conv2d(16, 24, 3, padding=1), [nn.MaxPool2d(2)]), (2, 16, 9, 11), (1, 4, 8)),
+    ("avg2d_1x4", lambda: ConvPool(nn.Conv2d(16, 8, 3), [nn.AvgPool2d((1, 4))], pre=None), (1, 16, 7, 13), (1, 2, 8)),
+    ("max2d_twice", lambda: ConvPool(nn.Conv2d(32, 16, 1), [nn.MaxPool2d(2), nn.MaxPool2d(2)], post=False),
+     (1, 32, 9, 8), (1, 4, 4)),
+    ("avg3d", lambda: ConvPool(nn.Conv3d(16, 16, 3, padding=1), [nn.AvgPool3d(2)]), (1, 16, 5, 6, 7), (2, 2, 4)),
+    ("max3d_1x2x2", lambda: ConvPool(nn.Conv3d(16, 16, 3), [nn.MaxPool3d((1, 2, 2))], pre=None), (2, 16, 4, 7, 9),
+     (1, 4, 4)),
+]
+
+
+@pytest.mark.parametrize("name,make,shape,box", POOL_BOX_CASES, ids=[c[0] for c in POOL_BOX_CASES])
+def test_conv_pool_box_configs(name, make, shape, box):
+    """A pool-fused convolution with a box config reads its input through tensor descriptors and
+    pools each box's whole windows in the kernel (w, h and d axes in turn): the same pooled result
+    as the graph, for NCHW and channels-last inputs; the box configs the space offers hold whole
+    windows, and a box that cuts a window is refused."""
+    torch.manual_seed(0)
+    model, x = make().eval(), torch.randn(*shape)
+    g = rewrite(capture(from_module(model, [x])), "tf32")[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.pools]
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups, pair.pools, pair.post)
+    out = fused.box_out(g, "tf32")
+    assert out is not None and all(o % k == 0 for o, k in zip(out, fused.box_window))
+    window = fused.box_window
+    space = conv_space(M=fused.gemm[0], N=fused.gemm[1], K=fused.gemm[2], precision="tf32", elem_bytes=4, spec=H200,
+                       channels=shape[1], box_out=out, box_window=window)
+    boxes = [tuple(c[k] for k in BOX_KEYS) for c in space if "BOX_W" in c]
+    assert boxes and all(b % k == 0 for bx in boxes for b, k in zip(bx, window))
+    tile = dict(TILE, BLOCK_M=math.prod(box), BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
+    text, ins = conv_epilogue.render(fused, tile, "tf32", f"conv_pool_box_{name}")
+    mod = load_module_from_source(text, f"conv_pool_box_{name}", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        want = model(x)
+        args = [env[v] for v in ins]
+        assert mod.tma_box_ok(args[ins.index(fused.x)], 1, (1,) * (x.dim() - 2)) == "copy"
+        torch.testing.assert_close(mod.launch(*args)[0], want, rtol=2e-2, atol=2e-2)
+        nd = x.dim() - 2
+        xcl = args[ins.index(fused.x)].permute(0, *range(2, nd + 2), 1).contiguous().permute(0, nd + 1, *range(1, nd + 1))
+        args[ins.index(fused.x)] = xcl
+        assert mod.tma_box_ok(xcl, 1, (1,) * nd) == "channels-last"
+        torch.testing.assert_close(mod.launch(*args)[0], want, rtol=2e-2, atol=2e-2)
+        cut = (1, 1, 16) if window[:2] != (1, 1) else (1, 8, 2)  # 16 pixels, a side shorter than the window's
+        text, _ = conv_epilogue.render(fused, dict(tile, BLOCK_M=16, BOX_D=cut[0], BOX_H=cut[1], BOX_W=cut[2]),
+                                       "tf32", f"conv_pool_cut_{name}")
+        with pytest.raises(ValueError, match="whole pool windows"):
+            load_module_from_source(text, f"conv_pool_cut_{name}", CACHE).launch(*args)
 
 
 def test_channel_reduction_writes_one_value_per_pixel():

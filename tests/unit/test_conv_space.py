@@ -114,6 +114,26 @@ def test_best_box_pads_least(out, pixels, box):
     assert best_box(out, pixels)[0] * best_box(out, pixels)[1] * best_box(out, pixels)[2] == pixels
 
 
+@pytest.mark.parametrize("out,pixels,window,box", [
+    ((1, 56, 56), 128, (1, 2, 2), (1, 2, 64)),  # the window-free best already holds 2 x 2 windows
+    ((1, 56, 56), 64, (1, 2, 2), (1, 2, 32)),  # a one-row box would cut every window
+    ((1, 1, 100), 128, (1, 1, 4), (1, 1, 128)),
+    ((16, 32, 32), 128, (2, 2, 2), (2, 2, 32)),
+    ((2, 8, 8), 128, (2, 2, 2), (2, 4, 16)),  # wider than the output rather than a row of 8
+    ((1, 62, 62), 64, (1, 4, 4), (1, 4, 16)),
+])
+def test_best_box_holds_whole_pool_windows(out, pixels, window, box):
+    assert best_box(out, pixels, window) == box
+    assert best_box((1, 56, 56), 16, (1, 1, 32)) is None  # no box of 16 pixels holds a 32-wide window
+
+
+def test_pool_fused_box_configs_hold_whole_windows():
+    space = conv_space(**RESNET, precision="tf32", elem_bytes=4, spec=H200, box_out=(1, 56, 56), box_window=(1, 4, 4),
+                       min_block_m=32, max_configs=200)
+    boxes = [c for c in space if "BOX_W" in c]
+    assert boxes and all(c["BOX_H"] % 4 == 0 and c["BOX_W"] % 4 == 0 for c in boxes)
+
+
 @pytest.mark.parametrize("precision,eb", [("tf32", 4), ("bf16", 2), ("bf16", 4)])
 def test_box_configs_alternate_with_the_others_where_the_descriptor_path_applies(precision, eb):
     plain = conv_space(**RESNET, precision=precision, elem_bytes=eb, spec=H200)

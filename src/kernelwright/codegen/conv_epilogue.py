@@ -72,23 +72,36 @@ class ConvEpilogue:
     def box_out(self, graph: Graph, precision: str) -> tuple[int, int, int] | None:
         """The output's (D, H, W) per image (1 for missing dims) where the template's
         tensor-descriptor path reads the input (for a transposed convolution, its largest phase
-        class's output sub-grid, the output's size over the stride rounded up): a convolution with
-        stride 1 or a transposed one, one group, no pooling, tensor-core operands (tf32 / bf16), at
-        least 16 input channels whose rows are 16-byte multiples, and an input channels-last or
-        NCHW-contiguous (which launch copies channels-last first: the template's `tma_box_ok`);
-        else None. Transposed convolutions only with TRANSPOSED_BOXES (below)."""
+        class's output sub-grid, the output's size over the stride rounded up; with a fused pool,
+        the pixels of its whole windows): a convolution with stride 1 or a transposed one, one
+        group, tensor-core operands (tf32 / bf16), at least 16 input channels whose rows are 16-byte
+        multiples, an input channels-last or NCHW-contiguous (which launch copies channels-last
+        first: the template's `tma_box_ok`), and a pool window, if any, of a power-of-two size (a
+        box holds whole windows: `box_window`); else None. Transposed convolutions only with
+        TRANSPOSED_BOXES (below)."""
         x = graph.meta(self.x)
         a = self.args
         if self.transposed and not TRANSPOSED_BOXES:
             return None
-        if (self.pool or a["groups"] != 1 or (not self.transposed and any(s != 1 for s in a["stride"]))
+        if (a["groups"] != 1 or (not self.transposed and any(s != 1 for s in a["stride"]))
                 or precision not in ("tf32", "bf16") or len(x.shape) < 3 or x.shape[1] < 16):
             return None  # (under 16 channels a tap's K step would be mostly padding: taps fold instead)
         if (x.shape[1] * x.itemsize) % 16 or tuple(x.stride) not in (channels_last_strides(x.shape),
                                                                       contiguous_strides(x.shape)):
             return None
+        size = math.prod(self.pool_window) if self.pool else 1
+        if size & (size - 1):
+            return None
         spatial = tuple(-(-o // s) for o, s in zip(self.conv.meta.shape[2:], a["stride"]))
+        if self.pool:
+            spatial = tuple(o // k * k for o, k in zip(spatial, self.pool_window))
         return (1,) * (3 - len(spatial)) + spatial
+
+    @property
+    def box_window(self) -> tuple[int, int, int]:
+        """(D, H, W) sides a box must be a multiple of: the fused pool's window (1s without one)."""
+        window = self.pool_window if self.pool else ()
+        return (1,) * (3 - len(window)) + tuple(window)
 
     @property
     def inputs(self) -> list[str]:

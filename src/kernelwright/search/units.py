@@ -441,7 +441,7 @@ class ConvTuner(KernelTuner):
                       conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=graph.meta(f.x).itemsize,
                                  spec=spec or device_spec(), channels=cin, groups=groups,
                                  min_block_m=2 << (math.prod(f.pool_window) - 1).bit_length() if f.pool else 1, whole_n=f.whole_n,
-                                 box_out=box_out)]
+                                 box_out=box_out, box_window=f.box_window)]
         if not self.space:
             raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over")
         self.seeds = self.space[:4]

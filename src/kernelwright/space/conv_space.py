@@ -91,6 +91,7 @@ def conv_space(
     min_block_m: int = 1,
     whole_n: bool = False,
     box_out: tuple[int, int, int] | None = None,
+    box_window: tuple[int, int, int] = (1, 1, 1),
 ) -> list[dict]:
     """Configs for the convolution template, seeds first.
 
@@ -104,7 +105,8 @@ def conv_space(
     (an epilogue that reduces over them): BLOCK_N is N rounded up to a power of two, and there is no
     config when that exceeds 256. box_out: the output's (D, H, W) (1 for missing dims) where the
     template's tensor-descriptor path applies (stride 1, one group, tf32 / bf16 operands whose channel
-    rows are 16-byte multiples, no pooling): `box_configs` alternate with the others, a box first."""
+    rows are 16-byte multiples): `box_configs` alternate with the others, a box first; box_window:
+    the (D, H, W) every box side is a multiple of (a fused pool's window, powers of two)."""
     if whole_n and N and N > AXES["BLOCK_N"][-1]:
         return []
     prec = PRECISIONS.get(precision)
@@ -170,7 +172,7 @@ def conv_space(
         # box and gather configs alternate: boxes win on large outputs and lose on small ones (where
         # host-side descriptor set-up and short rows cost more than the gathers), so a search of any
         # budget >= 2 times both
-        boxes = [c for c in box_configs(box_out, prec, cap_n, cap_k, whole_n, spec, eb) if ok(c)]
+        boxes = [c for c in box_configs(box_out, prec, cap_n, cap_k, whole_n, spec, eb, box_window) if ok(c)]
         rest = [c for c in out if c not in boxes]
         mixed = [c for pair in itertools.zip_longest(boxes, rest[:len(boxes)]) for c in pair if c is not None]
         out = mixed + rest[len(boxes):]
@@ -187,27 +189,36 @@ def _distinct_tiles_first(seeds: list[dict]) -> list[dict]:
     return list(first.values()) + [c for c in seeds if c not in first.values()]
 
 
-def best_box(out: tuple[int, int, int], pixels: int) -> tuple[int, int, int]:
-    """The (BOX_D, BOX_H, BOX_W) of `pixels` output pixels (powers of two) that covers the output
-    (D, H, W) with the fewest padded pixels; ties go to the widest box (longer contiguous rows)."""
+def best_box(out: tuple[int, int, int], pixels: int, window: tuple[int, int, int] = (1, 1, 1)) -> tuple[int, int, int] | None:
+    """The (BOX_D, BOX_H, BOX_W) of `pixels` output pixels (powers of two), each side a multiple of
+    `window`'s (a fused pool's), that covers the output (D, H, W) with the fewest padded pixels;
+    ties go to the widest box (longer contiguous rows). None where no box holds whole windows."""
     def waste(b):
         return math.prod(math.ceil(o / x) * x for o, x in zip(out, b)) / math.prod(out)
     cands = [(d, h, pixels // (d * h)) for d in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16, 32)
              if pixels % (d * h) == 0 and pixels // (d * h) >= 1]
-    cands = [b for b in cands if b[0] <= next_pow2(out[0]) and b[1] <= next_pow2(out[1]) and b[2] <= max(16, next_pow2(out[2]))
-             and b[2] >= min(16, pixels)]  # rows of 8 pixels ran slower than any wider box in the probe
-    return min(cands or [(1, 1, pixels)], key=lambda b: (round(waste(b), 6), -b[2], -b[1]))
+    cands = [b for b in cands if all(x % k == 0 for x, k in zip(b, window))]
+    if not cands:
+        return None
+    fits = [b for b in cands if all(x <= max(next_pow2(o), k) for x, o, k in zip(b[:2], out, window))
+            and b[2] <= max(16, next_pow2(out[2]), window[2])
+            and b[2] >= min(16, pixels)]  # rows of 8 pixels ran slower than any wider box in the probe
+    return min(fits or [b for b in cands if b[2] == max(c[2] for c in cands)],
+               key=lambda b: (round(waste(b), 6), -b[2], -b[1]))
 
 
 def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: int, whole_n: bool,
-                spec: DeviceSpec, elem_bytes: int) -> list[dict]:
+                spec: DeviceSpec, elem_bytes: int, window: tuple[int, int, int] = (1, 1, 1)) -> list[dict]:
     """The box configs of `BOX_SEEDS[precision]` for an output of (D, H, W) pixels per image, each
-    with the box of its BLOCK_M that pads the output least. bf16 multi-row boxes stay at 4 warps:
-    on Triton 3.6 their 8-warp kernels computed wrong results in the probe (the same docs section)."""
+    with the box of its BLOCK_M that pads the output least and holds whole `window`s. bf16
+    multi-row boxes stay at 4 warps: on Triton 3.6 their 8-warp kernels computed wrong results in
+    the probe (the same docs section)."""
     seeds = []
     for bm, bn, bk, w, s in BOX_SEEDS[precision]:
         bn, bk = cap_n if whole_n else min(bn, cap_n), min(bk, cap_k)
-        box = best_box(out, bm)
+        box = best_box(out, bm, window)
+        if box is None:
+            continue
         if w == 8 and (bm * bn < 128 * 128 or (precision == "bf16" and box[0] * box[1] > 1)):
             w = 4
         c = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=AXES["GROUP_M"][0], num_warps=w, num_stages=s,
