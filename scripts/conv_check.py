@@ -8,10 +8,12 @@ NCHW output, as a fused convolution whose result the model returns writes it): c
 `conv_space` for that shape (box configs, which read the input through tensor descriptors,
 alternating with gather configs), each checked against cuDNN's output and timed
 with triton.testing.do_bench (median). An NCHW input's box configs include launch's channels-last
-copy. Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
+copy. With --pool K, both sides max-pool the result over K x K (x K) windows of stride K: cuDNN
+then torch's pool, against the template with the pool fused (box configs pool whole windows of
+each box). Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
 
 usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7]
-       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--out DIR]
+       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--pool 2] [--out DIR]
 """
 import argparse
 import json
@@ -44,6 +46,7 @@ ap.add_argument("--configs", type=int, default=7, help="first configs of the spa
 ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS[:2]), choices=LAYOUTS)
 ap.add_argument("--no-pixel-runs", action="store_true",
                 help="store NCHW outputs without the template's pixel-run hint (an A/B of that hint)")
+ap.add_argument("--pool", type=int, default=0, help="max-pool window (= stride) fused after the convolution")
 ap.add_argument("--out", default=".")
 args = ap.parse_args()
 
@@ -58,7 +61,9 @@ out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 log = open(out / "conv_check.jsonl", "a")
 torch.backends.cudnn.benchmark = True
-mods = {t: load_module_from_source(render_conv(name="kw_conv", transposed=t), f"kw_conv_check_{int(t)}", str(out / "cache"))
+pool = "max" if args.pool > 1 else None
+mods = {t: load_module_from_source(render_conv(name="kw_conv", transposed=t, pool=None if t else pool),
+                                   f"kw_conv_check_{int(t)}_{args.pool}", str(out / "cache"))
         for t in (False, True)}
 spec = device_spec()
 if args.no_pixel_runs:
@@ -75,6 +80,8 @@ for name in args.shapes:
     n, c, co, sp, k, p, *tr = SHAPES[name]
     nd = len(sp)
     transposed = bool(tr)
+    if transposed and pool:
+        continue  # (pools are fused into convolutions only)
     mod = mods[transposed]
     if transposed:  # (stride, output_padding); the weight is [Cin, Cout, *kernel]
         st, op = tr[0]
@@ -85,7 +92,7 @@ for name in args.shapes:
     else:
         extra, osp = {}, tuple(i + 2 * p - k + 1 for i in sp)
         conv = F.conv2d if nd == 2 else F.conv3d
-        box = osp
+        box = tuple(o // args.pool * args.pool for o in osp) if pool else osp
     pixels = n * int(torch.tensor(osp).prod())
     flops = 2 * pixels * co * c * k ** nd // (st ** nd if transposed else 1)  # (taps that meet an input)
     for prec in args.precision:
@@ -97,12 +104,20 @@ for name in args.shapes:
             if layout != "nchw":
                 fmt = torch.channels_last if nd == 2 else torch.channels_last_3d
                 x, w = x.to(memory_format=fmt), w.to(memory_format=fmt)
-            ref = conv(x, w, padding=p, **extra)
-            ms = do_bench(lambda: conv(x, w, padding=p, **extra), return_mode="median")
-            base = dict(shape=name, precision=prec, layout=layout, pixel_runs=not args.no_pixel_runs)
+            if pool:
+                pool_fn = F.max_pool2d if nd == 2 else F.max_pool3d
+                extra["pool_window"] = args.pool
+                def lib(): return pool_fn(conv(x, w, padding=p), args.pool)  # noqa: E704
+            else:
+                def lib(): return conv(x, w, padding=p, **extra)  # noqa: E704
+            ref = lib()
+            ms = do_bench(lib, return_mode="median")
+            base = dict(shape=name, precision=prec, layout=layout, pixel_runs=not args.no_pixel_runs, pool=args.pool)
             emit(**base, impl="cuDNN", ms=ms, tflops=flops / ms / 1e9)
             configs = conv_space(M=pixels, N=co, K=c * k ** nd, precision=prec, elem_bytes=x.element_size(),
-                                 spec=spec, channels=c, box_out=(1,) * (3 - nd) + box)[:args.configs]
+                                 spec=spec, channels=c, box_out=(1,) * (3 - nd) + box,
+                                 box_window=(1,) * (3 - nd) + (max(args.pool, 1),) * nd,
+                                 min_block_m=2 * args.pool ** nd if pool else 1)[:args.configs]
             for cfg in configs:
                 kw = dict(cfg, padding=p, **extra, out_channels_last=layout == "channels-last",
                           INPUT_PRECISION="tf32" if prec == "tf32" else "ieee")
