@@ -202,6 +202,64 @@ def test_a_stride_1_convolution_with_16_channels_ships_a_box_config(policy, pool
     assert f"BOX_W={pair['config']['BOX_W']}" in text and "TensorDescriptor" in text
 
 
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+def test_a_dense_layer_computes_its_batch_norm_and_relu_as_the_convolutions_prologue(policy, tmp_path):
+    """A DenseNet layer in eval mode (batch norm, ReLU, 3x3 convolution, concatenation): with
+    no_library the convolution's kernel absorbs the norm and activation group (and the layout copy
+    after it) and applies it to the values it loads; the group's kernel is not emitted and ModelNew
+    matches Model."""
+
+    class Dense(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn, self.conv = nn.BatchNorm2d(16), nn.Conv2d(16, 8, 3, padding=1, bias=False)
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.bias.data.uniform_(0.2, 1)
+
+        def forward(self, x):
+            return torch.cat([x, self.conv(torch.relu(self.bn(x)))], 1)
+
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(Dense().eval(), [torch.randn(2, 16, 8, 10)]), out,
+                              Options(device="cpu", budget_trials=1, precision=policy, no_library=True, mode="eval",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    rows = {g["id"]: g for g in result["groups"]}
+    (norm,) = [g for g in rows.values() if g["kind"] == "pointwise" and "relu" in g["ops"]]
+    assert norm["strategy"] == "absorbed", norm
+    (conv,) = [g for g in rows.values() if "convolution" in g["ops"] and g["strategy"] == "triton"]
+    assert "relu" in conv["ops"], conv
+    texts = [k.read_text() for k in (out / "kernels").glob("*.py") if not k.stem.startswith("_")]
+    assert any("_prologue(a, " in t for t in texts)
+    assert not any(norm["id"] in k.stem for k in (out / "kernels").glob("*.py"))
+
+
+def test_a_group_between_two_convolutions_is_the_first_ones_epilogue_not_the_seconds_prologue(tmp_path):
+    """conv -> batch norm + ReLU -> conv: the group could be the first convolution's epilogue or the
+    second's prologue, not both (each kernel would read a value the other no longer writes); it
+    stays the first's epilogue, and ModelNew matches Model."""
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1, self.c2 = nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Conv2d(16, 8, 3)
+            self.b1.running_mean.uniform_(-1, 1)
+
+        def forward(self, x):
+            return torch.tanh(self.c2(torch.relu(self.b1(self.c1(x)))))
+
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(Two().eval(), [torch.randn(2, 16, 7, 9)]), out,
+                              Options(device="cpu", budget_trials=1, precision="tf32", no_library=True, mode="eval",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    pairs = [g for g in result["groups"] if g["kind"] == "conv_epilogue" and g["strategy"] == "triton"]
+    assert len(pairs) == 2 and any("relu" in g["ops"] and "_native_batch_norm_legit_no_training" in g["ops"]
+                                   for g in pairs), result["groups"]
+    texts = [k.read_text() for k in (out / "kernels").glob("*.py") if not k.stem.startswith("_")]
+    assert not any("_prologue(a, " in t for t in texts)
+
+
 def test_two_convolutions_read_by_one_group_fuse_one_of_them(tmp_path):
     """A residual add of two convolutions makes two pairs around one group: once the first fuses
     the group, the second (whose fused kernel would read the first's never-written result) is not

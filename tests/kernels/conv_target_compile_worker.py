@@ -27,7 +27,8 @@ EPI = Epilogue(
     "acc = (acc + e0) * e2 + e1\nacc = kw_tanh(acc)",
 )
 
-# name: (transposed, x shape, weight shape, conv args, policy, layout, epilogue, configs[, (pool, window)])
+# name: (transposed, x shape, weight shape, conv args, policy, layout, epilogue, configs[, options])
+# options: pool=(kind, window) fuses a pool; prologue=True applies PROLOGUE to the input's loads
 # policy: fp32 / tf32 / bf16 (float32 tensors rounded in the kernel) / bf16-tensors
 CASES = {
     "resnet3x3-cl-tf32": (False, (32, 256, 56, 56), (256, 256, 3, 3), dict(padding=1), "tf32", "cl", False, 4),
@@ -47,10 +48,18 @@ CASES = {
                         "fp32", "nchw", False, 1),
     # fused pools: box configs pool each box's whole windows in the kernel
     "conv2d-maxpool2-tf32-epi": (False, (128, 64, 64, 64), (128, 64, 3, 3), dict(padding=1), "tf32", "cl", True, 3,
-                                 ("max", (2, 2))),
+                                 dict(pool=("max", (2, 2)))),
     "conv3d-avgpool2-bf16": (False, (16, 32, 16, 32, 32), (64, 32, 3, 3, 3), {}, "bf16", "nchw", False, 2,
-                             ("avg", (2, 2, 2))),
+                             dict(pool=("avg", (2, 2, 2)))),
+    # an input prologue (a DenseNet layer's batch norm and ReLU) in the box, per-tap and folded K loops
+    "densenet3x3-prologue-tf32": (False, (16, 128, 56, 56), (32, 128, 3, 3), dict(padding=1), "tf32", "cl", False, 3,
+                                  dict(prologue=True)),
+    "densenet1x1-prologue-bf16": (False, (16, 512, 28, 28), (128, 512, 1, 1), {}, "bf16-tensors", "nchw", False, 2,
+                                  dict(prologue=True)),
+    "stem-prologue-fold": (False, (8, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3), "tf32", "nchw", False, 1,
+                           dict(prologue=True)),
 }
+PROLOGUE = Epilogue((EpilogueOperand("p0", "col"), EpilogueOperand("p1", "col")), "acc = tl.maximum(acc * p0 + p1, 0.0)")
 
 
 def _strides(shape, layout):
@@ -75,8 +84,10 @@ def _out_shape(transposed, x, w, args):
 
 
 def check(case, cache):
-    transposed, xs, ws, args, policy, layout, epi, n_configs, *pool = CASES[case]
-    pool, window = pool[0] if pool else (None, ())
+    transposed, xs, ws, args, policy, layout, epi, n_configs, *options = CASES[case]
+    options = options[0] if options else {}
+    pool, window = options.get("pool", (None, ()))
+    prologue = options.get("prologue", False)
     dtype = torch.bfloat16 if policy == "bf16-tensors" else torch.float32
     out = _out_shape(transposed, xs, ws, args)
     groups = args.get("groups", 1)
@@ -93,7 +104,7 @@ def check(case, cache):
                          box_window=tuple([1] * (3 - len(window)) + list(window)),
                          min_block_m=2 * math.prod(window) if pool else 1)[:n_configs]
     text = render_conv(EPI if epi else Epilogue(), name=f"kw_conv_{case.replace('-', '_')}", transposed=transposed,
-                       pool=pool)
+                       pool=pool, prologue=PROLOGUE if prologue else Epilogue())
     x = meta_tensor(xs, _strides(xs, layout), dtype)
     w = meta_tensor(ws, _strides(ws, layout), dtype)
     operands = []
@@ -106,7 +117,8 @@ def check(case, cache):
     for cfg in configs:
         kw = dict(args, **cfg, **precision_kw, out_channels_last=layout == "cl", **({"pool_window": window} if pool else {}))
         try:
-            builds = _compile(text, case, [x, w, *operands], kw, cache)
+            pro = [meta_tensor((xs[1],), (1,), torch.float32)] * len(PROLOGUE.operands) if prologue else []
+            builds = _compile(text, case, [x, w, *operands, *pro], kw, cache, len(pro))
         except Exception as e:  # noqa: BLE001 - reported per config
             rows.append(dict(config=cfg, kernel=None, error=f"{type(e).__name__}: {e}", shared=None))
             continue
@@ -116,9 +128,11 @@ def check(case, cache):
     return rows
 
 
-def _compile(text, case, args, kw, cache):
-    """compile_source_for_target on a module whose launch() takes `args` and adds `kw`."""
-    wrapped = text + f"\n\n_conv_launch = launch\n\n\ndef launch(*args):\n    return _conv_launch(*args, **{kw!r})\n"
+def _compile(text, case, args, kw, cache, n_prologue=0):
+    """compile_source_for_target on a module whose launch() takes `args` (the last `n_prologue` of
+    them the prologue's operands) and adds `kw`."""
+    call = "*args" if not n_prologue else f"*args[:-{n_prologue}], prologue_operands=args[-{n_prologue}:]"
+    wrapped = text + f"\n\n_conv_launch = launch\n\n\ndef launch(*args):\n    return _conv_launch({call}, **{kw!r})\n"
     return compile_source_for_target(wrapped, case.replace("-", "_"), args, cache)
 
 

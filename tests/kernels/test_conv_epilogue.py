@@ -107,6 +107,70 @@ def test_channels_last_copy_absorbed_and_residual_broadcast():
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
 
 
+class PreAct(nn.Module):
+    """An eval-mode batch norm and ReLU (scaled) before a convolution, as DenseNet and pre-activation
+    ResNet layers run them; `tap`: the activation is a model output too; `residual`: a tensor of the
+    input's shape is added before the convolution."""
+
+    def __init__(self, conv, tap=False, residual=False):
+        super().__init__()
+        c = conv.in_channels
+        self.bn, self.conv, self.tap, self.residual = nn.BatchNorm2d(c) if conv.weight.dim() == 4 else \
+            nn.BatchNorm3d(c), conv, tap, residual
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+        self.bn.bias.data.uniform_(0.2, 1)  # (so that the prologue of a padding zero is not zero)
+
+    def forward(self, x, r=None):
+        a = torch.relu(self.bn(x)) * 0.5
+        if self.residual:
+            a = a + r
+        y = torch.tanh(self.conv(a))
+        return (y, a) if self.tap else y
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("name,conv,shape", [
+    ("conv2d", lambda: nn.Conv2d(16, 8, 3, padding=1), (2, 16, 6, 9)),
+    ("grouped_strided", lambda: nn.Conv2d(6, 4, 3, stride=2, padding=2, dilation=2, groups=2), (1, 6, 9, 8)),
+    ("convT2d", lambda: nn.ConvTranspose2d(4, 3, 3, stride=2, padding=1), (1, 4, 4, 5)),
+], ids=["conv2d", "grouped_strided", "convT2d"])
+def test_input_prologue_absorbs_the_pointwise_group_before_the_convolution(name, conv, shape, policy):
+    """The batch norm and activation computing the convolution's input (and the layout copy or bf16
+    cast after them) are absorbed: the kernel reads the norm's input and applies the group as the
+    prologue of its loads (the running statistics, weight and bias as per-channel operands, the
+    padding after the prologue), with the epilogue group after the convolution."""
+    torch.manual_seed(3)
+    model, x = PreAct(conv()).eval(), torch.randn(*shape)
+    g, plan, pair = _pair(model, x, policy)
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+    assert g.is_input(fused.x) and not fused.prologue.empty
+    assert [o.kind for o in fused.prologue.operands].count("col") >= 2 and len(fused.absorbed) >= 1
+    assert fused.cast_bf16 == (policy == "bf16")
+    text, ins = conv_epilogue.render(fused, TILE, policy, f"conv_pro_{name}_{policy}")
+    assert "_prologue(a, " in text
+    mod = load_module_from_source(text, f"conv_pro_{name}_{policy}", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        (res,) = mod.launch(*[env[v] for v in ins])
+        want = model(x)
+    tol = 2e-2 if policy == "bf16" else 1e-4
+    torch.testing.assert_close(res.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_input_prologue_only_for_a_group_the_convolution_alone_reads():
+    """No prologue where the group's result is read elsewhere too (a model output) or where the
+    group reads a second tensor of the input's shape (a residual added before the convolution)."""
+    x = torch.randn(1, 4, 6, 6)
+    for model, inputs in ((PreAct(nn.Conv2d(4, 4, 3), tap=True), [x]),
+                          (PreAct(nn.Conv2d(4, 4, 3), residual=True), [x, torch.randn(1, 4, 6, 6)])):
+        g = rewrite(capture(from_module(model.eval(), inputs)), "fp32")[0]
+        plan = plan_graph(g)
+        (pair,) = [p for p in plan.pairs if p.kind == "conv"]
+        fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+        assert fused.prologue.empty and not fused.absorbed and not g.is_input(fused.x)
+
+
 def test_conv_alone_with_bias():
     """The convolution as a node (no group): its bias is the epilogue."""
     torch.manual_seed(2)

@@ -28,10 +28,10 @@ def mods(tmp_path_factory):
     cache = tmp_path_factory.mktemp("kwconv")
     out = {}
 
-    def get(transposed=False, epilogue=None, name="kw_conv"):
-        key = (transposed, epilogue, name)
+    def get(transposed=False, epilogue=None, name="kw_conv", prologue=None):
+        key = (transposed, epilogue, name, prologue)
         if key not in out:
-            text = render_conv(epilogue or Epilogue(), name=name, transposed=transposed)
+            text = render_conv(epilogue or Epilogue(), name=name, transposed=transposed, prologue=prologue or Epilogue())
             mod = load_module_from_source(text, f"{name}_{int(transposed)}", cache)
             # NaN-poisoned outputs: an element the kernel leaves unwritten fails the comparison
             mod._alloc = lambda shape, dtype, device, stride=None: torch.full(shape, float("nan"), dtype=dtype,
@@ -301,6 +301,50 @@ def test_bf16(mods, transposed):
     _close(out, ref, tol=1e-4)
 
 
+# the input's prologue: an eval-mode batch norm and a ReLU, scaled (col and scalar operands)
+PROLOGUE = Epilogue((EpilogueOperand("p0", "col"), EpilogueOperand("p1", "col"), EpilogueOperand("p2", "scalar")),
+                    "acc = tl.maximum(acc * p0 + p1, 0.0) * p2")
+# (transposed, batch, Cin, Cout, spatial, kernel, conv args, tile): the folded-tap, per-tap and box
+# K loops, grouped, transposed and 3-D
+PROLOGUE_CASES = {
+    "fold-pad": (False, 2, 3, 5, (7, 6), (3, 3), dict(padding=1), TILE),
+    "per-tap-dil": (False, 1, 32, 8, (6, 7), (3, 3), dict(padding=2, dilation=2), TILE),
+    "box": (False, 2, 16, 16, (5, 9), (3, 3), dict(padding=1),
+            dict(TILE, BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8, INPUT_PRECISION="tf32")),
+    "grouped-stride2": (False, 2, 6, 4, (7, 7), (3, 3), dict(stride=2, padding=1, groups=2), TILE),
+    "transposed": (True, 1, 4, 5, (4, 5), (3, 3), dict(stride=2, padding=1, output_padding=1), TILE),
+    "3d": (False, 1, 3, 4, (4, 5, 3), (3, 3, 2), dict(padding=1), TILE),
+}
+
+
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("case", list(PROLOGUE_CASES), ids=str)
+def test_input_prologue(mods, case, layout):
+    """A prologue applies to the input's values as they are loaded and before the zero padding
+    (here the prologue of 0 is not 0, so padding taps would show it), per input channel across
+    groups; bf16 tensors round its result to bf16, as the graph's bf16 value is."""
+    transposed, batch, cin, cout, size, kernel, args, tile = PROLOGUE_CASES[case]
+    x, w = _case(transposed, batch, cin, cout, size, kernel, args.get("groups", 1), seed=len(case) + 3)
+    g = _gen(5)
+    scale, shift, k = _rand(cin, g=g), _rand(cin, g=g).abs() + 0.5, torch.tensor(1.5)
+    view = (cin,) + (1,) * (x.dim() - 2)
+    pre = torch.relu(x * scale.view(view) + shift.view(view)) * k
+    ref = _ref(pre, w, transposed, **args)
+    if layout == "cl":
+        x = _channels_last(x)
+    mod = mods(transposed, prologue=PROLOGUE, name="kw_conv_pro")
+    _close(mod.launch(x, w, **args, prologue_operands=(scale, shift, k), **tile), ref, tol=2e-3 if "BOX_W" in tile else TOL)
+    if case == "per-tap-dil":
+        out = mod.launch(x.bfloat16(), w.bfloat16(), **args, prologue_operands=(scale, shift, k), **tile,
+                         out_dtype=torch.float32)
+        pre16 = torch.relu(_bf16(x).float() * scale.view(view) + shift.view(view)) * k  # (from bf16 x values)
+        _close(out, _ref(_bf16(pre16), _bf16(w), transposed, **args), tol=1e-3)
+        with pytest.raises(ValueError, match="prologue operand"):
+            mod.launch(x, w, **args, prologue_operands=(scale, shift), **tile)
+        with pytest.raises(ValueError, match="input channels"):
+            mod.launch(x, w, **args, prologue_operands=(scale[:3], shift, k), **tile)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_space_configs_run(mods, transposed):
     """The first configs of conv_space (tensor-core sized tiles) compute the same convolution."""
@@ -317,6 +361,8 @@ def test_space_configs_run(mods, transposed):
 def test_errors(mods):
     with pytest.raises(ValueError, match="row"):
         render_conv(Epilogue((EpilogueOperand("e0", "row"),), "acc = acc + e0"))
+    with pytest.raises(ValueError, match="prologue"):
+        render_conv(prologue=Epilogue((EpilogueOperand("p0", "full"),), "acc = acc + p0"))
     x, w = _case(False, 1, 4, 4, (5, 5), (3, 3), 1, seed=0)
     mod = mods(False)
     with pytest.raises(ValueError, match="groups"):

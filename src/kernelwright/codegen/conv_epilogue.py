@@ -13,6 +13,10 @@ map) through its own strides, 0 where it broadcasts, so no operand is ever copie
 The input's layout copy or bf16 cast that only this convolution reads (plan.rewrites makes them
 for channels-last convolutions and the bf16 policy) is absorbed: the kernel reads the source
 tensor in its own layout and rounds tiles to bf16 itself, saving that copy's pass over memory.
+So is a pointwise group computing the input from one tensor of its shape and per-channel or 0-d
+operands (an eval-mode batch norm and activation before the convolution, as in pre-activation
+and DenseNet blocks; an input scaling): the kernel applies it to the values it loads (the
+template's prologue), so the group's result is never written.
 """
 from __future__ import annotations
 
@@ -57,6 +61,9 @@ class ConvEpilogue:
     row_out: bool = False  # the last epilogue reduced over the channels: one value per pixel
     whole_n: bool = False  # an epilogue reduces over the channels: one tile must hold them all
     out_meta_shape: tuple[int, ...] = ()  # the shape of `out`
+    prologue: Epilogue = IDENTITY  # applied to the input's values as the kernel loads them
+    prologue_operands: tuple[str, ...] = ()  # its operands' graph values, in order
+    prologue_views: tuple[tuple, ...] = ()  # per operand: the (shape, strides) view launch takes of it
 
     @property
     def args(self) -> dict:
@@ -105,7 +112,7 @@ class ConvEpilogue:
 
     @property
     def inputs(self) -> list[str]:
-        return list(dict.fromkeys([self.x, self.w] + self.operands))
+        return list(dict.fromkeys([self.x, self.w] + self.operands + list(self.prologue_operands)))
 
     @property
     def gemm(self) -> tuple[int, int, int]:
@@ -167,6 +174,49 @@ def _absorbable_input(graph: Graph, conv: OpNode, groups: list[Group]) -> tuple[
         if "memory_format" in node.kwargs or (group is not None and plain_cast(graph, node)):
             return src, ((group.id,) if group is not None else (x,)), (x,), True
     return None
+
+
+def _prologue_input(graph: Graph, x: str, reader: str, groups: list[Group]):
+    """(source value, units, nodes, rounds to bf16, prologue, its operands' values and views) when
+    value `x` (the convolution's input, or the source of its absorbed layout copy or cast, node
+    `reader`) is computed by a pointwise group that `reader` alone reads, from one tensor of x's
+    shape (read in place) and per-channel or 0-d operands; else None. The group's statements
+    become the template's prologue (`acc`: the loaded input values)."""
+    if graph.is_input(x) or x in graph.outputs or x in graph.mutations \
+            or [u.name for u in graph.users(x)] != [reader]:
+        return None
+    group = next((g for g in groups if g.outputs == [x] and x in g.nodes), None)
+    if group is None or group.rdims is not None:
+        return None
+    shape = tuple(graph.meta(x).shape)
+    full = [v for v in group.inputs if graph.meta(v) is not None and tuple(graph.meta(v).shape) == shape]
+    if len(full) != 1 or graph.meta(full[0]).dtype not in ("float32", "bfloat16"):
+        return None
+    source = full[0]
+    ops: list[EpilogueOperand] = []
+    values: list[str] = []
+    views: list[tuple] = []
+
+    def load(var: str, value: str, strides: tuple) -> str:
+        nonzero = [i for i, st in enumerate(strides) if st != 0]
+        if nonzero not in ([], [1]):
+            raise Unsupported("a prologue operand that varies over the pixels or the batch")
+        name = f"p{len(ops)}"
+        ops.append(EpilogueOperand(name, "col" if nonzero else "scalar"))
+        values.append(value)
+        views.append(((shape[1],), (strides[1],)) if nonzero else ((), ()))
+        return f"{var} = {name}"
+
+    try:
+        lines, result, _ = stage_lines(graph, group, shape, (source, "acc", "the convolution's input source"),
+                                       load, "a convolution prologue")
+    except Unsupported:
+        return None
+    cast = graph.meta(x).dtype == "bfloat16" and graph.meta(source).dtype == "float32"
+    if graph.meta(x).dtype != graph.meta(source).dtype and not cast:
+        return None
+    prologue = Epilogue(tuple(ops), "\n".join(lines + [f"acc = {result}"]))
+    return source, (group.id,), tuple(group.nodes), cast, prologue, tuple(values), tuple(views)
 
 
 def output_view(strides: tuple, domain: tuple, shape: tuple) -> tuple[int, ...]:
@@ -246,9 +296,11 @@ def _stage_fusable(graph: Graph, group: Group, value: str, shape: tuple, conv: O
 
 
 def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] = (), pools: tuple[str, ...] = (),
-          post: Group | None = None) -> ConvEpilogue:
+          post: Group | None = None, prologue_groups: list[Group] | None = None) -> ConvEpilogue:
     """The epilogue (operands, statements) that applies `group` to `conv`'s accumulator; with the
-    plan's `groups`, the input's layout copy or bf16 cast is absorbed (module docstring). With
+    plan's `groups`, the input's layout copy or bf16 cast is absorbed, and a pointwise group of
+    `prologue_groups` (default: `groups`) computing the input becomes the prologue of the kernel's
+    loads (module docstring). With
     `group` None and no pools: the convolution alone (its bias, if it has one, as the epilogue).
     With `pools` (a plan.Pair's pooling and getitem nodes) the result is pooled in the kernel and
     `post` applied to the pooled tile."""
@@ -297,15 +349,22 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
             out = post.outputs[0]
             meta = graph.meta(out)
     x, absorbed, absorbed_nodes, cast = conv.args[0].name, (), (), False
+    prologue, pro_values, pro_views = IDENTITY, (), ()
     found = _absorbable_input(graph, conv, list(groups))
     if found is not None:
         x, absorbed, absorbed_nodes, cast = found
+    pro = _prologue_input(graph, x, absorbed_nodes[0] if absorbed_nodes else conv.name,
+                          list(groups if prologue_groups is None else prologue_groups))
+    if pro is not None and not (cast and pro[3]):
+        x, units, nodes, pro_cast, prologue, pro_values, pro_views = pro
+        absorbed, absorbed_nodes, cast = units + absorbed, nodes + absorbed_nodes, cast or pro_cast
     w = conv.args[1].name
     widen = cast and graph.meta(w).dtype == "bfloat16"
     pre = Epilogue(tuple(ops[:pre_n]), "\n".join(code)) if code or ops[:pre_n] else IDENTITY
     return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, meta.channels_last, cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,
-                        Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape))
+                        Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape),
+                        prologue, pro_values, pro_views)
 
 
 def _stage(graph: Graph, group: Group, value: str, shape: tuple, code: list[str], operand) -> bool:
@@ -379,7 +438,7 @@ def _pool_window(pools: list[OpNode], shape: tuple) -> tuple[str, tuple[int, ...
 def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tuple[str, list[str]]:
     """Module text whose `launch(*inputs)` runs the fused convolution with `config`; its inputs."""
     text = render_conv(fused.epilogue, name=name, transposed=fused.transposed, pool=fused.pool,
-                       post=fused.post_epilogue, row_out=fused.row_out, whole_n=fused.whole_n)
+                       post=fused.post_epilogue, row_out=fused.row_out, whole_n=fused.whole_n, prologue=fused.prologue)
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS if config.get(k)}
@@ -389,10 +448,13 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
         kw["INPUT_PRECISION"] = "tf32"  # (float32 operands only: the template ignores it for bf16)
     views = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
              for v, (shape, strides) in zip(fused.operands, fused.views)]
+    prologue = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
+                for v, (shape, strides) in zip(fused.prologue_operands, fused.prologue_views)]
     weight = f"{arg[fused.w]}.float()" if fused.widen_weight else arg[fused.w]
     call = ", ".join([arg[fused.x], weight] + views
                      + [f"{k}={v!r}" for k, v in fused.args.items()]
                      + ([f"pool_window={fused.pool_window!r}"] if fused.pool else [])
+                     + ([f"prologue_operands=({''.join(p + ', ' for p in prologue)})"] if prologue else [])
                      + [f"out_dtype=torch.{fused.out_dtype}", f"out_channels_last={fused.out_channels_last}"]
                      + [f"{k}={v!r}" for k, v in kw.items()])
     out_shape = tuple(fused.out_meta_shape)
@@ -402,7 +464,9 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
     if fused.pool:
         epi += f", {fused.pool}-pooled over {list(fused.pool_window)}" + (
             f", then group {fused.post.id}" if fused.post is not None else "")
-    absorbed = "" if not fused.absorbed else f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed)"
+    absorbed = "" if not fused.absorbed else (
+        f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed"
+        + (f"; {fused.absorbed[0]} as the prologue of its loads)" if prologue else ")"))
     wrapper = f'''
 
 _conv_launch = launch

@@ -39,7 +39,7 @@ _KIND_DOC = {
 
 def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transposed: bool = False,
                 pool: str | None = None, post: Epilogue = IDENTITY, row_out: bool = False,
-                whole_n: bool = False) -> str:
+                whole_n: bool = False, prologue: Epilogue = IDENTITY) -> str:
     """Module text of the convolution template (``transposed``: a transposed convolution, weight
     [Cin, Cout / groups, *kernel]) with `epilogue` fused; ``{name}_kernel`` and ``launch``.
 
@@ -50,7 +50,11 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
     row_out: the last epilogue reduced over the channels (its result is one value per pixel,
     ``[BLOCK_M, 1]``): y has one channel. whole_n (implied by row_out): an epilogue reduces over the
     channels, so launch refuses tiles narrower than Cout and grouped convolutions.
-    A "row" operand (per output pixel) is a ValueError: the conv epilogue has no row view."""
+    A "row" operand (per output pixel) is a ValueError: the conv epilogue has no row view.
+    prologue: statements applied to the input's values as they are loaded (``acc``: a [pixels, K]
+    tile of them in float32; its operands "col", one value per input channel, or "scalar", named
+    apart from the epilogue's), before the convolution's zero padding: launch's
+    ``prologue_operands``."""
     if not name.isidentifier():
         raise ValueError(f"kernel name {name!r} is not a Python identifier")
     if pool not in (None, "max", "avg"):
@@ -60,6 +64,9 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
     if not pool and not post.empty:
         raise ValueError("a post-pooling epilogue needs pool")
     both = Epilogue(epilogue.operands + post.operands, epilogue.code)  # (raises on a repeated name)
+    Epilogue(both.operands + prologue.operands)  # (likewise)
+    if any(o.kind not in ("col", "scalar") for o in prologue.operands):
+        raise ValueError("a prologue takes col (per input channel) and scalar operands only")
     rows = [o.name for o in both.operands if o.kind == "row"]
     if rows:
         raise ValueError(f"the convolution template takes col, full and scalar epilogue operands, not row ({rows})")
@@ -76,6 +83,10 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
         params=operand_params(both, full_strides=FULL_STRIDES),
         loads=render_operand_loads(epilogue, "offs_m", "co", "mask", **loads),
         code=render_code(epilogue, indent=" " * 4),
+        prologue=prologue,
+        prologue_params=[f"{o.name}_ptr" for o in prologue.operands],
+        prologue_loads=render_operand_loads(prologue, "ch", "ch", "ok", mask_n="ch_ok", indent=" " * 4),
+        prologue_code=render_code(prologue, indent=" " * 4),
         post_loads=render_operand_loads(post, "offs_m", "co", "mask", **loads),
         post_code=render_code(post, indent=" " * 4),
         code_doc=render_code(epilogue, indent=" " * 4) + (

@@ -266,9 +266,12 @@ def _unit_choices(job: _Job, plan, unit, template) -> tuple[UnitResult, list[Cho
             return row, [], "the node's templates are Triton templates (--backend cuda)"
         return row, choices, ""
     if _conv(graph, node.name):  # the implicit-GEMM convolution, its bias fused
-        choices.append(Choice("triton.conv", lambda: ConvTuner(
-            graph, conv_epilogue.build(graph, node, None, plan.groups), None, job.env, job.policy, job.device,
-            job.cache_dir, job.timed, job.spec)))
+        def conv_tuner():
+            fused = conv_epilogue.build(graph, node, None, plan.groups, prologue_groups=_prologue_groups(plan, node.name))
+            # (what it replaces: the absorbed units' chosen kernels, then the library convolution)
+            impls = [_unit_impl(job, plan, u) for u in (*fused.absorbed, node.name)] if fused.absorbed else None
+            return ConvTuner(graph, fused, impls, job.env, job.policy, job.device, job.cache_dir, job.timed, job.spec)
+        choices.append(Choice("triton.conv", conv_tuner))
     return row, choices, ""
 
 
@@ -414,7 +417,8 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
             tuner = GemmTuner(graph, fused, impls, job.env, job.policy, job.device, job.cache_dir, job.timed)
             absorbed = [g.id for g in fused.prologue]  # the bf16 operand casts, tile by tile
         else:
-            fused = conv_epilogue.build(graph, node, group, plan.groups, pair.pools, pair.post)
+            fused = conv_epilogue.build(graph, node, group, plan.groups, pair.pools, pair.post,
+                                        prologue_groups=_prologue_groups(plan, pair.anchor))
             absorbed = list(fused.absorbed)
             impls = [_unit_impl(job, plan, u) for u in absorbed + pair.units]
             tuner = ConvTuner(graph, fused, impls, job.env, job.policy, job.device, job.cache_dir, job.timed, job.spec)
@@ -552,6 +556,14 @@ def _unit_impl(job: _Job, plan, name: str):
                      job.out.sources.get(kernel.kernel) if kernel is not None else None, job.device, name)
 
 
+def _prologue_groups(plan, anchor: str) -> list:
+    """The plan's groups the convolution `anchor` may apply as the prologue of its loads: those no
+    other pair or pool chain may fuse (a group after a convolution is that convolution's epilogue
+    first), so that no two kernels each compute a group whose input the other no longer writes."""
+    taken = {u for p in plan.pairs if p.anchor != anchor for u in p.units} | {u for c in plan.chains for u in c.units}
+    return [g for g in plan.groups if g.id not in taken]
+
+
 def _groups_within(units, names) -> list:
     """The group units whose every node is in `names`."""
     names = set(names)
@@ -578,12 +590,14 @@ def _absorbed_unit(job: _Job, unit: str) -> bool:
 
 def _drop_absorbed_groups(plan, absorbs, by: str, out: Tuned, rows: list[UnitResult]) -> None:
     """Groups whose every node a node kernel computes (the bf16 cast of a model input a depthwise
-    conv reads) are not run: no kernel, no source, a note in their report row."""
-    for u in _groups_within(plan.units, absorbs):
-        out.kernels[u.name] = None
-        out.sources.pop(u.name, None)
+    conv reads, the batch norm and activation a convolution's prologue applies) and node units it
+    computes (a layout copy) are not run: no kernel, no source, a note in their report row."""
+    names = [u.name for u in _groups_within(plan.units, absorbs)] + [n for n in absorbs if n != by]
+    for name in names:
+        out.kernels[name] = None
+        out.sources.pop(name, None)
         for row in rows:
-            if row.id == u.name:
+            if row.id == name:
                 row.strategy, row.note = "absorbed", f"computed inside {by}'s kernel"
 
 

@@ -411,7 +411,8 @@ class CudaTuner(KernelTuner):
 class ConvTuner(KernelTuner):
     """A convolution node alone (its bias fused), or with its pointwise epilogue group, as one
     implicit-GEMM Triton convolution (codegen/conv_epilogue.py); the input's layout copy or bf16
-    cast that only the convolution reads is absorbed.
+    cast that only the convolution reads is absorbed, and so is a pointwise group computing its
+    input (the kernel's prologue).
 
     The reference to beat is what the program would otherwise run: the chosen implementations of
     the absorbed units, the convolution and the epilogue group, one after the other (`impls`:
@@ -427,8 +428,8 @@ class ConvTuner(KernelTuner):
         nodes = (list(f.absorbed_nodes) + [f.conv.name] + (list(f.group.nodes) if f.group is not None else [])
                  + list(f.pools) + (list(f.post.nodes) if f.post is not None else []))
         inner = set(nodes)
-        ins = [v for v in dict.fromkeys([f.x, f.w] + f.conv.inputs + [v for s in stages for v in s.inputs])
-               if v not in inner]
+        ins = [v for v in dict.fromkeys([f.x, f.w] + f.conv.inputs + [v for s in stages for v in s.inputs]
+                                        + list(f.prologue_operands)) if v not in inner]
         super().__init__(graph, nodes, ins, [(f.out, None)], env, policy, device, cache_dir, timed)
         self.absorbs, self.result = list(f.absorbed_nodes), f.out
         M, N, K = f.gemm
@@ -458,10 +459,11 @@ class ConvTuner(KernelTuner):
                          "transposed": float(f.transposed), "spatial": len(f.out_shape) - 2,
                          "kind": "conv_pool" if f.pool else "conv_epilogue" if f.group is not None else "conv",
                          "pool_window": float(math.prod(f.pool_window)) if f.pool else 1.0,
-                         "box": box_out is not None}
+                         "box": box_out is not None, "prologue": float(not f.prologue.empty)}
         self.task = (f"conv{len(f.out_shape) - 2}d{'T' if f.transposed else ''}/{M}x{N}x{K}/g{groups}"
                      + (f"/{f.group.id}" if f.group is not None else "")
-                     + (f"/{f.pool}{list(f.pool_window)}" + (f"/{f.post.id}" if f.post else "") if f.pool else ""))
+                     + (f"/{f.pool}{list(f.pool_window)}" + (f"/{f.post.id}" if f.post else "") if f.pool else "")
+                     + ("/prologue" if not f.prologue.empty else ""))
 
     def library_fn(self):
         return self._run_library if self.impls is None else chained(self.env, self.unit_inputs, self.impls)

@@ -37,6 +37,16 @@ def kw_cast_out(x, ptr):
 
 
 @triton.jit
+def kw_cast_like(x, like):
+    # x converted to the element type of tensor `like`, rounding as kw_cast_out does
+    if KW_INTERPRETED:
+        if like.dtype == tl.bfloat16:
+            if x.dtype == tl.float32:
+                x = kw_round_bf16(x)
+    return x.to(like.dtype)
+
+
+@triton.jit
 def kw_tanh(x):
     # tanh through exp2, stable for large |x|
     e = tl.exp2(-2.8853900817779268 * tl.abs(x))
