@@ -232,6 +232,8 @@ def test_a_dense_layer_computes_its_batch_norm_and_relu_as_the_convolutions_prol
     texts = [k.read_text() for k in (out / "kernels").glob("*.py") if not k.stem.startswith("_")]
     assert any("_prologue(a, " in t for t in texts)
     assert not any(norm["id"] in k.stem for k in (out / "kernels").glob("*.py"))
+    header = (out / "model_new.py").read_text().split("import", 1)[0]
+    assert f"{norm['id']} [pointwise]" in header and "absorbed (computed inside" in header
 
 
 def test_a_group_between_two_convolutions_is_the_first_ones_epilogue_not_the_seconds_prologue(tmp_path):

@@ -46,6 +46,8 @@ CASES = {
                             dict(stride=2, padding=1, output_padding=1), "bf16-tensors", "cl", False, 2),
     "convT1d-s3-dil2": (True, (8, 32, 500), (32, 16, 5), dict(stride=3, dilation=2, padding=2, output_padding=1),
                         "fp32", "nchw", False, 1),
+    # a late ResNet layer at batch 2: four 128 x 128 tiles, so the first configs come split along K too
+    "resnet-layer4-b2-split-epi": (False, (2, 512, 7, 7), (512, 512, 3, 3), dict(padding=1), "tf32", "cl", True, 4),
     # fused pools: box configs pool each box's whole windows in the kernel
     "conv2d-maxpool2-tf32-epi": (False, (128, 64, 64, 64), (128, 64, 3, 3), dict(padding=1), "tf32", "cl", True, 3,
                                  dict(pool=("max", (2, 2)))),

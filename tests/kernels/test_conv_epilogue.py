@@ -328,6 +328,9 @@ def test_conv_pool_box_configs(name, make, shape, box):
         args[ins.index(fused.x)] = xcl
         assert mod.tma_box_ok(xcl, 1, (1,) * nd) == "channels-last"
         torch.testing.assert_close(mod.launch(*args)[0], want, rtol=2e-2, atol=2e-2)
+        text, _ = conv_epilogue.render(fused, dict(tile, SPLIT_K=2), "tf32", f"conv_pool_box_split_{name}")
+        split = load_module_from_source(text, f"conv_pool_box_split_{name}", CACHE)  # (K split: pooled in the sum's launch)
+        torch.testing.assert_close(split.launch(*args)[0], want, rtol=2e-2, atol=2e-2)
         cut = (1, 1, 16) if window[:2] != (1, 1) else (1, 8, 2)  # 16 pixels, a side shorter than the window's
         text, _ = conv_epilogue.render(fused, dict(tile, BLOCK_M=16, BOX_D=cut[0], BOX_H=cut[1], BOX_W=cut[2]),
                                        "tf32", f"conv_pool_cut_{name}")

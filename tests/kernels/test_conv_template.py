@@ -345,6 +345,32 @@ def test_input_prologue(mods, case, layout):
             mod.launch(x, w, **args, prologue_operands=(scale[:3], shift, k), **tile)
 
 
+# (transposed, batch, Cin, Cout, spatial, kernel, conv args, tile, SPLIT_K): the per-tap, folded-tap
+# and box K loops, grouped and transposed, splits with no K step left (3 steps, 4 splits)
+SPLITS = {
+    "per-tap": (False, 2, 32, 20, (5, 6), (3, 3), dict(stride=2, padding=1), TILE, 4),
+    "fold-grouped": (False, 1, 6, 4, (7, 7), (3, 3), dict(padding=1, groups=2), TILE, 3),
+    "box": (False, 1, 16, 16, (6, 9), (3, 3), dict(padding=1),
+            dict(TILE, BOX_D=1, BOX_H=2, BOX_W=8, INPUT_PRECISION="tf32"), 2),
+    "transposed": (True, 2, 4, 5, (4, 5), (3, 3), dict(stride=2, padding=1, output_padding=1), TILE, 2),
+    "more-splits-than-steps": (False, 1, 16, 8, (4, 4), (1, 3), dict(padding=(0, 1)), TILE, 4),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLITS), ids=str)
+def test_split_k_sums_its_partial_tiles(mods, case):
+    """SPLIT_K shares each tile's K steps among programs writing float32 partial tiles; a second
+    launch sums them and applies the epilogue: the same result as the unsplit kernel (to float32
+    rounding of the order of the sum)."""
+    transposed, batch, cin, cout, size, kernel, args, tile, split = SPLITS[case]
+    x, w = _case(transposed, batch, cin, cout, size, kernel, args.get("groups", 1), seed=len(case))
+    e0 = _rand(cout, g=_gen(9))
+    ref = _ref(x, w, transposed, **args) + e0.view(1, -1, *([1] * len(size)))
+    bias = Epilogue((EpilogueOperand("e0", "col"),), "acc = acc + e0")
+    out = mods(transposed, bias).launch(_channels_last(x), w, e0, **args, **tile, SPLIT_K=split)
+    _close(out, ref, tol=2e-3 if "BOX_W" in tile else TOL)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_space_configs_run(mods, transposed):
     """The first configs of conv_space (tensor-core sized tiles) compute the same convolution."""
@@ -369,8 +395,8 @@ def test_errors(mods):
         mod.launch(x, w, groups=3)
     with pytest.raises(ValueError, match="string"):
         mod.launch(x, w, padding="same")
-    with pytest.raises(ValueError, match="split"):
-        mod.launch(x, w, SPLIT_K=2)
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        mod.launch(x, w, SPLIT_K=0)
     with pytest.raises(ValueError, match="empty output"):
         mod.launch(x, w, dilation=3)
     with pytest.raises(ValueError, match="epilogue operand"):

@@ -32,7 +32,7 @@ from kernelwright.codegen.triton_group import Stmt, Unsupported, lower, reduce_t
 from kernelwright.codegen.triton_pool import pool_params
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
-from kernelwright.space.conv_space import BOX_KEYS, CONFIG_KEYS
+from kernelwright.space.conv_space import BOX_KEYS, CONFIG_KEYS, SPLIT_KEYS
 
 
 @dataclass
@@ -441,7 +441,7 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
                        post=fused.post_epilogue, row_out=fused.row_out, whole_n=fused.whole_n, prologue=fused.prologue)
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
-    kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS if config.get(k)}
+    kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS + SPLIT_KEYS if config.get(k)}
     if fused.cast_bf16:
         kw["CAST_BF16"] = True
     elif precision == "tf32":

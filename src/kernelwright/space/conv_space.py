@@ -23,6 +23,8 @@ CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_sta
 # a box config's extra keys: the tile's output pixels as a BOX_D x BOX_H x BOX_W box of one image,
 # read through tensor descriptors (the template's TMA path)
 BOX_KEYS = ("BOX_D", "BOX_H", "BOX_W")
+# a split-K config's extra key: each tile's K steps shared among SPLIT_K programs (`split_k`)
+SPLIT_KEYS = ("SPLIT_K",)
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the box configs, per precision, BLOCK_N shrunk to
 # the problem's cap: the fastest tiles of the TMA probe on eight level-2 / ResNet shapes (3x3, stride 1,
 # tf32 and bf16; docs/benchmarks.md "The convolution's input through tensor descriptors")
@@ -176,7 +178,26 @@ def conv_space(
         rest = [c for c in out if c not in boxes]
         mixed = [c for pair in itertools.zip_longest(boxes, rest[:len(boxes)]) for c in pair if c is not None]
         out = mixed + rest[len(boxes):]
+    if M and N and K:  # each of the first configs with too few tiles for the SMs, split along K next to it
+        first = []
+        for c in out[:4]:
+            s = split_k(c, M, N, K, groups, spec)
+            first += [c, dict(c, SPLIT_K=s)] if s > 1 else [c]
+        out = first + out[4:]
     return out[:max_configs]
+
+
+def split_k(cfg: dict, M: int, N: int, K: int, groups: int, spec: DeviceSpec) -> int:
+    """How many programs share each tile's K steps (a power of two up to 16; 1: none): where the
+    config's tiles fill at most half the SMs, the most splits that keep the programs within one
+    wave and give each split at least 4 K steps (a late ResNet layer at a small batch: 98 output
+    pixels, 512 channels, K = 4608 make 4 tiles of 128 x 128)."""
+    tiles = programs(cfg, M, N, groups)
+    steps = math.ceil(K / cfg["BLOCK_K"])
+    split = 1
+    while split < 16 and tiles * split * 2 <= spec.sms and steps >= 8 * split:
+        split *= 2
+    return split
 
 
 def _distinct_tiles_first(seeds: list[dict]) -> list[dict]:
@@ -228,5 +249,5 @@ def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: in
     return _distinct_tiles_first(seeds)
 
 
-__all__ = ["CONFIG_KEYS", "BOX_KEYS", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
+__all__ = ["CONFIG_KEYS", "BOX_KEYS", "SPLIT_KEYS", "split_k", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
            "block_k_cap", "smem_bytes", "programs"]
