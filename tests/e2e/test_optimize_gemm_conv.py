@@ -236,6 +236,32 @@ def test_a_dense_layer_computes_its_batch_norm_and_relu_as_the_convolutions_prol
     assert f"{norm['id']} [pointwise]" in header and "absorbed (computed inside" in header
 
 
+def test_a_training_batch_norm_before_a_convolution_is_split_and_applied_in_its_loads(tmp_path):
+    """A ResNet basic block in training mode: the first batch norm splits into its statistics (and
+    running statistics) and a pointwise apply that the second convolution computes as it loads its
+    input; ModelNew matches Model in training mode, buffer updates included."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+            self.c2, self.b2 = nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16)
+
+        def forward(self, x):
+            return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + x)
+
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(Block().train(), [torch.randn(2, 16, 8, 10)]), out,
+                              Options(device="cpu", budget_trials=1, precision="tf32", no_library=True, mode="train",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    rows = result["modes"]["train"]["groups"] if "modes" in result else result["groups"]
+    (apply,) = [g for g in rows if g["kind"] == "pointwise" and "sub" in g["ops"] and "relu" in g["ops"]]
+    assert apply["strategy"] == "absorbed", apply
+    texts = [k.read_text() for k in (out / "kernels").glob("*.py") if not k.stem.startswith("_")]
+    assert any("_prologue(a, " in t for t in texts)
+
+
 def test_a_group_between_two_convolutions_is_the_first_ones_epilogue_not_the_seconds_prologue(tmp_path):
     """conv -> batch norm + ReLU -> conv: the group could be the first convolution's epilogue or the
     second's prologue, not both (each kernel would read a value the other no longer writes); it

@@ -74,6 +74,47 @@ def test_the_apply_is_the_pool_chains_prologue():
     assert {"getitem_3", "getitem_4"} <= set(stats[0].nodes)  # the running statistics in it too
 
 
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+def test_a_batch_norm_before_a_convolution_splits_and_its_apply_stays_apart(policy):
+    """A training batch norm whose result goes on (through a ReLU, a scaling and the policy's layout
+    copy) into a convolution splits like one before a pool: exact, running statistics
+    included, and the planner keeps the apply out of the statistics' group, so the convolution can
+    take it as the prologue of its loads."""
+
+    class ConvBnConv(ConvBnPool):
+        def __init__(self):
+            super().__init__()
+            self.conv2 = nn.Conv2d(5, 4, 3)
+
+        def forward(self, x):
+            return self.conv2(torch.relu(self.bn(self.conv(x))) * 0.5)
+
+    torch.manual_seed(1)
+    model = ConvBnConv().train()
+    x = torch.randn(2, 3, 6, 7)
+    graph, notes = _rewritten(model, x, policy)
+    assert any("feeds a convolution" in n for n in notes), notes
+    plan = plan_graph(graph)
+    (stats,) = [g for g in plan.groups if g.kind == "reduction"]
+    applies = [g for g in plan.groups if g.rdims is None and any(n.endswith("_centred") for n in g.nodes)]
+    assert len(applies) == 1 and not set(applies[0].nodes) & set(stats.nodes)
+    if policy == "fp32":
+        reference = copy.deepcopy(model)
+        with torch.no_grad():
+            env = run_graph(graph, model, [x], keep=True)
+            torch.testing.assert_close(env[graph.outputs[0]], reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["group", "instance"])
+def test_only_batch_norms_split_before_a_convolution(kind):
+    """A group or instance norm's statistics vary over the batch: its apply could not be a
+    convolution's prologue (per-channel operands only), so it stays one normalization group."""
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4) if kind == "group" else nn.InstanceNorm2d(4),
+                         nn.ReLU(), nn.Conv2d(4, 4, 3))
+    _, notes = _rewritten(conv.train(), torch.randn(2, 3, 8, 8))
+    assert not any("feeds a convolution" in n for n in notes)
+
+
 def test_a_batch_norm_that_feeds_no_pool_stays_one_group():
     graph, notes = _rewritten(ConvBnPool(then="sum").train(), torch.randn(2, 3, 6, 7))
     assert not any("pointwise apply" in n for n in notes)

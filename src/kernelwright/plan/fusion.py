@@ -216,6 +216,26 @@ def feeds_pool(graph: Graph, value: str) -> bool:
     return False
 
 
+def feeds_conv(graph: Graph, value: str) -> bool:
+    """Whether `value` reaches a convolution's input through elementwise ops, layout copies and
+    casts, each the only reader of the last: values a convolution kernel can compute as it loads
+    its input (codegen/conv_epilogue.py, the template's prologue)."""
+    while value not in graph.outputs and value not in graph.mutations:
+        users = graph.users(value)
+        if len(users) != 1:
+            return False
+        user = users[0]
+        if user.target in CONVS:
+            return bool(user.args) and user.args[0] == Ref(value)
+        if not _is_pointwise(user, graph) and user.target not in LAYOUT_COPIES:
+            return False
+        value = user.name
+    return False
+
+
+LAYOUT_COPIES = ("aten.clone.default", "aten._to_copy.default")
+
+
 def _views(graph: Graph, value: str, targets: tuple, up: bool) -> tuple[str, list[str]]:
     """(the value past them, the views) of the chain of `targets` views around `value`: up, the
     views `value` is made by from another value; down, those made from it; each view the only
@@ -361,8 +381,13 @@ class _Builder:
 
     def _applies_pool_stats(self, name: str, red: Group) -> bool:
         """Whether node `name` reads a per-row value of reduction group `red` and its result goes on
-        into a pool (feeds_pool): that apply is the pool chain's prologue, not part of `red`."""
-        return red.rdims is not None and feeds_pool(self.g, name) and any(
+        into a pool (feeds_pool), or, for per-channel statistics (a training batch norm's), into a
+        convolution (feeds_conv): that apply is the pool chain's or the convolution's prologue, not
+        part of `red`."""
+        if red.rdims is None:
+            return False
+        per_channel = len(red.domain) >= 3 and set(red.rdims) == set(range(len(red.domain))) - {1}
+        return (feeds_pool(self.g, name) or (per_channel and feeds_conv(self.g, name))) and any(
             self.owner.get(i) is red and red.levels.get(i) in ("row", "row_b") for i in self.g.node(name).inputs)
 
     def _acyclic(self, a: Group, b: Group) -> bool:

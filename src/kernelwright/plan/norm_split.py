@@ -6,7 +6,11 @@ into its statistics (mean and biased variance over the normalized dims: one redu
 y = (x - mean) * rsqrt(var + eps) * weight + bias, the apply is pointwise: it joins the elementwise
 ops after it, which the pool chain (plan.PoolChain) then computes as the pool's prologue, so the
 normalized tensor is never written (a ResNet stem in training mode; KernelBench's convolution +
-norm + pool problems). Exact in real arithmetic; float32 inputs only.
+norm + pool problems). Exact in real arithmetic; float32 inputs only. A training batch norm whose
+result goes on through elementwise ops into a convolution is split alike: its apply, per-channel
+statistics and all, is a pointwise group the convolution kernel can compute as the prologue of its
+loads (codegen/conv_epilogue.py), as in the conv - batch norm - ReLU - conv layers of ResNets and
+DenseNets in training mode.
 
 - Batch norm (training): statistics per channel over (N, spatial). The running statistics and
   the saved mean and inverse deviation keep their names and are computed as ATen computes them
@@ -34,7 +38,7 @@ from dataclasses import dataclass
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, rebuilt
 from kernelwright.capture.shapes import strides_ordered_like
 from kernelwright.ops import POINTWISE
-from kernelwright.plan.fusion import feeds_pool
+from kernelwright.plan.fusion import feeds_conv, feeds_pool
 
 _BN = "aten._native_batch_norm_legit_functional.default"
 _LN = "aten.native_layer_norm.default"
@@ -102,12 +106,14 @@ def _getitems(graph: Graph, n: OpNode) -> dict | None:
         if u.target != "getitem" or u.name in graph.outputs:
             return None
         items[u.args[1]] = u
-    return items if 0 in items and feeds_pool(graph, items[0].name) and n.name not in graph.mutations else None
+    feeds = 0 in items and (feeds_pool(graph, items[0].name) or (n.target == _BN and feeds_conv(graph, items[0].name)))
+    return items if feeds and n.name not in graph.mutations else None
 
 
 def _match(graph: Graph, n: OpNode) -> _Match | None:
     """The split of `n` (module docstring) when it is a norm of a float32 [N, C, spatial...] value
-    whose result feeds a pool (plan.fusion.feeds_pool), read only through getitems; else None."""
+    whose result feeds a pool (plan.fusion.feeds_pool), or a training batch norm whose result feeds
+    a convolution (feeds_conv), read only through getitems; else None."""
     if n.target not in (_BN, _LN, _GN) or not n.args or not isinstance(n.args[0], Ref):
         return None
     x = graph.meta(n.args[0].name)
@@ -255,7 +261,8 @@ def split_norms_before_pools(graph: Graph) -> tuple[Graph, list[str]]:
                     op(items[k].name, "aten.view.default", (v, [N, G]), TensorMeta.dense((N, G), "float32"))
             what = "group norm"
         notes.append(f"{n.name}: {what} of {n.args[0].name} as its statistics and a pointwise apply "
-                     f"(its result feeds a pool){f'; the statistics read {m.source}' if m.shifts else ''}"
+                     f"(its result feeds a {'pool' if feeds_pool(graph, m.items[0].name) else 'convolution'})"
+                     f"{f'; the statistics read {m.source}' if m.shifts else ''}"
                      f"{f'; {m.source} = {m.recompute[0]} + {m.recompute[1]} recomputed by each' if m.recompute else ''}")
 
     gone = {u.name for m in found.values() for u in m.items.values()}
