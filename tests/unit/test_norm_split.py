@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from kernelwright.capture import capture
 from kernelwright.capture.execute import run_graph
-from kernelwright.plan import plan_graph
+from kernelwright.plan import norm_split, plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.problem import from_module
 
@@ -75,11 +75,11 @@ def test_the_apply_is_the_pool_chains_prologue():
 
 
 @pytest.mark.parametrize("policy", ["fp32", "tf32"])
-def test_a_batch_norm_before_a_convolution_splits_and_its_apply_stays_apart(policy):
+def test_a_batch_norm_before_a_convolution_splits_and_its_apply_stays_apart(policy, monkeypatch):
     """A training batch norm whose result goes on (through a ReLU, a scaling and the policy's layout
-    copy) into a convolution splits like one before a pool: exact, running statistics
-    included, and the planner keeps the apply out of the statistics' group, so the convolution can
-    take it as the prologue of its loads."""
+    copy) into a convolution splits like one before a pool (here at any row length): exact, running
+    statistics included, and the planner keeps the apply out of the statistics' group, so the
+    convolution can take it as the prologue of its loads. Rows one kernel reads once stay whole."""
 
     class ConvBnConv(ConvBnPool):
         def __init__(self):
@@ -92,6 +92,9 @@ def test_a_batch_norm_before_a_convolution_splits_and_its_apply_stays_apart(poli
     torch.manual_seed(1)
     model = ConvBnConv().train()
     x = torch.randn(2, 3, 6, 7)
+    _, notes = _rewritten(model, x, policy)
+    assert not any("feeds a convolution" in n for n in notes)  # (rows of 84: one pass)
+    monkeypatch.setattr(norm_split, "CONV_SPLIT_MIN_ROW", 0)
     graph, notes = _rewritten(model, x, policy)
     assert any("feeds a convolution" in n for n in notes), notes
     plan = plan_graph(graph)
@@ -106,9 +109,10 @@ def test_a_batch_norm_before_a_convolution_splits_and_its_apply_stays_apart(poli
 
 
 @pytest.mark.parametrize("kind", ["group", "instance"])
-def test_only_batch_norms_split_before_a_convolution(kind):
+def test_only_batch_norms_split_before_a_convolution(kind, monkeypatch):
     """A group or instance norm's statistics vary over the batch: its apply could not be a
     convolution's prologue (per-channel operands only), so it stays one normalization group."""
+    monkeypatch.setattr(norm_split, "CONV_SPLIT_MIN_ROW", 0)
     conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4) if kind == "group" else nn.InstanceNorm2d(4),
                          nn.ReLU(), nn.Conv2d(4, 4, 3))
     _, notes = _rewritten(conv.train(), torch.randn(2, 3, 8, 8))

@@ -7,9 +7,10 @@ y = (x - mean) * rsqrt(var + eps) * weight + bias, the apply is pointwise: it jo
 ops after it, which the pool chain (plan.PoolChain) then computes as the pool's prologue, so the
 normalized tensor is never written (a ResNet stem in training mode; KernelBench's convolution +
 norm + pool problems). Exact in real arithmetic; float32 inputs only. A training batch norm whose
-result goes on through elementwise ops into a convolution is split alike: its apply, per-channel
-statistics and all, is a pointwise group the convolution kernel can compute as the prologue of its
-loads (codegen/conv_epilogue.py), as in the conv - batch norm - ReLU - conv layers of ResNets and
+result goes on through elementwise ops into a convolution is split alike where its per-channel
+rows are too long for one pass (`CONV_SPLIT_MIN_ROW`): its apply, per-channel statistics and all,
+is a pointwise group the convolution kernel can compute as the prologue of its loads
+(codegen/conv_epilogue.py), as in the conv - batch norm - ReLU - conv layers of ResNets and
 DenseNets in training mode.
 
 - Batch norm (training): statistics per channel over (N, spatial). The running statistics and
@@ -41,6 +42,10 @@ from kernelwright.ops import POINTWISE
 from kernelwright.plan.fusion import feeds_conv, feeds_pool
 
 _BN = "aten._native_batch_norm_legit_functional.default"
+# Per-channel rows longer than this (batch x spatial elements) are split before a convolution: a
+# normalization kernel reads rows up to this long once (space/group_space.py's one-pass schedule),
+# where the split would add a read when the convolution does not take the apply in.
+CONV_SPLIT_MIN_ROW = 16384
 _LN = "aten.native_layer_norm.default"
 _GN = "aten.native_group_norm.default"
 
@@ -106,7 +111,10 @@ def _getitems(graph: Graph, n: OpNode) -> dict | None:
         if u.target != "getitem" or u.name in graph.outputs:
             return None
         items[u.args[1]] = u
-    feeds = 0 in items and (feeds_pool(graph, items[0].name) or (n.target == _BN and feeds_conv(graph, items[0].name)))
+    x = graph.meta(n.args[0].name)
+    long_rows = x is not None and x.numel // max(x.shape[1], 1) > CONV_SPLIT_MIN_ROW
+    feeds = 0 in items and (feeds_pool(graph, items[0].name)
+                            or (n.target == _BN and long_rows and feeds_conv(graph, items[0].name)))
     return items if feeds and n.name not in graph.mutations else None
 
 
