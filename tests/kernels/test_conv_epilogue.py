@@ -171,6 +171,29 @@ def test_input_prologue_only_for_a_group_the_convolution_alone_reads():
         assert fused.prologue.empty and not fused.absorbed and not g.is_input(fused.x)
 
 
+def test_operands_in_another_layout_than_the_graphs_are_copied_into_it():
+    """The fused kernel views each operand through strides taken from the graph; an operand that
+    arrives in another layout (a library op returning channels-last where the graph's metadata
+    says contiguous) is copied into the graph's layout first, not reinterpreted."""
+    torch.manual_seed(4)
+    res = torch.randn(2, 8, 7, 7)
+    model = ConvAct(nn.Conv2d(3, 8, 3), residual=res).eval()
+    x = torch.randn(2, 3, 9, 9)
+    g, plan, pair = _pair(model, x, "fp32")
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+    (full,) = [v for op, v in zip(fused.epilogue.operands, fused.operands) if op.kind == "full"]
+    assert fused.layouts[full] == (tuple(g.meta(full).shape), tuple(g.meta(full).stride))
+    text, ins = conv_epilogue.render(fused, TILE, "fp32", "conv_epi_layouts")
+    assert f"_expect(a{ins.index(full)}," in text
+    mod = load_module_from_source(text, "conv_epi_layouts", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        args = [env[v] for v in ins]
+        args[ins.index(full)] = args[ins.index(full)].contiguous(memory_format=torch.channels_last)
+        (res_out,) = mod.launch(*args)
+        torch.testing.assert_close(res_out, model(x), rtol=1e-4, atol=1e-4)
+
+
 def test_conv_alone_with_bias():
     """The convolution as a node (no group): its bias is the epilogue."""
     torch.manual_seed(2)

@@ -21,12 +21,13 @@ template's prologue), so the group's result is never written.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
 from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
+from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.triton_conv import render_conv
 from kernelwright.codegen.triton_group import Stmt, Unsupported, lower, reduce_tile_lines
 from kernelwright.codegen.triton_pool import pool_params
@@ -64,6 +65,9 @@ class ConvEpilogue:
     prologue: Epilogue = IDENTITY  # applied to the input's values as the kernel loads them
     prologue_operands: tuple[str, ...] = ()  # its operands' graph values, in order
     prologue_views: tuple[tuple, ...] = ()  # per operand: the (shape, strides) view launch takes of it
+    # per operand value (epilogue and prologue): its (shape, strides) in the graph, which the views
+    # above are taken over; launch is handed the value in that layout (host._expect)
+    layouts: dict[str, tuple[tuple, tuple]] = field(default_factory=dict)
 
     @property
     def args(self) -> dict:
@@ -361,10 +365,11 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     w = conv.args[1].name
     widen = cast and graph.meta(w).dtype == "bfloat16"
     pre = Epilogue(tuple(ops[:pre_n]), "\n".join(code)) if code or ops[:pre_n] else IDENTITY
+    layouts = {v: (tuple(graph.meta(v).shape), tuple(graph.meta(v).stride)) for v in [*values, *pro_values]}
     return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, meta.channels_last, cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,
                         Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape),
-                        prologue, pro_values, pro_views)
+                        prologue, pro_values, pro_views, layouts)
 
 
 def _stage(graph: Graph, group: Group, value: str, shape: tuple, code: list[str], operand) -> bool:
@@ -464,6 +469,11 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
     if fused.pool:
         epi += f", {fused.pool}-pooled over {list(fused.pool_window)}" + (
             f", then group {fused.post.id}" if fused.post is not None else "")
+    # an operand the views reinterpret arrives in its graph layout (a library op may return
+    # another: an upsample of a channels-last tensor is channels-last on the device, contiguous in
+    # the graph's metadata): copied into it where it differs
+    expects = "".join(f"    {arg[v]} = _expect({arg[v]}, {shape!r}, {stride!r}, {v!r})\n"
+                      for v, (shape, stride) in fused.layouts.items())
     absorbed = "" if not fused.absorbed else (
         f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed"
         + (f"; {fused.absorbed[0]} as the prologue of its loads)" if prologue else ")"))
@@ -476,6 +486,6 @@ def launch({", ".join(arg[v] for v in ins)}):
     """{fused.conv.name}: {what} {list(fused.out_shape)}{epi}{absorbed}: {list(out_shape)}.
 
     Inputs: {", ".join(ins)}. Returns ({fused.out},)."""
-    return (_conv_launch({call}){reshape},)
+{expects}    return (_conv_launch({call}){reshape},)
 '''
-    return text + wrapper, ins
+    return with_helpers(text + wrapper), ins
