@@ -1,6 +1,7 @@
 """Dev tool (GPU): the convolution template's first configs against cuDNN, on 3x3 / 1x1 stride-1
-shapes of the level-2 problems and ResNets and stride-2 transposed ones (whose box configs read each
-phase class's taps through descriptors), input channels-last or NCHW, tf32 and bf16.
+shapes of the level-2 problems and ResNets (small-batch ones whose first configs include split-K
+variants) and stride-2 transposed ones (whose box configs read each phase class's taps through
+descriptors), input channels-last or NCHW, tf32 and bf16.
 
 For each shape, policy and layout (channels-last, NCHW, or a channels-last input convolved into an
 NCHW output, as a fused convolution whose result the model returns writes it): cuDNN
@@ -33,6 +34,8 @@ SHAPES = {
     "s9": (32, 256, 64, (56, 56), 1, 0),  # resnet50 1x1
     "s10": (128, 8, 32, (256, 256), 3, 0),  # KernelBench level 2 #21 (8 input channels: folded taps)
     "s11": (64, 64, 64, (128, 128), 3, 0),  # KernelBench level 2 #54
+    "s12": (2, 512, 512, (7, 7), 3, 1),  # resnet18 layer 4 at batch 2 (4 tiles: the space's split-K configs)
+    "s13": (10, 256, 256, (14, 14), 3, 1),  # resnet layer 3 at KernelBench level 3's batch 10
     "t1": (128, 64, 64, (128, 128), 3, 1, (2, 1)),  # KernelBench level 2 #2 (ConvTranspose2d, stride 2)
     "t2": (128, 64, 128, (64, 64), 4, 1, (2, 0)),  # KernelBench level 2 #93 / #91
     "t3": (32, 32, 64, (16, 32, 32), 3, 1, (2, 1)),  # KernelBench level 2 #3 (ConvTranspose3d, stride 2)
