@@ -224,8 +224,8 @@ def best_box(out: tuple[int, int, int], pixels: int, window: tuple[int, int, int
     fits = [b for b in cands if all(x <= max(next_pow2(o), k) for x, o, k in zip(b[:2], out, window))
             and b[2] <= max(16, next_pow2(out[2]), window[2])
             and b[2] >= min(16, pixels)]  # rows of 8 pixels ran slower than any wider box in the probe
-    return min(fits or [b for b in cands if b[2] == max(c[2] for c in cands)],
-               key=lambda b: (round(waste(b), 6), -b[2], -b[1]))
+    widest = max(b[2] for b in cands)
+    return min(fits or [b for b in cands if b[2] == widest], key=lambda b: (round(waste(b), 6), -b[2], -b[1]))
 
 
 def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: int, whole_n: bool,

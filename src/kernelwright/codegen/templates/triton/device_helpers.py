@@ -26,24 +26,20 @@ def kw_round_bf16(x):
 
 
 @triton.jit
-def kw_cast_out(x, ptr):
-    # x converted to the element type of `ptr` for a store; in the interpreter a float32 -> bf16
-    # conversion rounds to nearest even (kw_round_bf16) as the compiled cast does
+def kw_cast_to(x, dtype: tl.constexpr):
+    # x converted to `dtype`; in the interpreter a float32 -> bf16 conversion rounds to nearest even
+    # (kw_round_bf16) as the compiled cast does
     if KW_INTERPRETED:
-        if ptr.dtype.element_ty == tl.bfloat16:
+        if dtype == tl.bfloat16:
             if x.dtype == tl.float32:
                 x = kw_round_bf16(x)
-    return x.to(ptr.dtype.element_ty)
+    return x.to(dtype)
 
 
 @triton.jit
-def kw_cast_like(x, like):
-    # x converted to the element type of tensor `like`, rounding as kw_cast_out does
-    if KW_INTERPRETED:
-        if like.dtype == tl.bfloat16:
-            if x.dtype == tl.float32:
-                x = kw_round_bf16(x)
-    return x.to(like.dtype)
+def kw_cast_out(x, ptr):
+    # x converted to the element type of `ptr` for a store
+    return kw_cast_to(x, ptr.dtype.element_ty)
 
 
 @triton.jit
