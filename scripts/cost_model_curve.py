@@ -4,7 +4,7 @@ learning curve, or (--replay) search strategies replayed on the measured units.
 usage: PYTHONPATH=src python3 scripts/cost_model_curve.py [DB.jsonl ...] [--sizes 0,100,300,1000,100000]
        [--precision tf32] [--min-configs 6] [--seed 0]
        PYTHONPATH=src python3 scripts/cost_model_curve.py --replay [DB.jsonl ...] [--precision tf32]
-       [--min-configs 20] [--seeds 0,1,2] [--strategies random,model-cold,model-warm,recorded]
+       [--min-configs 20] [--seeds 0,1,2] [--strategies random,model-cold,model-warm,shipped,recorded]
 Without a file it reads the packaged priors (the trials measured on the H200). The curve: a markdown
 table per training size of the held-out tasks, mean Spearman rho, and the geometric-mean regret of
 the predicted-fastest config (and of the best of the predicted three) against the fastest measured
@@ -29,7 +29,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--replay", action="store_true", help="replay search strategies on the measured units")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--strategies", default="random,model-cold,model-warm,recorded")
+    ap.add_argument("--strategies", default="random,model-cold,model-warm,shipped,recorded")
     a = ap.parse_args()
     if a.replay:
         return replay(a)

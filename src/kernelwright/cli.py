@@ -113,6 +113,9 @@ RETUNE_HELP = ("Search every unit again and time the result again; without it a 
                "(same precision and kernelwright version, in the trial database) runs its fastest stored config "
                "alone, verified and timed, and emitted files timed before on this GPU are verified and their stored "
                "timing reported.")
+SEARCH_HELP = ("model: each unit's expert seeds first, then the cost model's picks; random: each unit's configs "
+               "in a uniformly random order, seeds marked in the trial records (a sample of the space for "
+               "scripts/cost_model_curve.py --replay).")
 NCU_HELP = ("Profile the emitted module's generated kernels with Nsight Compute (ncu on PATH, --clock-control "
             "none): achieved occupancy, DRAM throughput, shared-memory bank conflicts, duration per unit, in "
             "result.json and the reports; without ncu or a GPU the reports say so.")
@@ -284,6 +287,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
              no_library: bool = typer.Option(False, "--no-library", help=NO_LIBRARY_HELP),
              no_rewrites: bool = typer.Option(False, "--no-rewrites", help=NO_REWRITES_HELP),
              retune: bool = typer.Option(False, "--retune", help=RETUNE_HELP),
+             search: str = typer.Option("model", "--search", help=SEARCH_HELP),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines (one per searched unit)."),
              json_summary: bool = typer.Option(False, "--json", help="Print a one-line JSON summary on stdout: "
                                                "verification, times, speedups, the output folder."),
@@ -301,6 +305,8 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     _check_compile_mode(compile_mode)
     if backend not in ("triton", "cuda", "all"):
         raise UserError(f"--backend {backend!r}: choose triton, cuda or all")
+    if search not in ("model", "random"):
+        raise UserError(f"--search {search!r}: choose model or random")
     out_dir = _out_folder(out)
     _use_interpreter_if_cpu(device)
     dev = device_option(device)
@@ -313,7 +319,7 @@ def optimize(problem: Path = typer.Argument(..., help="KernelBench-format proble
     opts = Options(budget_trials=trials, budget_s=seconds, precision=precision, device=dev, backend=backend,
                    db_path=str(db) if db else None, small=small, cuda_graphs=cuda_graphs, compile_mode=compile_mode,
                    mode=mode, timed=not verify_only, no_library=no_library, no_rewrites=no_rewrites, retune=retune,
-                   log=(lambda s: None))
+                   search=search, log=(lambda s: None))
     opts.log, opts.progress, status = _progress(quiet)
 
     notes: list[str | None] = []  # lines for stderr once the live status line is gone

@@ -87,3 +87,52 @@ def test_surfaces_of_the_packaged_trials():
              for t in (1.0, 3.0, 2.0)]
     (s,) = surfaces(twice, min_configs=1)
     assert s.times[c] == 2.0
+
+
+def test_seeds_first_then_its_strategy():
+    """SeedsFirst asks the seeds among the candidates in order, then its inner strategy's picks,
+    never one twice; the inner strategy is told every result."""
+    from kernelwright.search.result import RunResult
+    from kernelwright.search.strategies import SeedsFirst
+
+    space = [Config.make("triton.row", BLOCK=b) for b in (16, 32, 64, 128, 256)]
+    stray = Config.make("triton.row", BLOCK=8)  # a seed outside the candidates is skipped
+    inner = Exhaustive()
+    strat = SeedsFirst([space[3], stray, space[1]], inner).bind(space)
+    first = strat.ask(3)
+    assert first == [space[3], space[1], space[0]]
+    strat.tell([RunResult(c, 1.0) for c in first])
+    assert strat.ask(5) == [space[2], space[4]] and strat.ask(1) == []
+    assert len(inner.results) == 3
+
+
+def test_sampled_units_mark_their_seeds_and_the_shipped_replay_starts_there(tmp_path):
+    """optimize --search random: search_unit runs the configs in a random order, each seed's record
+    carries its rank; surfaces read the ranks back, and the "shipped" strategy asks those seeds
+    first, in rank order."""
+    from kernelwright.search.plan_search import search_unit
+    from kernelwright.search.result import RunResult
+
+    space = [Config.make("triton.row", BLOCK=b, num_warps=w) for b in (16, 32, 64, 128, 256) for w in (1, 2, 4, 8)]
+
+    class Tuner:
+        seeds, on_hang = [space[7], space[2]], None
+
+        def __init__(self):
+            self.space = space
+
+        def run(self, configs):
+            return [RunResult(c, 1.0 + space.index(c)) for c in configs]
+
+    db = TrialDB(tmp_path / "t.sqlite")
+    common = dict(db=db, task_key="p/g0/row", task_features={"rows": 8}, precision="tf32", search="random")
+    results = search_unit(Tuner(), None, None, common)
+    order = [r.config for r in results]
+    assert sorted(order, key=space.index) == space and order != space  # all of them, shuffled
+    (surf,) = surfaces(list(db), min_configs=20)
+    assert surf.seeds == [space[7], space[2]]
+    assert {c.key(): r.get("extra", {}).get("seed_rank") for r in db for c in [Config.from_json(r["config"])]
+            if c in Tuner.seeds} == {space[7].key(): 0, space[2].key(): 1}
+    strat = make_strategy("shipped", surf, [], seed=0)
+    strat.bind(list(surf.times))
+    assert strat.ask(2) == [space[7], space[2]]

@@ -32,7 +32,7 @@ from kernelwright.search.budget import shares
 from kernelwright.search.cost_model import CostModel
 from kernelwright.search.database import TrialDB, default_db_path, packaged_priors, record_result
 from kernelwright.search.result import RunResult
-from kernelwright.search.strategies import Exhaustive
+from kernelwright.search.strategies import Exhaustive, RandomSearch
 from kernelwright.search.tune import tune
 from kernelwright.search.units import (ConvTuner, CudaTuner, GemmTuner, GroupTuner, KernelTuner, NodeTuner,
                                       PoolChainTuner, group_impl, kernel_resources, unit_impl)
@@ -152,11 +152,12 @@ class _Job:
     fused_into: dict = field(default_factory=dict)
     chained: dict = field(default_factory=dict)  # a pool chain's pool -> the units its kernel computes
     reuse: bool = False  # a unit measured before here runs its stored best config alone (search_unit)
+    search: str = "model"  # search_unit's order: "model" or "random" (Options.search)
     progress: Callable[[TrialProgress], None] | None = None  # called after every trial (Options.progress)
 
     def common(self, row: UnitResult, tuner: KernelTuner) -> dict:
         task = dict(db=self.db, task_key=f"{self.problem.name}/{row.id}/{tuner.task}", task_features=tuner.features,
-                    precision=self.policy.name, reuse=self.reuse)
+                    precision=self.policy.name, reuse=self.reuse, search=self.search)
         if self.timed:
             task["device"] = torch.cuda.get_device_name(self.device)
         return task
@@ -177,7 +178,7 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
     job = _Job(problem, graph, env, policy, device, timed, cache_dir, opts.backend,
                TrialDB(default_db_path(opts.db_path), priors=packaged_priors()), opts.log, [], Tuned(), device_spec(),
                bool(getattr(opts, "no_library", False)), reuse=not getattr(opts, "retune", True),
-               progress=getattr(opts, "progress", None))
+               search=getattr(opts, "search", "model"), progress=getattr(opts, "progress", None))
     templates = {u.node: template_for(graph, graph.node(u.node))[0] for u in plan.units if u.group is None}
     units = [u for u in plan.units if u.group is not None or templates[u.node] is not None or _conv(graph, u.node)]
     trials, seconds, once = _budgets(graph, units, templates, opts)
@@ -653,7 +654,9 @@ def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult
     """Expert seeds first (in order), then model-based search over the rest of the space; configs
     that hung here before are left out, and one that hangs now is recorded before the process ends.
     With common["reuse"] a unit this device measured before (`stored_best`) runs its fastest
-    stored config alone, verified and timed again; the search runs only if that one fails now."""
+    stored config alone, verified and timed again; the search runs only if that one fails now.
+    With common["search"] == "random" the configs run in a uniformly random order instead (a sample
+    of the space for search studies), each seed's result carrying its rank (`extra["seed_rank"]`)."""
     db = common["db"]
     hung = _hung_configs(db, common)
     tuner.on_hang = lambda cfg, msg, kind=watchdog.HANG: db.add_result(
@@ -664,6 +667,8 @@ def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult
         return []
     common = dict(common)
     reuse = common.pop("reuse", False)
+    if common.pop("search", "model") == "random":
+        return sample_unit(tuner, fresh, per_trials, per_s, common)
     if reuse and (known := stored_best(db, common, fresh)) is not None:
         again = tune([known], tuner.run, budget_trials=1, strategy=Exhaustive(), **common).results
         if any(r.ok for r in again):
@@ -679,6 +684,22 @@ def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult
     if rest and (rest_trials is None or rest_trials > 0) and (rest_s is None or rest_s > 0):
         results += tune(rest, tuner.run, budget_trials=rest_trials, budget_s=rest_s, **common).results
     return results
+
+
+def sample_unit(tuner: KernelTuner, configs, per_trials, per_s, common) -> list[RunResult]:
+    """`configs` in a uniformly random order (seed 0) up to the budget; a seed's result records its
+    rank among the tuner's seeds, so a replay can start where the shipped search starts."""
+    rank = {c: i for i, c in enumerate(tuner.seeds)}
+
+    def run(batch):
+        results = tuner.run(batch)
+        for r in results:
+            if r.config in rank:
+                r.extra["seed_rank"] = rank[r.config]
+        return results
+
+    return list(tune(configs, run, budget_trials=per_trials, budget_s=per_s, strategy=RandomSearch(seed=0),
+                     **common).results)
 
 
 _FITTED: dict[tuple, CostModel | None] = {}  # (db file and its state, precision, template) -> fitted model

@@ -174,6 +174,36 @@ class ModelBased(Strategy):
             self.model.add_results(results, self._feats, group=self.task_key)
 
 
+class SeedsFirst(Strategy):
+    """The given seeds in order (those among the candidates), then `then`'s picks: the shipped
+    search's order (search_unit runs a unit's expert seeds before the model-based search)."""
+
+    name = "seeds-first"
+
+    def __init__(self, seeds: Sequence[Config], then: Strategy, candidates=None, features=None, task_key: str = ""):
+        self.seeds = list(seeds)
+        self.then = then
+        super().__init__(candidates, features, task_key)
+
+    def bind(self, candidates, features=None, task_key=None):
+        super().bind(candidates, features, task_key)
+        self.then.bind(self.candidates, features, task_key)
+        return self
+
+    def _pick(self, pool, n):
+        members = set(pool)
+        picks = [c for c in self.seeds if c in members][:n]
+        if len(picks) < n:
+            self.then._asked.update(self._asked | set(picks))
+            picks += self.then.ask(n - len(picks))
+        return picks
+
+    def tell(self, results):
+        results = list(results)
+        super().tell(results)
+        self.then.tell(results)
+
+
 def choose_strategy(n_configs: int, budget: Optional[int], cost_model: Optional[CostModel] = None,
                     seed: int = 0, small_space: int = 16) -> Strategy:
     """Exhaustive when the whole space fits the trial budget (or is tiny when only a time

@@ -27,9 +27,9 @@ from ..space.config import Config
 from .cost_model import CostModel, task_feature_fn
 from .evaluate import problem_of
 from .result import RunResult
-from .strategies import Exhaustive, ModelBased, RandomSearch, Strategy
+from .strategies import Exhaustive, ModelBased, RandomSearch, SeedsFirst, Strategy
 
-STRATEGIES = ("random", "model-cold", "model-warm", "recorded")
+STRATEGIES = ("random", "model-cold", "model-warm", "shipped", "recorded")
 
 
 @dataclass
@@ -41,6 +41,7 @@ class Surface:
     precision: str
     task_features: dict
     times: dict[Config, Optional[float]] = field(default_factory=dict)  # None: the config failed
+    seeds: list[Config] = field(default_factory=list)  # the unit's expert seeds in order, where records mark them
 
     @property
     def best(self) -> float:
@@ -60,6 +61,7 @@ def surfaces(records: Iterable[Mapping], *, min_configs: int = 20, precision: Op
     of them successful (records of one task, template and precision; `precision` keeps one)."""
     by: dict[tuple, dict[Config, list[Optional[float]]]] = defaultdict(dict)
     feats: dict[tuple, dict] = {}
+    seeds: dict[tuple, dict[Config, int]] = defaultdict(dict)
     for r in sorted(records, key=lambda r: r.get("timestamp") or 0.0):
         if precision is not None and r.get("precision") != precision:
             continue
@@ -72,12 +74,15 @@ def surfaces(records: Iterable[Mapping], *, min_configs: int = 20, precision: Op
         ok = r.get("error") is None and t is not None and float(t) > 0
         by[key].setdefault(cfg, []).append(float(t) if ok else None)
         feats.setdefault(key, dict(r.get("task_features") or {}))
+        rank = (r.get("extra") or {}).get("seed_rank")
+        if isinstance(rank, int):
+            seeds[key][cfg] = rank
     out = []
     for key, runs in by.items():
         times = {c: (statistics.median(ok) if (ok := [t for t in ts if t is not None]) else None)
                  for c, ts in runs.items()}
         if len(times) >= min_configs and any(t is not None for t in times.values()):
-            out.append(Surface(key[0], key[1], key[2], feats[key], times))
+            out.append(Surface(key[0], key[1], key[2], feats[key], times, sorted(seeds[key], key=seeds[key].get)))
     return sorted(out, key=lambda s: (s.precision, s.task_key, s.template))
 
 
@@ -114,10 +119,11 @@ def make_strategy(name: str, surface: Surface, records: Sequence[Mapping], seed:
         return RandomSearch(seed=seed)
     if name == "model-cold":
         return ModelBased(model(seed), seed=seed)
-    if name == "model-warm":
+    if name in ("model-warm", "shipped"):
         prior = [r for r in records if r.get("precision") == surface.precision
                  and _template(r) == surface.template and problem_of(str(r.get("task_key", ""))) != surface.problem]
-        return ModelBased(model(seed).fit(prior), seed=seed)
+        warm = ModelBased(model(seed).fit(prior), seed=seed)
+        return warm if name == "model-warm" else SeedsFirst(surface.seeds, warm)
     if name == "recorded":
         return Exhaustive()
     raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
