@@ -24,6 +24,7 @@ import torch
 
 from kernelwright.analyze.coverage import captured_cost, plan_coverage
 from kernelwright.capture import CaptureError, capture
+from kernelwright.capture.execute import calibrate_strides
 from kernelwright.capture.modes import training_modes
 from kernelwright.emit.module import (ModeForward, import_model_new, model_new_like, module_files, render_model_new,
                                     write_module)
@@ -166,6 +167,7 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
         graph = captured if captured is not None else capture(problem)
         record["captured_cost"] = captured_cost(graph)
         graph, record["rewrites"] = rewrite(graph, policy.name, out_dtypes, algebra=not opts.no_rewrites)
+        record["calibrated"] = _calibrated(graph, problem, policy, device)
         plan = plan_graph(graph)
     except CaptureError as e:
         opts.log(("" if mode == "any" else f"{mode} mode: ") + f"capture failed: {e}; the original forward runs there")
@@ -183,6 +185,18 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
         return None, record
     record["plan"] = plan
     return ModeForward(mode, plan, tuned.kernels, tuned.sources, tuned.summary, tuned.support, keys), record
+
+
+def _calibrated(graph, problem, policy, device) -> list[str] | str:
+    """calibrate_strides on this device (the nodes whose strides it changed), or why it could not
+    run (the tuning's own run of the graph then reports the fault)."""
+    try:
+        with torch.no_grad(), policy.active():
+            return calibrate_strides(graph, problem.make_model(device), problem.make_inputs(0, device))
+    except Exception as e:  # noqa: BLE001 - the metadata stays as captured
+        if watchdog.is_device_fault(e):
+            raise
+        return f"not calibrated: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
 
 
 def _store(problem, opts: Options, policy, device, timed: bool, mode: str, overrides: dict | None):

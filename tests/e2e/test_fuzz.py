@@ -571,3 +571,28 @@ def test_an_old_style_spectral_norm_passes_every_check(tmp_path):
     outcome = _check_text(tmp_path, SPECTRAL)
     assert outcome.status == "ok", outcome
     assert "original forward kept" not in (tmp_path / "out" / "model_new.py").read_text()
+
+
+def test_captured_strides_are_calibrated_against_the_device():
+    """calibrate_strides gives the batch norm's result of a transposed input the strides the
+    library call returns (contiguous), not the transposed ones of its captured metadata."""
+    from kernelwright.capture import capture
+    from kernelwright.capture.execute import calibrate_strides
+
+    problem = load_problem(Path(__file__).parents[1] / "fixtures" / "strides" / "bn_transposed_dropout.py")
+    graph = capture(problem)
+    norm = next(n for n in graph.nodes if "batch_norm" in n.target)
+    assert not norm.outs[0].contiguous
+    model, inputs = problem.make_model(), problem.make_inputs(0)
+    with torch.no_grad():
+        changed = calibrate_strides(graph, model, inputs)
+        eager = model.bn(inputs[0])
+    assert norm.name in changed and norm.outs[0].stride == eager.stride() and norm.outs[0].contiguous
+
+
+@pytest.mark.interpreter
+def test_dropout_after_a_transposed_batch_norm_ships_and_matches_eager():
+    from kernelwright.fuzz.oracle import check
+
+    outcome = check(Path(__file__).parents[1] / "fixtures" / "strides" / "bn_transposed_dropout.py", "cpu", "tf32", 2)
+    assert outcome.status == "ok" and not outcome.wrong, outcome

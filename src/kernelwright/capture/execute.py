@@ -145,3 +145,38 @@ def run_graph(graph: Graph, model: torch.nn.Module, inputs: list, keep: bool | s
     if keep:
         return env
     return [env[name] for name in graph.outputs]
+
+
+def calibrate_strides(graph: Graph, model: torch.nn.Module, inputs: list) -> list[str]:
+    """Run the graph once, op by op, and give each node's output metadata the strides the library
+    call returned where they differ from the captured ones (fake tensors' strides can differ from
+    a device's: a batch norm of a permuted input, contiguous on the GPU, keeps the permutation in
+    its metadata; an upsample of a channels-last tensor). Plans, kernels and the memory order of
+    random draws then follow the tensors the emitted forward really meets. Returns the names of
+    the nodes changed. Each value is let go after its last use."""
+    env = bind_inputs(graph, model, inputs)
+    device = input_device(env)
+    last = {node.name: i for i, node in enumerate(graph.nodes)}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v] = i
+    dead: dict[int, list[str]] = {}
+    for v, i in last.items():
+        if not graph.is_input(v):
+            dead.setdefault(i, []).append(v)
+    changed = []
+    for i, node in enumerate(graph.nodes):
+        value = env[node.name] = run_node(node, env, device)
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        outs = list(node.outs)
+        for k, (meta, v) in enumerate(zip(outs, values)):
+            if (meta is None or not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(meta.shape)
+                    or all(sh == 1 or a == b for sh, a, b in zip(meta.shape, v.stride(), meta.stride))):
+                continue
+            outs[k] = type(meta)(meta.shape, tuple(v.stride()), meta.dtype)
+        if outs != list(node.outs):
+            node.outs = outs
+            changed.append(node.name)
+        for v in dead.get(i, ()):
+            env.pop(v, None)
+    return changed
