@@ -473,7 +473,7 @@ def test_a_channel_softmax_after_a_grouped_conv_is_refused():
     (lambda: nn.Conv2d(16, 8, 3, stride=2), (2, 16, 6, 8), "tf32", None),
     (lambda: nn.Conv2d(16, 8, 3, groups=2), (2, 16, 6, 8), "tf32", None),
     (lambda: nn.Conv2d(16, 8, 3), (2, 16, 6, 6), "tf32", (1, 4, 4)),  # (rows of any length: x is copied)
-    # transposed convolutions (with conv_epilogue.TRANSPOSED_BOXES on): boxes of the largest phase
+    # transposed convolutions: boxes of the largest phase
     # class's sub-grid, the output itself at stride 1 and the output / 2 at stride 2
     (lambda: nn.ConvTranspose2d(16, 8, 3), (2, 16, 6, 8), "tf32", (1, 8, 10)),
     (lambda: nn.ConvTranspose2d(16, 8, 3, stride=2, padding=1, output_padding=1), (2, 16, 3, 4), "tf32", (1, 3, 4)),
@@ -489,10 +489,10 @@ def test_box_out_where_the_descriptor_path_applies(make, shape, policy, box, mon
     x = torch.randn(shape)
     g, plan, pair = _pair(model, x, policy)
     fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
-    if fused.transposed:
-        assert fused.box_out(g, policy) is None  # (not offered until run on a GPU)
-        monkeypatch.setattr(conv_epilogue, "TRANSPOSED_BOXES", True)
     assert fused.box_out(g, policy) == box
+    if fused.transposed:
+        monkeypatch.setattr(conv_epilogue, "TRANSPOSED_BOXES", False)
+        assert fused.box_out(g, policy) is None  # the switch: gathers only
     if box is not None and box[0] == 1:
         cfg = dict(TILE, BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)
         text, ins = conv_epilogue.render(fused, cfg, policy, f"conv_box_{policy}_{len(shape)}")

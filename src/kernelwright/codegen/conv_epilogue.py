@@ -132,12 +132,11 @@ class ConvEpilogue:
         return 2 * M * N * K * int(self.conv.args[8])
 
 
-# Whether the search offers box configs for transposed convolutions. The template's box path takes
-# them (each phase class reads its taps' inputs as descriptor boxes), verified against torch in the
-# interpreter and compiled for sm_90 (tests/kernels/test_conv_template.py, test_conv_target_compile.py),
-# but not yet run on a GPU: the search offers it once a GPU run has checked and timed it
-# (scripts/conv_check.py), as the convolution's own box configs were.
-TRANSPOSED_BOXES = False
+# Whether the search offers box configs for transposed convolutions (each phase class reads its
+# taps' inputs as descriptor boxes): checked against cuDNN on the H100 and 1.5-1.7x faster than the
+# gather configs of the same tiles on stride-2 ConvTranspose2d / 3d shapes (docs/benchmarks.md,
+# "The convolution template's first configs").
+TRANSPOSED_BOXES = True
 
 
 def conv_supported(graph: Graph, conv: OpNode) -> str | None:
