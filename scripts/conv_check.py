@@ -8,7 +8,8 @@ NCHW output, as a fused convolution whose result the model returns writes it): c
 (torch.nn.functional.conv2d / conv3d, conv_transpose2d / 3d) and the first `--configs` configs of
 `conv_space` for that shape (box configs, which read the input through tensor descriptors,
 alternating with gather configs), each checked against cuDNN's output and timed
-with triton.testing.do_bench (median). An NCHW input's box configs include launch's channels-last
+by the search's protocol (measure.timer.time_interleaved with device_only: the host's launch
+work kept out, L2 flushed; median). An NCHW input's box configs include launch's channels-last
 copy. With --pool K, both sides max-pool the result over K x K (x K) windows of stride K: cuDNN
 then torch's pool, against the template with the pool fused (box configs pool whole windows of
 each box). Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
@@ -53,7 +54,7 @@ ap.add_argument("--pool", type=int, default=0, help="max-pool window (= stride) 
 ap.add_argument("--out", default=".")
 args = ap.parse_args()
 
-from triton.testing import do_bench  # noqa: E402  (after --help)
+from kernelwright.measure.timer import time_interleaved  # noqa: E402  (after --help)
 
 from kernelwright.analyze.device import device_spec  # noqa: E402
 from kernelwright.build.pyload import load_module_from_source  # noqa: E402
@@ -72,6 +73,12 @@ spec = device_spec()
 if args.no_pixel_runs:
     for m in mods.values():
         m._pixel_run = lambda *a: 1
+
+
+def device_ms(fn) -> float:
+    """Median GPU time of fn() as the search times candidates (measure.timer, device_only: the
+    host's launch work kept out, the L2 flushed before each run)."""
+    return time_interleaved({"f": fn}, device_only=True)["f"].median_ms
 
 
 def emit(**row):
@@ -114,7 +121,7 @@ for name in args.shapes:
             else:
                 def lib(): return conv(x, w, padding=p, **extra)  # noqa: E704
             ref = lib()
-            ms = do_bench(lib, return_mode="median")
+            ms = device_ms(lib)
             base = dict(shape=name, precision=prec, layout=layout, pixel_runs=not args.no_pixel_runs, pool=args.pool)
             emit(**base, impl="cuDNN", ms=ms, tflops=flops / ms / 1e9)
             configs = conv_space(M=pixels, N=co, K=c * k ** nd, precision=prec, elem_bytes=x.element_size(),
@@ -127,7 +134,7 @@ for name in args.shapes:
                 try:
                     y = mod.launch(x, w, **kw)
                     err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
-                    ms = do_bench(lambda: mod.launch(x, w, **kw), return_mode="median")
+                    ms = device_ms(lambda: mod.launch(x, w, **kw))
                 except Exception as e:  # a config that fails is a row too
                     emit(**base, impl="template", config=cfg, error=str(e).splitlines()[0][:200])
                     continue

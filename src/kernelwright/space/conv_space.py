@@ -178,11 +178,12 @@ def conv_space(
         rest = [c for c in out if c not in boxes]
         mixed = [c for pair in itertools.zip_longest(boxes, rest[:len(boxes)]) for c in pair if c is not None]
         out = mixed + rest[len(boxes):]
-    if M and N and K:  # the first configs with too few tiles for the SMs, split along K, after those four:
-        # on the H100 the split variants ran 1.4-1.7x slower than their unsplit configs at batch-2 and
-        # batch-10 ResNet shapes (docs/benchmarks.md, "The convolution template's first configs")
-        splits = [dict(c, SPLIT_K=s) for c in out[:4] if (s := split_k(c, M, N, K, groups, spec)) > 1]
-        out = out[:4] + splits + out[4:]
+    if M and N and K:  # each of the first configs with too few tiles for the SMs, split along K next to it
+        first = []
+        for c in out[:4]:
+            s = split_k(c, M, N, K, groups, spec)
+            first += [c, dict(c, SPLIT_K=s)] if s > 1 else [c]
+        out = first + out[4:]
     return out[:max_configs]
 
 
