@@ -15,7 +15,7 @@ then torch's pool, against the template with the pool fused (box configs pool wh
 each box). Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
 
 usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7]
-       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--pool 2] [--out DIR]
+       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--no-rows] [--pool 2] [--out DIR]
 """
 import argparse
 import json
@@ -37,6 +37,7 @@ SHAPES = {
     "s11": (64, 64, 64, (128, 128), 3, 0),  # KernelBench level 2 #54
     "s12": (2, 512, 512, (7, 7), 3, 1),  # resnet18 layer 4 at batch 2 (4 tiles: the space's split-K configs)
     "s13": (10, 256, 256, (14, 14), 3, 1),  # resnet layer 3 at KernelBench level 3's batch 10
+    "s14": (128, 8, 64, (128, 128), 3, 0),  # KernelBench level 2 #85 / #73 (8 input channels: input rows as K steps)
     "t1": (128, 64, 64, (128, 128), 3, 1, (2, 1)),  # KernelBench level 2 #2 (ConvTranspose2d, stride 2)
     "t2": (128, 64, 128, (64, 64), 4, 1, (2, 0)),  # KernelBench level 2 #93 / #91
     "t3": (32, 32, 64, (16, 32, 32), 3, 1, (2, 1)),  # KernelBench level 2 #3 (ConvTranspose3d, stride 2)
@@ -50,6 +51,8 @@ ap.add_argument("--configs", type=int, default=7, help="first configs of the spa
 ap.add_argument("--layouts", nargs="+", default=list(LAYOUTS[:2]), choices=LAYOUTS)
 ap.add_argument("--no-pixel-runs", action="store_true",
                 help="store NCHW outputs without the template's pixel-run hint (an A/B of that hint)")
+ap.add_argument("--no-rows", action="store_true",
+                help="read small-channel inputs as folded (tap, channel) pairs, not input rows (an A/B of ROW_C)")
 ap.add_argument("--pool", type=int, default=0, help="max-pool window (= stride) fused after the convolution")
 ap.add_argument("--out", default=".")
 args = ap.parse_args()
@@ -73,6 +76,9 @@ spec = device_spec()
 if args.no_pixel_runs:
     for m in mods.values():
         m._pixel_run = lambda *a: 1
+if args.no_rows:
+    for m in mods.values():
+        m._row_channels = lambda *a: 0
 
 
 def device_ms(fn) -> float:
@@ -122,7 +128,8 @@ for name in args.shapes:
                 def lib(): return conv(x, w, padding=p, **extra)  # noqa: E704
             ref = lib()
             ms = device_ms(lib)
-            base = dict(shape=name, precision=prec, layout=layout, pixel_runs=not args.no_pixel_runs, pool=args.pool)
+            base = dict(shape=name, precision=prec, layout=layout, pixel_runs=not args.no_pixel_runs, rows=not args.no_rows,
+                        pool=args.pool)
             emit(**base, impl="cuDNN", ms=ms, tflops=flops / ms / 1e9)
             configs = conv_space(M=pixels, N=co, K=c * k ** nd, precision=prec, elem_bytes=x.element_size(),
                                  spec=spec, channels=c, box_out=(1,) * (3 - nd) + box,

@@ -403,3 +403,48 @@ def test_errors(mods):
         mods(False, EPI).launch(x, w)
     with pytest.raises(ValueError, match="output_padding"):
         mods(True).launch(x, w, stride=2, output_padding=2)
+
+
+# (batch, Cin, Cout, spatial, kernel, conv args, BLOCK_K): small-channel convolutions whose input rows
+# (KW taps x Cin channels, contiguous in channels-last memory) fit one K step
+ROWS = {
+    "8ch-3x3-pad": (2, 8, 6, (7, 9), (3, 3), dict(padding=1), 32),
+    "stem-7x7-s2": (1, 3, 5, (9, 8), (7, 7), dict(stride=2, padding=3), 32),
+    "1d-s2": (2, 4, 5, (11,), (5,), dict(stride=2, padding=2), 32),
+    "3d-dil-d": (1, 4, 3, (4, 5, 6), (3, 3, 3), dict(padding=1, dilation=(2, 1, 1)), 16),
+}
+
+
+@pytest.mark.parametrize("case", list(ROWS), ids=str)
+def test_input_rows_as_k_steps(mods, case, monkeypatch):
+    """With x and w channels-last, one group, dilation 1 along w and KW x Cin <= BLOCK_K, each K step
+    reads one input row per pixel (ROW_C): the convolution's result, padding included, with an
+    epilogue, split K, a prologue and bf16 operands; NCHW input (or a dilation along w) takes the
+    folded taps instead."""
+    batch, cin, cout, size, kernel, args, bk = ROWS[case]
+    x, w = _case(False, batch, cin, cout, size, kernel, 1, seed=len(case) + 11)
+    ref = _ref(x, w, False, **args)
+    tile = dict(TILE, BLOCK_K=bk)
+    mod = mods(False)
+    rows = []
+    real = mod._row_align
+    monkeypatch.setattr(mod, "_row_align", lambda t: rows.append(real(t)) or rows[-1])
+    xc, wc = _channels_last(x), _channels_last(w)
+    _close(mod.launch(xc, wc, **args, **tile), ref)
+    assert rows == [cin if cin in (4, 8) else 1] * 2  # (pixels' offsets in x, channels' in w: multiples of Cin)
+    _close(mod.launch(x, wc, **args, **tile), ref)  # NCHW x: folded taps
+    assert len(rows) == 2
+    e0 = _rand(cout, g=_gen(4))
+    bias = Epilogue((EpilogueOperand("e0", "col"),), "acc = acc + e0")
+    monkeypatch.setattr(mods(False, bias), "_row_align", lambda t: rows.append(real(t)) or rows[-1])
+    _close(mods(False, bias).launch(xc, wc, e0, **args, **tile, SPLIT_K=2),
+           ref + e0.view(1, -1, *([1] * len(size))))
+    assert len(rows) == 4
+    g = _gen(6)
+    scale, shift, k = _rand(cin, g=g), _rand(cin, g=g).abs() + 0.5, torch.tensor(1.5)
+    view = (cin,) + (1,) * len(size)
+    pre = torch.relu(x * scale.view(view) + shift.view(view)) * k
+    _close(mods(False, prologue=PROLOGUE, name="kw_conv_pro").launch(xc, wc, **args, prologue_operands=(scale, shift, k),
+                                                                     **tile), _ref(pre, w, False, **args))
+    out = mod.launch(xc.bfloat16(), wc.bfloat16(), **args, out_dtype=torch.float32, **tile)
+    _close(out, _ref(_bf16(x), _bf16(w), False, **args), tol=1e-4)
