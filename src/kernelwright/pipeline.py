@@ -91,12 +91,16 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     timed = device.type == "cuda" and opts.timed
     watchdog.limit_seconds()  # a bad $KERNELWRIGHT_HANG_S is bad input, before any work
     memory = MemoryPeak(device)
+    stages: dict[str, float] = {}  # wall seconds per stage, in result.json (where a run's time goes)
+    lap = _laps(stages)
     out_dtypes = baseline_output_dtypes(problem, policy, device)  # eager runs here, before anything is written
     memory.mark("eager")
+    lap("eager")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # capture, rewrite, plan and search, per training mode whose graph differs
     sensitive, modes, keys, graphs = training_modes(problem, opts.mode)
+    lap("capture")
     log(f"modes: {', '.join(modes)}" + (f" (mode-dependent: {', '.join(n or 'the model' for n in sensitive)})"
                                          if sensitive else " (the result does not depend on the training mode)"))
     results: dict[str, dict] = {}
@@ -109,6 +113,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         if forward is not None:
             forwards[mode] = forward
     memory.mark("tune")
+    lap("tune")
     # emit, then check every mode: a generated forward that fails (or is slower than eager) is not shipped
     overrides = dict(getattr(problem._module, "SMALL", {}) or {}) if opts.small and problem._module else None
     notes: list[str] = []
@@ -137,6 +142,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
         r["verify"], r["timing"] = _original_checks(p, path, policy, device, timed, log, opts.compile_mode)
     if forwards and graphs_in_every_mode([results[m]["timing"] for m in forwards]):
         path = emit(cuda_graphs=True)
+    lap("emit and final checks")
     # result.json (the primary mode at the top level, every mode under "modes") and report.md
     plans = {m: results[m].pop("plan", None) for m in modes}
     primary = next(m for m in ("any", "train", "eval") if m in modes)
@@ -146,10 +152,21 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
                     "untuned_modes": [m for m in ("train", "eval") if sensitive and "any" not in modes and m not in modes],
                     "analysis": plan_coverage(plans[primary], results[primary]["groups"],
                                               results[primary].get("captured_cost")),
-                    "seconds": round(time.time() - started, 2), "memory": memory.report()}
+                    "seconds": round(time.time() - started, 2), "stages": stages, "memory": memory.report()}
     (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=str))
     write_report(out_dir, result)
     return result
+
+
+def _laps(stages: dict[str, float]) -> Callable[[str], None]:
+    """lap(name): the wall seconds since the last lap (or this call) go into stages[name]."""
+    last = [time.time()]
+
+    def lap(name: str) -> None:
+        now = time.time()
+        stages[name] = round(now - last[0], 2)
+        last[0] = now
+    return lap
 
 
 def _in_mode(problem: Problem, mode: str) -> Problem:

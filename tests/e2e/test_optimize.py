@@ -72,7 +72,11 @@ def test_optimize_level1(name, optimized):
     assert result["verify"]["passed"], result["verify"]
     for f in ("model_new.py", "report.md", "result.json"):
         assert (out / f).is_file(), f
-    assert json.loads((out / "result.json").read_text())["problem"] == name
+    saved = json.loads((out / "result.json").read_text())
+    assert saved["problem"] == name
+    stages = saved["stages"]  # where the run's wall time went, stage by stage
+    assert list(stages) == ["eager", "capture", "tune", "emit and final checks"]
+    assert all(t >= 0 for t in stages.values()) and sum(stages.values()) <= saved["seconds"] + 0.05
     assert (out / "kernels").is_dir()
     triton_groups = [("" if m == "any" else f"{m}_") + g["id"] for m, r in result["modes"].items()
                      for g in r["groups"] if g["strategy"] == "triton"]  # kernel files are named by mode
