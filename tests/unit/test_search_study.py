@@ -107,9 +107,9 @@ def test_seeds_first_then_its_strategy():
 
 
 def test_sampled_units_mark_their_seeds_and_the_shipped_replay_starts_there(tmp_path):
-    """optimize --search random: search_unit runs the configs in a random order, each seed's record
-    carries its rank; surfaces read the ranks back, and the "shipped" strategy asks those seeds
-    first, in rank order."""
+    """optimize --search random: search_unit runs the seeds, then the other configs in a random
+    order, each seed's record carrying its rank; surfaces read the ranks back, and the "shipped"
+    strategy asks those seeds first, in rank order."""
     from kernelwright.search.plan_search import search_unit
     from kernelwright.search.result import RunResult
 
@@ -128,7 +128,11 @@ def test_sampled_units_mark_their_seeds_and_the_shipped_replay_starts_there(tmp_
     common = dict(db=db, task_key="p/g0/row", task_features={"rows": 8}, precision="tf32", search="random")
     results = search_unit(Tuner(), None, None, common)
     order = [r.config for r in results]
-    assert sorted(order, key=space.index) == space and order != space  # all of them, shuffled
+    assert order[:2] == Tuner.seeds and sorted(order, key=space.index) == space
+    rest = [c for c in space if c not in Tuner.seeds]
+    assert order[2:] != rest  # the others shuffled
+    again = search_unit(Tuner(), 5, None, {**common, "db": TrialDB(tmp_path / "t2.sqlite")})
+    assert [r.config for r in again][:2] == Tuner.seeds and len(again) == 5  # the budget counts the seeds
     (surf,) = surfaces(list(db), min_configs=20)
     assert surf.seeds == [space[7], space[2]]
     assert {c.key(): r.get("extra", {}).get("seed_rank") for r in db for c in [Config.from_json(r["config"])]

@@ -655,8 +655,8 @@ def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult
     that hung here before are left out, and one that hangs now is recorded before the process ends.
     With common["reuse"] a unit this device measured before (`stored_best`) runs its fastest
     stored config alone, verified and timed again; the search runs only if that one fails now.
-    With common["search"] == "random" the configs run in a uniformly random order instead (a sample
-    of the space for search studies), each seed's result carrying its rank (`extra["seed_rank"]`)."""
+    With common["search"] == "random" the configs after the seeds run in a uniformly random order
+    instead (a sample of the space for search studies: `sample_unit`)."""
     db = common["db"]
     hung = _hung_configs(db, common)
     tuner.on_hang = lambda cfg, msg, kind=watchdog.HANG: db.add_result(
@@ -687,8 +687,9 @@ def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult
 
 
 def sample_unit(tuner: KernelTuner, configs, per_trials, per_s, common) -> list[RunResult]:
-    """`configs` in a uniformly random order (seed 0) up to the budget; a seed's result records its
-    rank among the tuner's seeds, so a replay can start where the shipped search starts."""
+    """A sample of `configs` for search studies: the tuner's seeds among them (so a replay can run
+    the shipped search's start), then the others in a uniformly random order (seed 0), up to the
+    budget; each seed's result records its rank among the seeds (`extra["seed_rank"]`)."""
     rank = {c: i for i, c in enumerate(tuner.seeds)}
 
     def run(batch):
@@ -698,8 +699,15 @@ def sample_unit(tuner: KernelTuner, configs, per_trials, per_s, common) -> list[
                 r.extra["seed_rank"] = rank[r.config]
         return results
 
-    return list(tune(configs, run, budget_trials=per_trials, budget_s=per_s, strategy=RandomSearch(seed=0),
-                     **common).results)
+    seeds = sorted((c for c in configs if c in rank), key=rank.get)
+    first = tune(seeds, run, budget_trials=per_trials, budget_s=per_s, strategy=Exhaustive(), **common)
+    trials = None if per_trials is None else per_trials - first.n_run
+    seconds = None if per_s is None else max(0.0, per_s - first.elapsed_s)
+    if (trials is not None and trials <= 0) or seconds == 0.0:
+        return list(first.results)
+    rest = [c for c in configs if c not in rank]
+    return list(first.results) + list(tune(rest, run, budget_trials=trials, budget_s=seconds,
+                                           strategy=RandomSearch(seed=0), **common).results)
 
 
 _FITTED: dict[tuple, CostModel | None] = {}  # (db file and its state, precision, template) -> fitted model
