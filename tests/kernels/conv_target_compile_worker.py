@@ -36,10 +36,12 @@ CASES = {
     "conv2d-bf16-cast-epi": (False, (32, 64, 224, 224), (128, 64, 3, 3), dict(padding=1), "bf16", "cl", True, 2),
     "conv2d-bf16-tensors": (False, (8, 128, 64, 64), (128, 128, 1, 1), {}, "bf16-tensors", "cl", False, 2),
     "conv3d-cl-tf32-epi": (False, (4, 64, 32, 32, 32), (64, 64, 3, 3, 3), dict(padding=1), "tf32", "cl", True, 2),
-    "conv1d-cin3-fold": (False, (16, 3, 4096), (64, 3, 7), dict(stride=2, padding=3), "tf32", "nchw", False, 1),
-    # 8 channels channels-last: one input row per K step (ROW_C); NCHW: folded taps
+    "conv1d-cin3": (False, (16, 3, 4096), (64, 3, 7), dict(stride=2, padding=3), "tf32", "nchw", False, 1),
+    # 8 channels: one input row per K step (ROW_C; an NCHW x copied channels-last by launch), and
+    # folded (tap, channel) pairs where a dilation along w breaks the rows
     "conv2d-cin8-rows-epi": (False, (128, 8, 256, 256), (32, 8, 3, 3), {}, "tf32", "cl", True, 2),
-    "conv2d-cin8-fold-epi": (False, (128, 8, 256, 256), (32, 8, 3, 3), {}, "tf32", "nchw", True, 1),
+    "conv2d-cin8-nchw-rows-epi": (False, (128, 8, 256, 256), (32, 8, 3, 3), {}, "tf32", "nchw", True, 1),
+    "conv1d-cin8-dilated-fold": (False, (16, 8, 4096), (64, 8, 3), dict(dilation=2), "tf32", "cl", False, 1),
     "stem7x7-cin3-bf16": (False, (32, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3), "bf16", "nchw", False, 1),
     "grouped4": (False, (16, 128, 28, 28), (128, 32, 3, 3), dict(padding=1, groups=4), "tf32", "cl", False, 1),
     "depthwise": (False, (16, 64, 56, 56), (64, 1, 3, 3), dict(padding=1, groups=64), "fp32", "nchw", False, 1),
@@ -57,12 +59,12 @@ CASES = {
                                            dict(pool=("avg", (4, 4)), prologue=True)),
     "conv3d-avgpool2-bf16": (False, (16, 32, 16, 32, 32), (64, 32, 3, 3, 3), {}, "bf16", "nchw", False, 2,
                              dict(pool=("avg", (2, 2, 2)))),
-    # an input prologue (a DenseNet layer's batch norm and ReLU) in the box, per-tap and folded K loops
+    # an input prologue (a DenseNet layer's batch norm and ReLU) in the box, per-tap and input-row K loops
     "densenet3x3-prologue-tf32": (False, (16, 128, 56, 56), (32, 128, 3, 3), dict(padding=1), "tf32", "cl", False, 3,
                                   dict(prologue=True)),
     "densenet1x1-prologue-bf16": (False, (16, 512, 28, 28), (128, 512, 1, 1), {}, "bf16-tensors", "nchw", False, 2,
                                   dict(prologue=True)),
-    "stem-prologue-fold": (False, (8, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3), "tf32", "nchw", False, 1,
+    "stem7x7-prologue": (False, (8, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3), "tf32", "nchw", False, 1,
                            dict(prologue=True)),
 }
 PROLOGUE = Epilogue((EpilogueOperand("p0", "col"), EpilogueOperand("p1", "col")), "acc = tl.maximum(acc * p0 + p1, 0.0)")

@@ -417,10 +417,9 @@ ROWS = {
 
 @pytest.mark.parametrize("case", list(ROWS), ids=str)
 def test_input_rows_as_k_steps(mods, case, monkeypatch):
-    """With x and w channels-last, one group, dilation 1 along w and KW x Cin <= BLOCK_K, each K step
-    reads one input row per pixel (ROW_C): the convolution's result, padding included, with an
-    epilogue, split K, a prologue and bf16 operands; NCHW input (or a dilation along w) takes the
-    folded taps instead."""
+    """With one group, dilation 1 along w and KW x Cin <= BLOCK_K, each K step reads one input row
+    per pixel (ROW_C; x and w copied channels-last where they are not): the convolution's result,
+    padding included, with an epilogue, split K, a prologue and bf16 operands."""
     batch, cin, cout, size, kernel, args, bk = ROWS[case]
     x, w = _case(False, batch, cin, cout, size, kernel, 1, seed=len(case) + 11)
     ref = _ref(x, w, False, **args)
@@ -432,14 +431,14 @@ def test_input_rows_as_k_steps(mods, case, monkeypatch):
     xc, wc = _channels_last(x), _channels_last(w)
     _close(mod.launch(xc, wc, **args, **tile), ref)
     assert rows == [cin if cin in (4, 8) else 1] * 2  # (pixels' offsets in x, channels' in w: multiples of Cin)
-    _close(mod.launch(x, wc, **args, **tile), ref)  # NCHW x: folded taps
-    assert len(rows) == 2
+    _close(mod.launch(x, w, **args, **tile), ref)  # NCHW x and w: copied channels-last first
+    assert len(rows) == 4 and rows[2] == rows[0]
     e0 = _rand(cout, g=_gen(4))
     bias = Epilogue((EpilogueOperand("e0", "col"),), "acc = acc + e0")
     monkeypatch.setattr(mods(False, bias), "_row_align", lambda t: rows.append(real(t)) or rows[-1])
     _close(mods(False, bias).launch(xc, wc, e0, **args, **tile, SPLIT_K=2),
            ref + e0.view(1, -1, *([1] * len(size))))
-    assert len(rows) == 4
+    assert len(rows) == 6
     g = _gen(6)
     scale, shift, k = _rand(cin, g=g), _rand(cin, g=g).abs() + 0.5, torch.tensor(1.5)
     view = (cin,) + (1,) * len(size)
