@@ -114,8 +114,8 @@ RETUNE_HELP = ("Search every unit again and time the result again; without it a 
                "alone, verified and timed, and emitted files timed before on this GPU are verified and their stored "
                "timing reported.")
 SEARCH_HELP = ("model: each unit's expert seeds first, then the cost model's picks; random: each unit's seeds, "
-               "then its other configs in a uniformly random order, seeds marked in the trial records (a sample of the space for "
-               "scripts/cost_model_curve.py --replay).")
+               "then its other configs in a uniformly random order, the seeds marked in the trial records (a "
+               "sample of the space for scripts/cost_model_curve.py --replay).")
 NCU_HELP = ("Profile the emitted module's generated kernels with Nsight Compute (ncu on PATH, --clock-control "
             "none): achieved occupancy, DRAM throughput, shared-memory bank conflicts, duration per unit, in "
             "result.json and the reports; without ncu or a GPU the reports say so.")

@@ -63,7 +63,8 @@ class Options:
     no_rewrites: bool = False  # leave out the exact algebra rules of plan/algebra.py (they change what is computed)
     retune: bool = False  # search units the trial database measured before here (else their stored best runs alone)
     # "model": the expert seeds in order, then the cost model's picks; "random": every unit's seeds, then
-    # its other configs in a uniformly random order, the seeds marked in the trial records (search-efficiency studies replay these)
+    # its other configs in a uniformly random order, the seeds marked in the trial records (the samples
+    # that search-efficiency studies replay)
     search: str = "model"
     log: Callable[[str], None] = print
     # called after every tuning trial with the unit's search.plan_search.TrialProgress (trials done, its
