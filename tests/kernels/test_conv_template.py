@@ -418,8 +418,9 @@ ROWS = {
 @pytest.mark.parametrize("case", list(ROWS), ids=str)
 def test_input_rows_as_k_steps(mods, case, monkeypatch):
     """With one group, dilation 1 along w and KW x Cin <= BLOCK_K, each K step reads one input row
-    per pixel (ROW_C; x and w copied channels-last where they are not): the convolution's result,
-    padding included, with an epilogue, split K, a prologue and bf16 operands."""
+    per pixel (ROW_C; x and w copied channels-last where they are not, channels padded with zeros
+    to 16-byte rows where the row still fits): the convolution's result, padding included, with an
+    epilogue, split K, a prologue and bf16 operands."""
     batch, cin, cout, size, kernel, args, bk = ROWS[case]
     x, w = _case(False, batch, cin, cout, size, kernel, 1, seed=len(case) + 11)
     ref = _ref(x, w, False, **args)
@@ -430,7 +431,8 @@ def test_input_rows_as_k_steps(mods, case, monkeypatch):
     monkeypatch.setattr(mod, "_row_align", lambda t: rows.append(real(t)) or rows[-1])
     xc, wc = _channels_last(x), _channels_last(w)
     _close(mod.launch(xc, wc, **args, **tile), ref)
-    assert rows == [cin if cin in (4, 8) else 1] * 2  # (pixels' offsets in x, channels' in w: multiples of Cin)
+    # (pixels' offsets in x, channels' in w: multiples of Cin; 3 channels are padded to 4 with zero channels)
+    assert rows == [4 if cin == 3 else cin] * 2
     _close(mod.launch(x, w, **args, **tile), ref)  # NCHW x and w: copied channels-last first
     assert len(rows) == 4 and rows[2] == rows[0]
     e0 = _rand(cout, g=_gen(4))
