@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-# name: (batch, Cin, Cout, input spatial, kernel, padding[, transposed convolution's stride and output_padding])
+# name: (batch, Cin, Cout, input spatial, kernel, padding[, a convolution's stride, or a transposed one's
+# (stride, output_padding)])
 SHAPES = {
     "s1": (32, 64, 128, (224, 224), 3, 1),  # conv2d_relu_bias_add and four more level-2 problems
     "s2": (128, 64, 64, (64, 64), 3, 1),  # conv2d_mish_mish
@@ -33,11 +34,13 @@ SHAPES = {
     "s7": (32, 256, 256, (14, 14), 3, 1),  # resnet18 layer 3
     "s8": (32, 64, 64, (56, 56), 3, 1),  # resnet18 layer 1
     "s9": (32, 256, 64, (56, 56), 1, 0),  # resnet50 1x1
-    "s10": (128, 8, 32, (256, 256), 3, 0),  # KernelBench level 2 #21 (8 input channels: folded taps)
+    "s10": (128, 8, 32, (256, 256), 3, 0),  # KernelBench level 2 #21 (8 input channels: input rows, or --no-rows)
     "s11": (64, 64, 64, (128, 128), 3, 0),  # KernelBench level 2 #54
     "s12": (2, 512, 512, (7, 7), 3, 1),  # resnet18 layer 4 at batch 2 (4 tiles: the space's split-K configs)
     "s13": (10, 256, 256, (14, 14), 3, 1),  # resnet layer 3 at KernelBench level 3's batch 10
     "s14": (128, 8, 64, (128, 128), 3, 0),  # KernelBench level 2 #85 / #73 (8 input channels: input rows as K steps)
+    "s15": (10, 3, 64, (224, 224), 7, 3, 2),  # a ResNet stem at KernelBench level 3's batch 10 (stride 2; RGB rows padded)
+    "s16": (10, 3, 32, (224, 224), 3, 1, 2),  # MobileNet-V1's stem (3x3, stride 2)
     "t1": (128, 64, 64, (128, 128), 3, 1, (2, 1)),  # KernelBench level 2 #2 (ConvTranspose2d, stride 2)
     "t2": (128, 64, 128, (64, 64), 4, 1, (2, 0)),  # KernelBench level 2 #93 / #91
     "t3": (32, 32, 64, (16, 32, 32), 3, 1, (2, 1)),  # KernelBench level 2 #3 (ConvTranspose3d, stride 2)
@@ -95,7 +98,7 @@ def emit(**row):
 for name in args.shapes:
     n, c, co, sp, k, p, *tr = SHAPES[name]
     nd = len(sp)
-    transposed = bool(tr)
+    transposed = bool(tr) and isinstance(tr[0], tuple)
     if transposed and pool:
         continue  # (pools are fused into convolutions only)
     mod = mods[transposed]
@@ -106,9 +109,12 @@ for name in args.shapes:
         conv = (F.conv_transpose2d if nd == 2 else F.conv_transpose3d)
         box = tuple(-(-o // st) for o in osp)  # the largest phase class's sub-grid
     else:
-        extra, osp = {}, tuple(i + 2 * p - k + 1 for i in sp)
+        st = tr[0] if tr else 1
+        extra, osp = dict(stride=st), tuple((i + 2 * p - k) // st + 1 for i in sp)
         conv = F.conv2d if nd == 2 else F.conv3d
         box = tuple(o // args.pool * args.pool for o in osp) if pool else osp
+        if st > 1:  # (box configs read stride-1 convolutions only)
+            box = None
     pixels = n * int(torch.tensor(osp).prod())
     flops = 2 * pixels * co * c * k ** nd // (st ** nd if transposed else 1)  # (taps that meet an input)
     for prec in args.precision:
@@ -123,7 +129,7 @@ for name in args.shapes:
             if pool:
                 pool_fn = F.max_pool2d if nd == 2 else F.max_pool3d
                 extra["pool_window"] = args.pool
-                def lib(): return pool_fn(conv(x, w, padding=p), args.pool)  # noqa: E704
+                def lib(): return pool_fn(conv(x, w, padding=p, stride=extra["stride"]), args.pool)  # noqa: E704
             else:
                 def lib(): return conv(x, w, padding=p, **extra)  # noqa: E704
             ref = lib()
@@ -132,7 +138,7 @@ for name in args.shapes:
                         pool=args.pool)
             emit(**base, impl="cuDNN", ms=ms, tflops=flops / ms / 1e9)
             configs = conv_space(M=pixels, N=co, K=c * k ** nd, precision=prec, elem_bytes=x.element_size(),
-                                 spec=spec, channels=c, box_out=(1,) * (3 - nd) + box,
+                                 spec=spec, channels=c, box_out=None if box is None else (1,) * (3 - nd) + box,
                                  box_window=(1,) * (3 - nd) + (max(args.pool, 1),) * nd,
                                  min_block_m=2 * args.pool ** nd if pool else 1)[:args.configs]
             for cfg in configs:
