@@ -1,6 +1,7 @@
 """Dev tool (GPU): the convolution template's first configs against cuDNN, on 3x3 / 1x1 stride-1
 shapes of the level-2 problems and ResNets (small-batch ones whose first configs include split-K
-variants) and stride-2 transposed ones (whose box configs read each phase class's taps through
+variants), small-channel ones (input rows as K steps; `--no-rows` for folded taps), RGB stems of
+stride 2, and stride-2 transposed ones (whose box configs read each phase class's taps through
 descriptors), input channels-last or NCHW, tf32 and bf16.
 
 For each shape, policy and layout (channels-last, NCHW, or a channels-last input convolved into an
