@@ -5,6 +5,7 @@ usage: PYTHONPATH=src python3 scripts/cost_model_curve.py [DB.jsonl ...] [--size
        [--precision tf32] [--min-configs 6] [--seed 0]
        PYTHONPATH=src python3 scripts/cost_model_curve.py --replay [DB.jsonl ...] [--precision tf32]
        [--min-configs 20] [--seeds 0,1,2] [--strategies random,model-cold,model-warm,shipped,recorded]
+       [--with-priors]
 Without a file it reads the packaged priors (the trials measured on the H200). The curve: a markdown
 table per training size of the held-out tasks, mean Spearman rho, and the geometric-mean regret of
 the predicted-fastest config (and of the best of the predicted three) against the fastest measured
@@ -30,6 +31,8 @@ def main() -> int:
     ap.add_argument("--replay", action="store_true", help="replay search strategies on the measured units")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--strategies", default="random,model-cold,model-warm,shipped,recorded")
+    ap.add_argument("--with-priors", action="store_true",
+                    help="--replay of the files named: warm models also learn from the packaged trials")
     a = ap.parse_args()
     if a.replay:
         return replay(a)
@@ -85,9 +88,13 @@ def replay(a) -> int:
         print(f"error: no unit has {min_configs} measured configs in {', '.join(map(str, paths))}", file=sys.stderr)
         return 1
     t0 = time.time()
-    rows = study(surfs, records, strategies=names, seeds=seeds)
+    warm = records  # (surfaces come from the files named; --with-priors: warm models learn from the priors too)
+    if a.with_priors and a.db:
+        warm = records + [r for p in packaged_priors() for r in TrialDB(p)]
+    rows = study(surfs, warm, strategies=names, seeds=seeds)
     sizes = sorted(len(s.times) for s in surfs)
-    print(f"{len(records)} records; precision {a.precision or 'all'}; {len(surfs)} units of {sizes[0]}-{sizes[-1]} "
+    print(f"{len(records)} records" + (f" (warm models: {len(warm)} with the packaged trials)" if warm is not records else "")
+          + f"; precision {a.precision or 'all'}; {len(surfs)} units of {sizes[0]}-{sizes[-1]} "
           f"measured configs (median {sizes[len(sizes) // 2]}); seeds {a.seeds}; {time.time() - t0:.0f} s\n")
     print("| strategy | trials to 95% of the best (per seed) | trials to 99% (per seed) |")
     print("|---|---|---|")

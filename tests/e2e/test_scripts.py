@@ -129,9 +129,14 @@ def test_cost_model_curve_replay(tmp_path):
     r = py("cost_model_curve.py", "--replay", db, "--min-configs", "8", "--seeds", "0,1")
     assert r.returncode == 0, r.stderr
     assert "2 units of 8-8 measured configs" in r.stdout
-    for name in ("random", "model-cold", "model-warm", "recorded"):
+    for name in ("random", "model-cold", "model-warm", "shipped", "recorded"):
         assert f"| {name} |" in r.stdout
     assert "| recorded | 4 (4) |" in r.stdout  # the recorded order reaches BLOCK_M=8 (j = 3) at its 4th trial
+    # warm models that also learn from the packaged trials: the same two units replayed
+    r = py("cost_model_curve.py", "--replay", db, "--min-configs", "8", "--seeds", "0", "--strategies",
+           "model-warm", "--with-priors")
+    assert r.returncode == 0, r.stderr
+    assert "2 units of 8-8 measured configs" in r.stdout and "| model-warm |" in r.stdout
 
 
 @pytest.mark.parametrize("name", SHELL_TOOLS)
