@@ -44,6 +44,7 @@ def test_a_local_cluster_benches_as_one_process_does_on_both_workers(tmp_path):
 
     assert sorted(map(same, rows["cluster"])) == sorted(map(same, rows["single"]))
     assert all(r["correct"] for r in rows["single"]) and len(rows["single"]) == len(SMALL)
+    assert all(set(r["stages"]) == {"eager", "capture", "tune", "emit and final checks"} for r in rows["single"])
     assert len({r["worker"] for r in rows["cluster"]}) == 2  # both workers benched problems
     summary = json.loads((tmp_path / "cluster.json").read_text())["summary"]["level1"]
     assert summary["correct"] == 1.0 and "kw_over_compile" not in summary  # untimed: no speedups

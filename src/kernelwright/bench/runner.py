@@ -59,6 +59,7 @@ def _one(path: str, opts: dict) -> dict:
             row["groups"] = [(g["id"], g["kind"], g["strategy"]) for g in res.get("groups", [])]
             row["modes"] = {m: _mode_row(r) for m, r in (res.get("modes") or {}).items()}
             row["memory"] = res.get("memory")
+            row["stages"] = res.get("stages")  # optimize's wall seconds per stage
             if opts.get("rewrites_ab") and not opts.get("no_rewrites"):
                 _without_rewrites(p, out, opts, res, row)
     except Exception as e:  # noqa: BLE001
