@@ -16,6 +16,7 @@ exist and before any of its outputs are read.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import contiguous_strides, refine_strides
@@ -199,41 +200,37 @@ def _pool_chain(graph: Graph, value: str) -> tuple[tuple[str, ...], str | None]:
 
 UNSQUEEZES = ("aten.unsqueeze.default",)
 SQUEEZES = ("aten.squeeze.dims", "aten.squeeze.dim")
+LAYOUT_COPIES = ("aten.clone.default", "aten._to_copy.default")
+
+
+def _reaches(graph: Graph, value: str, arrived: Callable[[OpNode, str], bool | None], through: tuple) -> bool:
+    """Whether `value` reaches a node `arrived` answers for (True / False; None: not such a node)
+    through elementwise ops and the `through` targets, each the only reader of the last."""
+    while value not in graph.outputs and value not in graph.mutations:
+        users = graph.users(value)
+        if len(users) != 1:
+            return False
+        user = users[0]
+        if (hit := arrived(user, value)) is not None:
+            return hit
+        if not _is_pointwise(user, graph) and user.target not in through:
+            return False
+        value = user.name
+    return False
 
 
 def feeds_pool(graph: Graph, value: str) -> bool:
     """Whether `value` reaches a pool through elementwise ops (and the unsqueezes before a 1-D
     pool), each the only reader of the last."""
-    while value not in graph.outputs and value not in graph.mutations:
-        users = graph.users(value)
-        if len(users) != 1:
-            return False
-        if users[0].target in POOLS:
-            return True
-        if not _is_pointwise(users[0], graph) and users[0].target not in UNSQUEEZES:
-            return False
-        value = users[0].name
-    return False
+    return _reaches(graph, value, lambda user, v: True if user.target in POOLS else None, UNSQUEEZES)
 
 
 def feeds_conv(graph: Graph, value: str) -> bool:
     """Whether `value` reaches a convolution's input through elementwise ops, layout copies and
     casts, each the only reader of the last: values a convolution kernel can compute as it loads
     its input (codegen/conv_epilogue.py, the template's prologue)."""
-    while value not in graph.outputs and value not in graph.mutations:
-        users = graph.users(value)
-        if len(users) != 1:
-            return False
-        user = users[0]
-        if user.target in CONVS:
-            return bool(user.args) and user.args[0] == Ref(value)
-        if not _is_pointwise(user, graph) and user.target not in LAYOUT_COPIES:
-            return False
-        value = user.name
-    return False
-
-
-LAYOUT_COPIES = ("aten.clone.default", "aten._to_copy.default")
+    return _reaches(graph, value, lambda user, v: (bool(user.args) and user.args[0] == Ref(v))
+                    if user.target in CONVS else None, LAYOUT_COPIES)
 
 
 def _views(graph: Graph, value: str, targets: tuple, up: bool) -> tuple[str, list[str]]:
