@@ -656,7 +656,8 @@ def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult
     With common["reuse"] a unit this device measured before (`stored_best`) runs its fastest
     stored config alone, verified and timed again; the search runs only if that one fails now.
     With common["search"] == "random" the configs after the seeds run in a uniformly random order
-    instead (a sample of the space for search studies: `sample_unit`)."""
+    (seed 0) instead, and each seed's result records its rank among the seeds (`extra["seed_rank"]`):
+    a sample of the space for search studies, whose replays start where the shipped search does."""
     db = common["db"]
     hung = _hung_configs(db, common)
     tuner.on_hang = lambda cfg, msg, kind=watchdog.HANG: db.add_result(
@@ -667,29 +668,28 @@ def search_unit(tuner: KernelTuner, per_trials, per_s, common) -> list[RunResult
         return []
     common = dict(common)
     reuse = common.pop("reuse", False)
-    if common.pop("search", "model") == "random":
-        return sample_unit(tuner, fresh, per_trials, per_s, common)
-    if reuse and (known := stored_best(db, common, fresh)) is not None:
+    sample = common.pop("search", "model") == "random"
+    if not sample and reuse and (known := stored_best(db, common, fresh)) is not None:
         again = tune([known], tuner.run, budget_trials=1, strategy=Exhaustive(), **common).results
         if any(r.ok for r in again):
             return list(again)
+    run = _seed_ranks(tuner) if sample else tuner.run
     space = set(fresh)
-    seeds = [c for c in tuner.seeds if c in space] or fresh[:1]
+    seeds = [c for c in tuner.seeds if c in space] or ([] if sample else fresh[:1])
     n_seed = len(seeds) if per_trials is None else min(len(seeds), per_trials)
-    first = tune(seeds[:n_seed], tuner.run, budget_trials=n_seed, budget_s=per_s, strategy=Exhaustive(), **common)
+    first = tune(seeds[:n_seed], run, budget_trials=n_seed, budget_s=per_s, strategy=Exhaustive(), **common)
     results = list(first.results)
     rest_trials = None if per_trials is None else per_trials - len(results)
     rest_s = None if per_s is None else max(0.0, per_s - first.elapsed_s)
     rest = [c for c in fresh if c not in seeds]
     if rest and (rest_trials is None or rest_trials > 0) and (rest_s is None or rest_s > 0):
-        results += tune(rest, tuner.run, budget_trials=rest_trials, budget_s=rest_s, **common).results
+        results += tune(rest, run, budget_trials=rest_trials, budget_s=rest_s,
+                        strategy=RandomSearch(seed=0) if sample else None, **common).results
     return results
 
 
-def sample_unit(tuner: KernelTuner, configs, per_trials, per_s, common) -> list[RunResult]:
-    """A sample of `configs` for search studies: the tuner's seeds among them (so a replay can run
-    the shipped search's start), then the others in a uniformly random order (seed 0), up to the
-    budget; each seed's result records its rank among the seeds (`extra["seed_rank"]`)."""
+def _seed_ranks(tuner: KernelTuner):
+    """tuner.run, each seed's result marked with its rank among the tuner's seeds."""
     rank = {c: i for i, c in enumerate(tuner.seeds)}
 
     def run(batch):
@@ -698,16 +698,7 @@ def sample_unit(tuner: KernelTuner, configs, per_trials, per_s, common) -> list[
             if r.config in rank:
                 r.extra["seed_rank"] = rank[r.config]
         return results
-
-    seeds = sorted((c for c in configs if c in rank), key=rank.get)
-    first = tune(seeds, run, budget_trials=per_trials, budget_s=per_s, strategy=Exhaustive(), **common)
-    trials = None if per_trials is None else per_trials - first.n_run
-    seconds = None if per_s is None else max(0.0, per_s - first.elapsed_s)
-    if (trials is not None and trials <= 0) or seconds == 0.0:
-        return list(first.results)
-    rest = [c for c in configs if c not in rank]
-    return list(first.results) + list(tune(rest, run, budget_trials=trials, budget_s=seconds,
-                                           strategy=RandomSearch(seed=0), **common).results)
+    return run
 
 
 _FITTED: dict[tuple, CostModel | None] = {}  # (db file and its state, precision, template) -> fitted model
