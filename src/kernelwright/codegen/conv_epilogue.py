@@ -133,7 +133,7 @@ class ConvEpilogue:
 
 
 # Whether the search offers box configs for transposed convolutions (each phase class reads its
-# taps' inputs as descriptor boxes): checked against cuDNN on the H100 and 1.5-1.7x faster than the
+# taps' inputs as descriptor boxes): checked against cuDNN on the H100 and 1.3-1.7x faster than the
 # gather configs of the same tiles on stride-2 ConvTranspose2d / 3d shapes (docs/benchmarks.md,
 # "The convolution template's first configs").
 TRANSPOSED_BOXES = True
