@@ -65,3 +65,37 @@ def test_workers_end_when_the_bench_is_killed(tmp_path):
     else:
         os.kill(worker, signal.SIGKILL)
         raise AssertionError("the worker outlived its bench")
+
+
+def test_ctrl_c_ends_the_workers_without_a_traceback(tmp_path):
+    """Ctrl-C at a terminal interrupts the bench's whole process group: the bench says so once, its
+    workers end quietly (no traceback from inside a problem)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = ("import sys; sys.path[:0] = [%r, %r]\n"
+            "from kernelwright.bench.runner import run_workers\n"
+            "from bench_fake_one import slow_one\n"
+            "if __name__ == '__main__':\n"
+            "    try:\n"
+            "        run_workers([['p/level1/a.py']], {'marker_dir': %r}, print, one=slow_one)\n"
+            "    except KeyboardInterrupt:\n"
+            "        sys.exit('interrupted')\n"
+            % (here, os.path.join(os.path.dirname(os.path.dirname(here)), "src"), str(tmp_path)))
+    script = tmp_path / "bench.py"
+    script.write_text(code)
+    bench = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    pid_file = tmp_path / "worker.pid"
+    deadline = time.time() + 60
+    while not pid_file.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert pid_file.exists()
+    os.killpg(bench.pid, signal.SIGINT)
+    _, err = bench.communicate(timeout=30)
+    assert bench.returncode == 1 and err.strip().splitlines()[-1] == "interrupted"
+    assert "Traceback" not in err, err

@@ -140,9 +140,12 @@ def _worker(gpu: int, paths: list[str], opts: dict, conn, one=None):
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     one = one or _one
-    for p in paths:
-        conn.send(one(p, opts))
-    conn.send(None)
+    try:
+        for p in paths:
+            conn.send(one(p, opts))
+        conn.send(None)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the bench reports it, once
+        os._exit(130)
     conn.close()
 
 
