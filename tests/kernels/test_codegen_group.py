@@ -11,7 +11,7 @@ from torch import nn
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture import capture
 from kernelwright.capture.execute import run_graph
-from kernelwright.codegen.triton_group import render_group
+from kernelwright.codegen.triton_group import lower, render_group
 from kernelwright.plan import plan_graph
 from kernelwright.problem import from_module
 
@@ -276,6 +276,43 @@ def test_a_softmax_over_a_channels_last_convs_pixels_splits_its_rows(log, tmp_pa
         assert ("_partial" in k.source) == (tag != "row")
         out = outs[k.outputs.index(graph.outputs[0])]
         torch.testing.assert_close(out, env[graph.outputs[0]], rtol=1e-5, atol=1e-5)
+
+
+def test_a_softmax_over_the_channels_of_a_channels_last_conv_walks_rows_along_the_output_pixels(tmp_path):
+    """KernelBench's ConvTranspose2d + softmax over channels + epilogue, returned NCHW: the rows
+    (pixels) of the channels-last convolution's result are the output's contiguous dim. With
+    INNER the rows are walked per image in blocks of pixels (p, a run the compiler sees in the
+    output's offsets), in the one-pass and the looped schedule, with a pixel count that is not a
+    multiple of the block; the tuner offers such configs first, beside the row schedule as it is."""
+    from kernelwright.codegen.triton_group import Unsupported, inner_rows
+    from kernelwright.policy import get_policy
+    from kernelwright.search.units import GroupTuner
+
+    def forward(s, x):
+        return torch.sigmoid(torch.softmax(s.conv(x), dim=1) * 2.0 + s.bias)
+
+    model = Fn(forward)
+    model.conv = nn.ConvTranspose2d(3, 16, 4, stride=2, padding=1, output_padding=1)
+    model.bias = nn.Parameter(torch.randn(16, 1, 1))
+    graph, env, group, low = _tf32_norm_group(model, torch.randn(3, 3, 3, 4))  # 7 x 9 pixels per image
+    outer, (P, _) = inner_rows(low)
+    assert P == 63 and [size for size, _ in outer] == [3]
+    for tag, cfg in (("one", dict(ONE_PASS, BLOCK_M=32, INNER=True)), ("multi", dict(MULTI_PASS, BLOCK_M=16, INNER=True))):
+        k, _, outs = _run(graph, group, env, cfg, tmp_path, f"inner_{tag}")
+        assert "po = pid // " in k.source and f"grid = ({3 * -(-63 // cfg['BLOCK_M'])},)" in k.source
+        out = outs[k.outputs.index(graph.outputs[0])]
+        assert out.is_contiguous()
+        torch.testing.assert_close(out, env[graph.outputs[0]], rtol=1e-5, atol=1e-5)
+    tuner = GroupTuner(graph, group, env, get_policy("tf32"), "cpu", tmp_path, False)
+    assert tuner.seeds[0]["INNER"] and tuner.seeds[0]["BLOCK_M"] >= 32 and "INNER" not in tuner.seeds[1].as_dict()
+    assert all(c in tuner.space for c in tuner.seeds)
+    # a group whose output is not contiguous along its rows has no such walk
+    plain = Fn(lambda s, x: torch.softmax(x, -1))
+    g2 = capture(from_module(plain, [torch.randn(6, 40)]))
+    grp = plan_graph(g2).groups[0]
+    assert inner_rows(lower(g2, grp)) is None
+    with pytest.raises(Unsupported):
+        render_group(g2, grp, dict(ONE_PASS, INNER=True))
 
 
 def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():

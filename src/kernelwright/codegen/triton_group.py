@@ -527,6 +527,27 @@ def transposed_walk(low: Lowering):
     return None
 
 
+def inner_rows(low: Lowering) -> tuple[list, tuple] | None:
+    """For a reduction group with at least two kept dims whose domain-sized output has unit stride
+    along the last of them (a softmax over the channels of a channels-last tensor, written NCHW:
+    the pixels of one image are that output's contiguous dim): (outer dims, that dim), each as
+    (size, [stride per operand]); else None. Rows walked in blocks of that dim per outer index
+    (config INNER) make each tile one run of the output (a tile never crosses an image), which the
+    compiler sees in the output's offsets: it stores along the pixels, BLOCK_M of them per channel
+    plane (in the sm_90 TTGIR of KernelBench 91's softmax group: 32 threads of a warp along the
+    pixels with 32 or 64 rows, 16 in the row schedule's 16-row tiles)."""
+    if not low.rd:
+        return None
+    kept, _ = _layout(low)
+    if len(kept) < 2:
+        return None
+    n_in = len(low.inputs)
+    last = kept[-1][1]
+    if any(o.level == "full" and abs(last[n_in + i]) == 1 for i, o in enumerate(low.outputs)):
+        return kept[:-1], kept[-1]
+    return None
+
+
 def tiled_apply_dims(low: Lowering) -> tuple[int, int] | None:
     """(Q, P) for the split schedule's tiled apply pass: when the reduced dims collapse to two,
     [Q, P] in the main input's memory order (P innermost), and a domain-shaped output is not
@@ -599,8 +620,15 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         tiled = transposed_walk(low)
         if tiled is None:
             raise Unsupported("a tiled walk needs operands that disagree on the innermost dim")
+    inner = None
+    if config.get("INNER"):
+        inner = inner_rows(low)
+        if inner is None or pointwise or int(config.get("SPLIT", 1)) > 1:
+            raise Unsupported("rows walked along the inner dim need a row schedule and an output contiguous along it")
     if tiled is not None:
         kept_lines, m_off = _tiled_index_lines(tiled, ops, used_m)
+    elif inner is not None:
+        kept_lines, m_off = _inner_index_lines(inner, ops, used_m)
     else:
         kept_lines, m_off = _index_lines("m", "m", kept, ops, used_m) if kept else ([], {p: None for p in used_m})
     red_lines, r_off = _index_lines("r", "r", red, ops, used_r) if red else ([], {p: None for p in used_r})
@@ -715,7 +743,10 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
 
     extra = dict(pointwise=pointwise, one_pass=one_pass, index_m=kept_lines, index_r=red_lines, body=body,
                  phases=phases, BLOCK_M=BLOCK_M, BLOCK_R=BLOCK_R, int64=needs_int64(low, M + BLOCK_M, R + BLOCK_R),
-                 tiled=tiled is not None)
+                 tiled=tiled is not None, inner=False)
+    if inner is not None:
+        P = inner[1][0]
+        extra.update(inner=True, P=P, NB=-(-P // BLOCK_M), O=math.prod(size for size, _ in inner[0]))
     if tiled is not None:
         outer, (Q, _), (P, _) = tiled
         O = math.prod(size for size, _ in outer)
@@ -740,6 +771,22 @@ def _tiled_index_lines(tiled, operands, used):
         if terms and terms != [f"om_{op.param}"]:
             lines.append(f"om_{op.param} = {' + '.join(terms)}")
             offs[op.param] = f"om_{op.param}"
+    return lines, offs
+
+
+def _inner_index_lines(inner, operands, used):
+    """Offsets of every used operand for rows p of outer index `po` (the INNER walk): the outer dims
+    through _index_lines, plus the p term."""
+    outer, (_, p_st) = inner
+    lines, offs = _index_lines("mo", "po", outer, operands, used)
+    for k, op in enumerate(operands):
+        if op.param not in used:
+            continue
+        terms = [f"omo_{op.param}"] if offs[op.param] else []
+        terms += [f"p * {p_st[k]}" if p_st[k] != 1 else "p"] if p_st[k] else []
+        offs[op.param] = " + ".join(terms) or None
+        if offs[op.param]:
+            lines.append(f"om_{op.param} = {offs[op.param]}")
     return lines, offs
 
 

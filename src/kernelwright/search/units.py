@@ -20,7 +20,7 @@ from kernelwright.capture.execute import input_device, run_node
 from kernelwright.codegen import conv_epilogue, cudnn_epilogue, gemm_epilogue, library_epilogue, node_kernels, pool_chain
 from kernelwright.codegen.triton_pool import TEMPLATE as POOL_TEMPLATE
 from kernelwright.codegen.node_kernels import used_outputs
-from kernelwright.codegen.triton_group import (Unsupported, extent, lower, render_group, tiled_apply_dims,
+from kernelwright.codegen.triton_group import (Unsupported, extent, inner_rows, lower, render_group, tiled_apply_dims,
                                               transposed_walk)
 from kernelwright.measure import watchdog
 from kernelwright.policy import Policy
@@ -241,6 +241,18 @@ class GroupTuner(KernelTuner):
                            and c["SPLIT"] == 256 and c["num_warps"] == 8),
                           key=lambda c: order.index((c["BLOCK_M"], c["BLOCK_R"], c.get("APPLY_Q"))))
             self.seeds = first[:1] + wide + first[-1:] + self.seeds
+        elif not pw and self.seeds[0].template == "triton.row" and inner_rows(self.low) is not None:
+            # a row group written with the output's contiguous dim across the rows (a softmax over
+            # a channels-last tensor's channels, returned NCHW): rows walked along that dim store
+            # runs of it: at least 32 rows of them first, then the row schedule as it is, then 64
+            rows = [c for c in self.space if c.template == "triton.row" and c["BLOCK_M"] >= 16]
+            self.space = self.space + [c.replace(INNER=True) for c in rows]
+            base = self.seeds[0]
+            tall = [max(32, base["BLOCK_M"]), max(64, 2 * base["BLOCK_M"])]
+            lead = [base.replace(INNER=True, BLOCK_M=bm, num_warps=4 if bm * base["BLOCK_R"] <= 2048 else 8
+                                 if bm * base["BLOCK_R"] <= 8192 else 16) for bm in tall]
+            lead = [c for c in lead if c in self.space]
+            self.seeds = lead[:1] + [base] + lead[1:] + self.seeds[1:]
         if group.normalizes:  # split schedules' apply pass, also walked last tile first (L2 reuse)
             splits = [c for c in self.space if c.template == "triton.split"]
             self.space = self.space + [c.replace(APPLY_REVERSE=True) for c in splits]
