@@ -12,7 +12,6 @@ from kernelwright.errors import UserError
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
 
-pytestmark = pytest.mark.interpreter
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = ROOT / "problems" / "level2" / "gemm_bias_relu.py"
@@ -37,6 +36,7 @@ def _off_by_a_percent(model):
     return lambda *xs: model(*xs) * 1.01
 
 
+@pytest.mark.interpreter
 def test_training_under_the_backend_matches_float64_eager_and_follows_eagers_losses(fresh_dynamo, tmp_path):
     problem = load_problem(PROBLEM, small=True)
     rows, summary = run_train_bench([PROBLEM], get_policy("fp32"), {"eager": lambda m: m, "kernelwright": _kernelwright},
@@ -48,6 +48,7 @@ def test_training_under_the_backend_matches_float64_eager_and_follows_eagers_los
         r = row["train"][name]
         assert r["correct"] and r["grad_excess"] <= get_policy("fp32").tol, (name, r)
         assert r["loss_drift"] < 1e-4 and r["step_ms"] is None and r["first_s"] >= 0  # no CUDA events on the CPU
+        assert r["kernels"] is None  # nor a kernel profile
     assert row["train"]["eager"]["loss_drift"] == 0.0 and row["correct"]
     # the backend's first step captures and optimises the forward and backward graphs
     assert row["train"]["kernelwright"]["first_s"] > row["train"]["eager"]["first_s"]
@@ -58,6 +59,7 @@ def test_training_under_the_backend_matches_float64_eager_and_follows_eagers_los
     assert len(results) == 2 and all(r["verify"]["passed"] for r in results)
 
 
+@pytest.mark.interpreter
 def test_a_wrong_implementation_fails_its_first_step_check():
     row = train_problem(load_problem(PROBLEM, small=True), get_policy("fp32"),
                         {"eager": lambda m: m, "wrong": _off_by_a_percent}, steps=3, timed=1, device="cpu")
@@ -66,6 +68,7 @@ def test_a_wrong_implementation_fails_its_first_step_check():
     assert row["train"]["wrong"]["loss_drift"] > 0.01  # a 1% larger output: a 2% larger mean square
 
 
+@pytest.mark.interpreter
 def test_the_sgd_step_trains_the_copy_not_the_problems_model():
     """Each implementation trains its own copy: the second starts from the first's initial weights."""
     problem = load_problem(PROBLEM, small=True)
@@ -75,6 +78,7 @@ def test_the_sgd_step_trains_the_copy_not_the_problems_model():
     assert row["train"]["b"]["loss_drift"] == 0.0 and LR > 0
 
 
+@pytest.mark.interpreter
 def test_loss_and_argument_errors_are_one_line_user_errors():
     with pytest.raises(UserError, match="no floating tensor"):
         loss_of(torch.tensor([1, 2]))
@@ -89,3 +93,14 @@ def test_loss_and_argument_errors_are_one_line_user_errors():
     rows, _ = run_train_bench([ROOT / "problems" / "level1" / "relu.py"], get_policy("fp32"), {"eager": lambda m: m},
                               steps=3, timed=1, json_out=None, echo=lambda s: None, small=True, device="cpu")
     assert rows[0]["error"].startswith("UserError: relu: the model has no parameters") and not rows[0]["correct"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_each_implementation_reports_the_kernels_of_a_step():
+    problem = load_problem(PROBLEM, small=True)
+    row = train_problem(problem, get_policy("fp32"), {"eager": lambda m: m}, steps=3, timed=1, device="cuda")
+    kernels = row["train"]["eager"]["kernels"]
+    assert kernels and all(len(k) == 3 and k[1] >= 0 and k[2] > 0 for k in kernels)
+    assert any("gemm" in k[0].lower() or "sgemm" in k[0].lower() or "cutlass" in k[0].lower() for k in kernels)
+    assert [k[1] for k in kernels] == sorted((k[1] for k in kernels), reverse=True)

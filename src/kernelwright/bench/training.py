@@ -12,7 +12,10 @@ any model trains without labels), backward, an SGD step. Each implementation rep
   correct (the verification protocol of docs/design.md, applied to the backward),
 - ``loss_drift``: the largest relative difference of its loss curve from eager's (training is
   chaotic over many steps: reported, not judged),
-- ``peak_mib``: the peak GPU memory of its steps.
+- ``peak_mib``: the peak GPU memory of its steps,
+- ``kernels``: on a GPU, the kernels of one more step (torch.profiler, after an L2 flush):
+  ``[name, us per step, launches per step]``, longest first, the first KERNEL_ROWS of them (which
+  kernels make one implementation's step slower than another's).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from kernelwright.problem.load import Problem, flatten_outputs
 from kernelwright.verify.compare import excess
 
 LR = 1e-3  # small enough for every shipped model to train without overflow for a few hundred steps
+KERNEL_ROWS = 25  # kernels kept per implementation (the rest of a step's time is summed into one row)
 
 
 def loss_of(out) -> torch.Tensor:
@@ -98,9 +102,30 @@ def train_impl(base: torch.nn.Module, inputs: list, wrap: Callable[[torch.nn.Mod
         losses.append(loss.detach())
     _sync(device)
     step_ms = sorted(s.elapsed_time(e) for s, e in times)
+    peak = round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_of(fn(*inputs)).backward()
+        opt.step()
+
     return {"losses": [float(x) for x in losses], "first_loss": losses[0], "grads": grads,
             "step_ms": step_ms[len(step_ms) // 2] if step_ms else None, "first_s": round(first_s, 6),
-            "peak_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None}
+            "peak_mib": peak, "kernels": step_kernels(step, device) if cuda else None}
+
+
+def step_kernels(step: Callable[[], None], device) -> list:
+    """The kernels of one call of `step` (measure.profile, after an L2 flush): [name, us, launches]
+    rows, longest first; past KERNEL_ROWS the rest are summed into one "(N more kernels)" row."""
+    from kernelwright.measure.profile import kernel_times
+
+    rows = kernel_times(step, calls=1, warmup=1, device=device)
+    out = [[k.name, round(k.us_per_call, 2), k.launches_per_call] for k in rows[:KERNEL_ROWS]]
+    rest = rows[KERNEL_ROWS:]
+    if rest:
+        out.append([f"({len(rest)} more kernels)", round(sum(k.us_per_call for k in rest), 2),
+                    sum(k.launches_per_call for k in rest)])
+    return out
 
 
 def train_problem(problem: Problem, policy, impls: dict[str, Callable[[torch.nn.Module], Callable]], steps: int = 100,
