@@ -303,16 +303,24 @@ def test_a_softmax_over_the_channels_of_a_channels_last_conv_walks_rows_along_th
         out = outs[k.outputs.index(graph.outputs[0])]
         assert out.is_contiguous()
         torch.testing.assert_close(out, env[graph.outputs[0]], rtol=1e-5, atol=1e-5)
+    # a row-level output beside the full one (the max over the channels, [N, 1, H, W])
+    model2 = Fn(lambda s, x: (lambda y: (torch.softmax(y, dim=1), torch.amax(y, dim=1, keepdim=True)))(s.conv(x)))
+    model2.conv = model.conv
+    g2, env2, grp2, low2 = _tf32_norm_group(model2, torch.randn(3, 3, 3, 4))
+    assert inner_rows(low2) is not None
+    k, _, outs = _run(g2, grp2, env2, dict(MULTI_PASS, BLOCK_M=16, INNER=True), tmp_path, "inner_rowout")
+    for name, out in zip(k.outputs, outs):
+        torch.testing.assert_close(out, env2[name], rtol=1e-5, atol=1e-5)
     tuner = GroupTuner(graph, group, env, get_policy("tf32"), "cpu", tmp_path, False)
     assert tuner.seeds[0]["INNER"] and tuner.seeds[0]["BLOCK_M"] >= 32 and "INNER" not in tuner.seeds[1].as_dict()
     assert all(c in tuner.space for c in tuner.seeds)
     # a group whose output is not contiguous along its rows has no such walk
     plain = Fn(lambda s, x: torch.softmax(x, -1))
-    g2 = capture(from_module(plain, [torch.randn(6, 40)]))
-    grp = plan_graph(g2).groups[0]
-    assert inner_rows(lower(g2, grp)) is None
+    g3 = capture(from_module(plain, [torch.randn(6, 40)]))
+    grp = plan_graph(g3).groups[0]
+    assert inner_rows(lower(g3, grp)) is None
     with pytest.raises(Unsupported):
-        render_group(g2, grp, dict(ONE_PASS, INNER=True))
+        render_group(g3, grp, dict(ONE_PASS, INNER=True))
 
 
 def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():
