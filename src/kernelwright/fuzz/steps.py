@@ -165,27 +165,31 @@ def _emit_conv(nd):
     return emit
 
 
-def _draw_conv_transpose2d(rng, dims):
-    if len(dims) != 3:
-        return None
-    k, stride, dilation = rng.randint(1, 4), rng.choice([1, 2, 2]), rng.choice([1, 1, 1, 2])
-    return {"out": rng.choice(CHANNELS), "k": k, "stride": stride, "dilation": dilation,
-            "padding": rng.randint(0, (dilation * (k - 1)) // 2),
-            "output_padding": rng.randint(0, max(stride, dilation) - 1),
-            "grouped": rng.random() < 0.25, "bias": rng.random() < 0.8}
+def _draw_conv_transpose(nd):
+    def draw(rng, dims):
+        if len(dims) != nd + 1:
+            return None
+        k, stride, dilation = rng.randint(1, 4 if nd < 3 else 3), rng.choice([1, 2, 2]), rng.choice([1, 1, 1, 2])
+        return {"out": rng.choice(CHANNELS), "k": k, "stride": stride, "dilation": dilation,
+                "padding": rng.randint(0, (dilation * (k - 1)) // 2),
+                "output_padding": rng.randint(0, max(stride, dilation) - 1),
+                "grouped": rng.random() < 0.25, "bias": rng.random() < 0.8}
+    return draw
 
 
-def _emit_conv_transpose2d(b, i, a):
-    if len(b.dims) != 3:
-        raise Invalid("conv_transpose2d needs 2 spatial dimensions")
-    cin = b.dims[0]
-    groups = _smallest_divisor(cin) if a["grouped"] else 1
-    out = groups * max(1, round(a["out"] / groups))
-    k, s, p, d, op = a["k"], a["stride"], a["padding"], a["dilation"], a["output_padding"]
-    sizes = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n in b.dims[1:]]
-    conv = b.attr(f"convt{i}", f"nn.ConvTranspose2d({cin}, {out}, kernel_size={k}, stride={s}, padding={p}, "
-                               f"output_padding={op}, groups={groups}, bias={a['bias']}, dilation={d})")
-    b.assign(i, f"{conv}({b.cur})", [out] + sizes)
+def _emit_conv_transpose(nd):
+    def emit(b, i, a):
+        if len(b.dims) != nd + 1:
+            raise Invalid(f"conv_transpose{nd}d needs {nd} spatial dimensions")
+        cin = b.dims[0]
+        groups = _smallest_divisor(cin) if a["grouped"] else 1
+        out = groups * max(1, round(a["out"] / groups))
+        k, s, p, d, op = a["k"], a["stride"], a["padding"], a["dilation"], a["output_padding"]
+        sizes = [(n - 1) * s - 2 * p + d * (k - 1) + op + 1 for n in b.dims[1:]]
+        conv = b.attr(f"convt{i}", f"nn.ConvTranspose{nd}d({cin}, {out}, kernel_size={k}, stride={s}, padding={p}, "
+                                   f"output_padding={op}, groups={groups}, bias={a['bias']}, dilation={d})")
+        b.assign(i, f"{conv}({b.cur})", [out] + sizes)
+    return emit
 
 
 def _draw_matmul_input(rng, dims):
@@ -565,7 +569,9 @@ OPS: dict[str, Op] = {
     "conv1d": Op("anchor", _draw_conv(1), _emit_conv(1), 4),
     "conv2d": Op("anchor", _draw_conv(2), _emit_conv(2), 8),
     "conv3d": Op("anchor", _draw_conv(3), _emit_conv(3), 6),
-    "conv_transpose2d": Op("anchor", _draw_conv_transpose2d, _emit_conv_transpose2d, 3),
+    "conv_transpose1d": Op("anchor", _draw_conv_transpose(1), _emit_conv_transpose(1), 1),
+    "conv_transpose2d": Op("anchor", _draw_conv_transpose(2), _emit_conv_transpose(2), 3),
+    "conv_transpose3d": Op("anchor", _draw_conv_transpose(3), _emit_conv_transpose(3), 3),
     "matmul_input": Op("anchor", _draw_matmul_input, _emit_matmul_input, 1),
     "bmm_input": Op("anchor", _draw_bmm_input, _emit_bmm_input, 3),
     "gram": Op("anchor", _draw_gram, _emit_gram, 0.5),
