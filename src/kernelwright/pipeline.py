@@ -29,6 +29,7 @@ from kernelwright.capture.modes import training_modes
 from kernelwright.emit.module import (ModeForward, import_model_new, model_new_like, module_files, render_model_new,
                                     write_module)
 from kernelwright.emit.report import write_report
+from kernelwright.build.compile_ahead import workers_from_env
 from kernelwright.measure import watchdog
 from kernelwright.measure.baselines import baseline_output_dtypes
 from kernelwright.measure.final import OWN_FORWARD, final_checks, graphs_in_every_mode, not_shipped
@@ -91,6 +92,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     policy, device, log, started = get_policy(opts.precision), torch.device(opts.device), opts.log, time.time()
     timed = device.type == "cuda" and opts.timed
     watchdog.limit_seconds()  # a bad $KERNELWRIGHT_HANG_S is bad input, before any work
+    workers_from_env(1)  # and so is a bad $KERNELWRIGHT_COMPILE_WORKERS
     memory = MemoryPeak(device)
     stages: dict[str, float] = {}  # wall seconds per stage, in result.json (where a run's time goes)
     lap = _laps(stages)

@@ -150,6 +150,13 @@ def test_bad_hang_limit_is_one_line_and_writes_nothing(run, tmp_path, monkeypatc
     assert os.listdir(tmp_path) == []
 
 
+def test_bad_compile_workers_is_one_line_and_writes_nothing(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELWRIGHT_COMPILE_WORKERS", "many")
+    p = run("optimize", RELU, "--out", tmp_path / "o", "--device", "cpu", "--small")
+    _one_line_error(p, "KERNELWRIGHT_COMPILE_WORKERS", "many")
+    assert os.listdir(tmp_path) == []
+
+
 def test_bench_without_gpu(run):
     """Without a GPU bench runs on the CPU, untimed; what needs timing is a one-line error."""
     import torch

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from kernelwright.analyze.device import DeviceSpec, device_spec
+from kernelwright.build.compile_ahead import compile_ahead
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
 from kernelwright.codegen import conv_epilogue, cudnn_epilogue, gemm_epilogue, library_epilogue, node_kernels, pool_chain
@@ -158,13 +159,24 @@ class KernelTuner:
         watchdog.hang_exit(msg, lambda m: self.on_hang(cfg, m))
 
     def run(self, configs: list[Config]) -> list[RunResult]:
-        results, fns, built = [], {}, {}
+        results, fns, built, staged = [], {}, {}, []
         for cfg in configs:
             try:
                 _, ins, mod = self.build(cfg)
             except Exception as e:  # noqa: BLE001 - failures are data (Unsupported included)
                 results.append(RunResult.failure(cfg, "compile", f"{type(e).__name__}: {str(e)[:200]}"))
                 continue
+            staged.append((cfg, ins, mod))
+        if self.timed and self.backend == "triton" and len(staged) > 1 and torch.device(self.device).type == "cuda":
+            # the batch's Triton kernels compiled side by side first (each first run below then
+            # finds its kernels compiled; what did not compile in time compiles there, guarded)
+            try:
+                with self.policy.active():
+                    compile_ahead([(mod, [self.env[v] for v in ins]) for _, ins, mod in staged],
+                                  limit_s=self._hang_limit())
+            except Exception:  # noqa: BLE001 - an optional pass: the first runs below compile what it did not
+                pass
+        for cfg, ins, mod in staged:
             try:
                 with watchdog.guard(self._hang_limit() if (self.timed and self.on_hang) else None,
                                     lambda c=cfg: self._hung(c)):
