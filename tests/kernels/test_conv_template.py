@@ -415,6 +415,15 @@ ROWS = {
 }
 
 
+def test_rows_that_fill_less_than_half_a_k_step_fold_their_taps(mods):
+    """A 3x3 RGB stem's rows (9 values) fill 9 of a 32-wide K step: its taps fold instead; a 7x7
+    stem's (21) and an 8-channel 3x3 convolution's (24) read rows."""
+    mod = mods(False)
+    assert mod._row_channels(3, 1, 3, 1, 32) == 0 and mod._row_channels(3, 1, 3, 1, 16) == 3
+    assert mod._row_channels(3, 1, 7, 1, 32) == 3 and mod._row_channels(8, 1, 3, 1, 32) == 8
+    assert mod._row_channels(8, 2, 3, 1, 32) == 0 and mod._row_channels(8, 1, 3, 2, 32) == 0  # groups, dilation
+
+
 @pytest.mark.parametrize("case", list(ROWS), ids=str)
 def test_input_rows_as_k_steps(mods, case, monkeypatch):
     """With one group, dilation 1 along w and KW x Cin <= BLOCK_K, each K step reads one input row
