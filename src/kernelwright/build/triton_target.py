@@ -81,13 +81,44 @@ def _arg_type(v) -> str:
     raise TypeError(f"cannot type kernel argument {type(v).__name__}")
 
 
+def _jit_specialised(fn, launch: Launch, target):
+    """(signature, constexprs, attrs, options) of `launch` as Triton's JIT specialises a real call
+    (an int equal to 1 becomes a constexpr, ints and pointers divisible by 16 carry that fact, as
+    meta tensors' null pointers are), or None where this Triton lacks the JIT's binder."""
+    try:
+        from triton.compiler import make_backend
+        from triton.runtime.jit import create_function_from_signature
+
+        backend = make_backend(target)
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, specialization, options = binder(*launch.args, **launch.kwargs)
+        options, signature, constexprs, attrs = fn._pack_args(backend, dict(launch.kwargs), bound,
+                                                              specialization, options)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return signature, constexprs, attrs, options
+
+
 def compile_launch(launch: Launch, arch: int = 90) -> TargetBuild:
-    """Compile one recorded launch for sm_`arch` (front end, TTGIR, LLVM, PTX and ptxas)."""
+    """Compile one recorded launch for sm_`arch` (front end, TTGIR, LLVM, PTX and ptxas), with
+    its arguments specialised as Triton's JIT specialises them on a GPU (`_jit_specialised`), so
+    what compiles here is what a real launch compiles."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     fn = launch.fn
     name = getattr(fn, "__name__", str(fn))
+    target = GPUTarget("cuda", arch, 32)
+    jit = _jit_specialised(fn, launch, target)
+    if jit is not None:
+        signature, constexprs, attrs, options = jit
+        try:
+            src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+            k = triton.compile(src, target=target, options=options.__dict__)
+        except Exception as e:  # noqa: BLE001 - a compile error is the result
+            msg = " ".join(str(e).split())
+            return TargetBuild(name, f"{type(e).__name__}: {msg[:300]}")
+        return TargetBuild(name, None, getattr(k.metadata, "shared", None))
     options = {k: launch.kwargs[k] for k in ("num_warps", "num_stages") if k in launch.kwargs}
     values = dict(zip(fn.arg_names, launch.args))
     values.update({k: v for k, v in launch.kwargs.items() if k in fn.arg_names})
