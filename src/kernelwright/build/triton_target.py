@@ -89,13 +89,13 @@ def _jit_specialised(fn, launch: Launch, target):
         from triton.compiler import make_backend
         from triton.runtime.jit import create_function_from_signature
 
+        binder_of = create_function_from_signature
         backend = make_backend(target)
-        binder = create_function_from_signature(fn.signature, fn.params, backend)
-        bound, specialization, options = binder(*launch.args, **launch.kwargs)
-        options, signature, constexprs, attrs = fn._pack_args(backend, dict(launch.kwargs), bound,
-                                                              specialization, options)
-    except (ImportError, AttributeError, TypeError):
+    except ImportError:
         return None
+    # (an argument the kernel does not take raises here, as it would at a real launch)
+    bound, specialization, options = binder_of(fn.signature, fn.params, backend)(*launch.args, **launch.kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, dict(launch.kwargs), bound, specialization, options)
     return signature, constexprs, attrs, options
 
 
@@ -109,7 +109,10 @@ def compile_launch(launch: Launch, arch: int = 90) -> TargetBuild:
     fn = launch.fn
     name = getattr(fn, "__name__", str(fn))
     target = GPUTarget("cuda", arch, 32)
-    jit = _jit_specialised(fn, launch, target)
+    try:
+        jit = _jit_specialised(fn, launch, target)
+    except Exception as e:  # noqa: BLE001 - a launch the JIT would refuse is the result
+        return TargetBuild(name, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
     if jit is not None:
         signature, constexprs, attrs, options = jit
         try:
