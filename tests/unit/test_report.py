@@ -35,3 +35,23 @@ def test_the_units_left_to_a_library_are_listed_in_one_line():
     assert "Library units: conv_3 (aten.convolution), g2 (aten.mul+aten.tanh)" in lines
     assert "Library units: none" in report(row("g1", ["aten.relu"], "triton"), row("g2", ["aten.sum"], "cuda"))
     assert not [ln for ln in report() if ln.startswith("Library units")]  # nothing was searched
+
+
+def test_units_report_their_tflops_against_the_peak_that_applies():
+    """A convolution unit (kind "node": the ops say it is one) against the policy's tensor-core
+    peak, in its row and beside each of its choices; a pointwise unit against the FP32 peak."""
+    from kernelwright.analyze.device import device_spec
+
+    spec = device_spec()
+    conv = {"id": "convolution", "kind": "node", "ops": ["clone", "convolution"], "strategy": "library", "config": {},
+            "time_ms": 10.0, "library_ms": 10.0, "flops": 2e12, "resources": {}, "excess": None, "eager_excess": 0.0,
+            "choices": [{"choice": "library", "time_ms": 10.0, "trials": 0, "failed": 0},
+                        {"choice": "triton.conv", "time_ms": 20.0, "trials": 2, "failed": 0}]}
+    pw = {"id": "g1", "kind": "pointwise", "ops": ["relu"], "strategy": "triton", "config": {}, "time_ms": 1.0,
+          "library_ms": 2.0, "flops": 1e9, "gbps": 2000.0, "resources": {}, "excess": 0.0, "eager_excess": 0.0}
+    text = render_report({"problem": "p", "precision": "tf32", "device": "cuda", "capture": "ok", "groups": [conv, pw]})
+    rows = {ln.split(" | ")[0][2:]: ln.split(" | ") for ln in text.splitlines() if ln.startswith("| convolution |")
+            or ln.startswith("| g1 |")}
+    assert rows["convolution"][9:11] == ["200.0", f"{100 * 200 / spec.peak_tflops('tf32'):.0f}%"]
+    assert rows["g1"][9:11] == ["1.0", f"{100 * 1 / spec.fp32_tflops:.0f}%"]
+    assert "- convolution: library 10.000 ms, 200.0 TFLOP/s; triton.conv 20.000 ms, 100.0 TFLOP/s (2 trials" in text

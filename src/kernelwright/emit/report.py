@@ -1,6 +1,7 @@
 """report.md: what was generated, how it compares with eager and torch.compile, kernel by kernel."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -52,13 +53,44 @@ def _mode_lines(result: dict) -> list[str]:
     return lines
 
 
-def _choice(c: dict) -> str:
-    """One implementation of a unit and what it measured: "triton.row 0.012 ms (6 trials, 1 failed)"
-    (or "cuda.row refused: why" for a choice whose template could not take the unit)."""
+# ops that make a unit a tensor-core one (GEMM / convolution rates apply) whatever its kind
+MATMUL_OPS = {"convolution", "mm", "addmm", "bmm", "baddbmm", "matmul", "linear"}
+
+
+def unit_flops(group: dict) -> float | None:
+    """A unit's FLOPs per call: its "flops" field, else the rate in its note ("61.2 TFLOP/s", which
+    GEMM and convolution pairs record) times its time; None when result.json gives neither."""
+    if isinstance(group.get("flops"), (int, float)):
+        return float(group["flops"])
+    m = re.search(r"([\d.]+) TFLOP/s", group.get("note") or "")
+    if m and group.get("time_ms"):
+        return float(m.group(1)) * 1e12 * group["time_ms"] * 1e-3
+    return None
+
+
+def tensor_core_unit(group: dict) -> bool:
+    """Whether a unit's peak is the tensor-core one: a GEMM or convolution kind, or such an op in it."""
+    kind = group.get("kind") or ""
+    return "gemm" in kind or "conv" in kind or bool(MATMUL_OPS & set(group.get("ops") or ()))
+
+
+def _tflops(g: dict, ms) -> float | None:
+    """Achieved TFLOP/s of unit `g` in `ms` (None without a FLOP count or a time)."""
+    flops = unit_flops(g)
+    return flops / (ms * 1e-3) / 1e12 if flops and isinstance(ms, (int, float)) and ms > 0 else None
+
+
+def _choice(c: dict, g: dict | None = None) -> str:
+    """One implementation of a unit and what it measured: "triton.row 0.012 ms (6 trials, 1 failed)",
+    with the achieved TFLOP/s of a compute-anchored unit `g` (or "cuda.row refused: why" for a choice
+    whose template could not take the unit)."""
     if c.get("refused"):
         return f"{c['choice']} refused: {c['refused']}"
     t = f"{c['time_ms']:.3f} ms" if c.get("time_ms") is not None else (
         "untimed" if c["choice"] == "library" or not c.get("failed") else "no candidate passed")
+    tf = _tflops(g or {}, c.get("time_ms")) if g is not None and tensor_core_unit(g) else None
+    if tf is not None:
+        t += f", {tf:.1f} TFLOP/s"
     tried = f" ({c['trials']} trial{'s' * (c['trials'] != 1)}, {c['failed']} failed)" if c.get("trials") else ""
     return f"{c['choice']} {t}{tried}"
 
@@ -205,27 +237,32 @@ def render_report(result: dict) -> str:
         lines.append("\nNot timed (no CUDA GPU): timing needs a GPU.")
     if t and t.get("kernels_per_call"):
         lines += _kernel_lines(t["kernels_per_call"])
+    precision = result.get("precision") or "fp32"
     lines += ["", "## Groups", "",
-              f"Bandwidth is against {spec.name}'s {spec.mem_bw_gbs:.0f} GB/s.", "",
-              "| group | kind | ops | chosen | config | ms | library ms | GB/s | % bw | regs | spills | smem | excess | eager excess |",
-              "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              f"Bandwidth is against {spec.name}'s {spec.mem_bw_gbs:.0f} GB/s; TFLOP/s against its "
+              f"{spec.peak_tflops(precision):.0f} TFLOP/s under {precision} for units with a convolution or GEMM, "
+              f"{spec.fp32_tflops:.0f} for the others.", "",
+              "| group | kind | ops | chosen | config | ms | library ms | GB/s | % bw | TFLOP/s | % peak | regs | spills | smem "
+              "| excess | eager excess |",
+              "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g in result.get("groups", []):
         r = g.get("resources") or {}
         cfg = ",".join(f"{k}={v}" for k, v in (g.get("config") or {}).items()) or "-"
+        bw = f"{g['gbps']:.0f} | {_pct_bw(g['gbps'], spec.mem_bw_gbs)}" if g.get("gbps") else "- | -"
+        tf, peak = _tflops(g, g.get("time_ms")), spec.peak_tflops(precision, tensor_core_unit(g))
+        flops = f"{tf:.1f} | {100 * tf / peak:.0f}%" if tf is not None and peak else "- | -"
         lines.append(f"| {g['id']} | {g['kind']} | {' '.join(g['ops'])} | {g['strategy']} | {cfg} | {_ms(g.get('time_ms'))} | "
-                     f"{_ms(g.get('library_ms'))} | {g['gbps']:.0f} | {_pct_bw(g['gbps'], spec.mem_bw_gbs)} | " if g.get("gbps") else
-                     f"| {g['id']} | {g['kind']} | {' '.join(g['ops'])} | {g['strategy']} | {cfg} | {_ms(g.get('time_ms'))} | "
-                     f"{_ms(g.get('library_ms'))} | - | - | ")
-        lines[-1] += f"{r.get('registers', '-')} | {r.get('spills', '-')} | {r.get('shared_bytes', '-')} | {g.get('excess')} | {g.get('eager_excess')} |"
+                     f"{_ms(g.get('library_ms'))} | {bw} | {flops} | {r.get('registers', '-')} | {r.get('spills', '-')} | "
+                     f"{r.get('shared_bytes', '-')} | {g.get('excess')} | {g.get('eager_excess')} |")
         if g.get("note"):
-            lines.append(f"|  | | {g['note']} | | | | | | | | | | | |")
+            lines.append(f"|  | | {g['note']} | | | | | | | | | | | | | |")
     if result.get("groups"):
         lines += ["", library_units(result["groups"])]
     lines += ncu_lines(result)
-    choices = [(g["id"], g["choices"]) for g in result.get("groups", []) if g.get("choices")]
+    choices = [g for g in result.get("groups", []) if g.get("choices")]
     if choices:
         lines += ["", "## Choices per unit (every implementation, timed alike)", ""]
-        lines += [f"- {gid}: " + "; ".join(_choice(c) for c in cs) for gid, cs in choices]
+        lines += [f"- {g['id']}: " + "; ".join(_choice(c, g) for c in g["choices"]) for g in choices]
     lines += rewrite_lines(result)
     cov = (result.get("analysis") or {}).get("coverage")
     if cov:

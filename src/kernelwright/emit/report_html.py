@@ -14,11 +14,11 @@ page says that nothing was timed and draws no chart.
 from __future__ import annotations
 
 import html
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelwright.emit import report_charts as charts
+from kernelwright.emit.report import tensor_core_unit, unit_flops
 
 IMPLEMENTATIONS = ("eager", "compile", "kernelwright")  # the whole-model times every timed run has
 SKIPPED_KERNELS = ("kw_cuda_runtime.py",)  # shared runtime files beside the kernels (besides _*.py)
@@ -133,21 +133,6 @@ def _timed(record: dict) -> bool:
     t = record.get("timing") or {}
     return any(isinstance(t.get(k), dict) and t[k].get("median_ms") for k in IMPLEMENTATIONS) or any(
         g.get("time_ms") is not None for g in record.get("groups") or [])
-
-
-def unit_flops(group: dict) -> float | None:
-    """A unit's FLOPs per call: its "flops" field, else the rate in its note ("61.2 TFLOP/s", which
-    GEMM and convolution pairs record) times its time; None when result.json gives neither."""
-    if isinstance(group.get("flops"), (int, float)):
-        return float(group["flops"])
-    m = re.search(r"([\d.]+) TFLOP/s", group.get("note") or "")
-    if m and group.get("time_ms"):
-        return float(m.group(1)) * 1e12 * group["time_ms"] * 1e-3
-    return None
-
-
-def _tensor_core(kind: str) -> bool:
-    return "gemm" in kind or "conv" in kind
 
 
 def _ceilings(spec, precision: str) -> list[charts.Ceiling]:
@@ -317,7 +302,7 @@ def _units_table(rec: dict, spec, precision: str) -> str:
         cfg = ", ".join(f"{k}={v}" for k, v in (g.get("config") or {}).items()) or "-"
         flops, ms = unit_flops(g), g.get("time_ms")
         tflops = flops / (ms * 1e-3) / 1e12 if flops and ms else None
-        peak = spec.peak_tflops(precision, _tensor_core(g.get("kind", "")))
+        peak = spec.peak_tflops(precision, tensor_core_unit(g))
         backend = next((c["choice"] for c in g.get("choices") or []
                         if c.get("time_ms") is not None and c.get("time_ms") == ms), "-")
         rows.append([_esc(g["id"]), _esc(g.get("kind")), _esc(" ".join(g.get("ops") or [])), _esc(g.get("strategy")),
