@@ -45,6 +45,27 @@ def test_every_program_loads_and_runs_in_eager(seed, tmp_path):
     assert gen.spec_of(text) == _draw(seed).spec  # a second draw: the same program
 
 
+RECURRENT = [dict(kind=k, hidden=5, layers=layers, bidirectional=bd, batch_first=bf, bias=True, output=out)
+             for k, out, layers, bd, bf in [("LSTM", "out", 2, True, False), ("LSTM", "c_n", 1, False, True),
+                                             ("GRU", "h_n", 2, True, True), ("RNN", "out", 1, False, False),
+                                             ("RNN_relu", "h_n", 1, True, True)]]
+ATTENTION = [dict(heads=h, module=m, causal=c, bias=True) for h, m, c in [(2, True, True), (1, True, False),
+                                                                            (4, False, True), (2, False, False)]]
+
+
+@pytest.mark.parametrize("step", [gen.Step("recurrent", a) for a in RECURRENT]
+                         + [gen.Step("attention", a) for a in ATTENTION], ids=lambda s: s.label)
+def test_sequence_anchors_render_programs_that_run_in_eager(step):
+    """Recurrent layers (every kind and output form, time- or batch-major) and self-attention (the
+    module, or scaled_dot_product_attention over heads of the value) on a [batch, time, features]
+    input, then a layer norm: valid programs at both batch sizes, in both training modes."""
+    spec = gen.Spec(0, 3, (6, 8), "contiguous", False, (step, gen.Step("layernorm", {"n": 1, "affine": False,
+                                                                                         "bias": False})))
+    text = gen.render(spec)
+    gen.validate(text)
+    assert gen.spec_of(text) == spec
+
+
 def test_tensors_stay_small():
     for seed in range(50):
         spec = _draw(seed).spec

@@ -232,6 +232,63 @@ def _emit_gram(b, i, a):
     b.assign(i, f"torch.matmul({x}, {x}.transpose(-1, -2)) / {b.dims[-1]}", b.dims[:-1] + (b.dims[-2],))
 
 
+def _draw_recurrent(rng, dims):
+    if len(dims) != 2:  # [batch, time, features]
+        return None
+    kind = rng.choice(["LSTM", "GRU", "RNN", "RNN_relu"])
+    outs = ["out", "out", "h_n"] + (["c_n"] if kind == "LSTM" else [])
+    return {"kind": kind, "hidden": rng.choice([5, 7, 8, 13, 16]), "layers": rng.choice([1, 1, 2]),
+            "bidirectional": rng.random() < 0.3, "batch_first": rng.random() < 0.6, "bias": rng.random() < 0.8,
+            "output": rng.choice(outs)}
+
+
+def _emit_recurrent(b, i, a):
+    """nn.LSTM / GRU / RNN over a [batch, time, features] value (time-major when not batch_first);
+    the output sequence, or h_n / c_n with the batch moved first."""
+    if len(b.dims) != 2:
+        raise Invalid("a recurrent layer needs a [batch, time, features] value")
+    t, f = b.dims
+    kind = "RNN" if a["kind"] == "RNN_relu" else a["kind"]
+    extra = ", nonlinearity='relu'" if a["kind"] == "RNN_relu" else ""
+    dirs = 2 if a["bidirectional"] else 1
+    rnn = b.attr(f"rnn{i}", f"nn.{kind}({f}, {a['hidden']}, num_layers={a['layers']}, bias={a['bias']}, "
+                            f"batch_first={a['batch_first']}, bidirectional={a['bidirectional']}{extra})")
+    x = b.cur if a["batch_first"] else f"{b.cur}.transpose(0, 1)"
+    if a["output"] == "out":
+        expr = f"{rnn}({x})[0]" + ("" if a["batch_first"] else ".transpose(0, 1)")
+        b.assign(i, expr, (t, dirs * a["hidden"]))
+    else:
+        state = f"{rnn}({x})[1]"
+        if kind == "LSTM":
+            state += "[0]" if a["output"] == "h_n" else "[1]"
+        b.assign(i, f"{state}.transpose(0, 1)", (a["layers"] * dirs, a["hidden"]))
+
+
+def _draw_attention(rng, dims):
+    if len(dims) != 2 or dims[-1] % 2 or dims[-1] > 64:  # [batch, sequence, embedding]
+        return None
+    heads = rng.choice([h for h in (1, 2, 4) if dims[-1] % h == 0])
+    return {"heads": heads, "module": rng.random() < 0.5, "causal": rng.random() < 0.5, "bias": rng.random() < 0.8}
+
+
+def _emit_attention(b, i, a):
+    """Self-attention over a [batch, sequence, embedding] value: nn.MultiheadAttention (batch first,
+    its weights not returned), or scaled_dot_product_attention over heads of the value itself."""
+    if len(b.dims) != 2 or b.dims[-1] % a["heads"]:
+        raise Invalid("attention needs a [batch, sequence, embedding] value with whole heads")
+    t, e = b.dims
+    x = b.cur
+    if a["module"]:
+        mha = b.attr(f"attn{i}", f"nn.MultiheadAttention({e}, {a['heads']}, bias={a['bias']}, batch_first=True)")
+        mask = f", attn_mask=torch.ones({t}, {t}, dtype=torch.bool, device={x}.device).triu(1)" if a["causal"] else ""
+        b.assign(i, f"{mha}({x}, {x}, {x}, need_weights=False{mask})[0]", (t, e))
+    else:
+        d = e // a["heads"]
+        heads = f"{x}.view({x}.shape[0], {t}, {a['heads']}, {d}).transpose(1, 2)"
+        b.assign(i, f"F.scaled_dot_product_attention({heads}, {heads} * 0.5, {heads}, is_causal={a['causal']})"
+                    f".transpose(1, 2).reshape({x}.shape)", (t, e))
+
+
 def _pool_size(n: int, k: int, s: int, p: int, ceil: bool) -> int:
     """PyTorch's pooled length (a last window starting in the right padding is dropped)."""
     if n + 2 * p < k:
@@ -573,6 +630,8 @@ OPS: dict[str, Op] = {
     "conv_transpose2d": Op("anchor", _draw_conv_transpose(2), _emit_conv_transpose(2), 3),
     "conv_transpose3d": Op("anchor", _draw_conv_transpose(3), _emit_conv_transpose(3), 3),
     "matmul_input": Op("anchor", _draw_matmul_input, _emit_matmul_input, 1),
+    "recurrent": Op("anchor", _draw_recurrent, _emit_recurrent, 1.5),
+    "attention": Op("anchor", _draw_attention, _emit_attention, 1.5),
     "bmm_input": Op("anchor", _draw_bmm_input, _emit_bmm_input, 3),
     "gram": Op("anchor", _draw_gram, _emit_gram, 0.5),
     "pool1d": Op("anchor", _draw_pool(1), _emit_pool(1), 2),
@@ -618,5 +677,9 @@ def label(op: str, args: dict) -> str:
         return args["fn"]
     if op == "softmax":
         return "log_softmax" if args["log"] else "softmax"
+    if op == "recurrent":
+        return f"{args['kind'].lower()}_{args['output']}"
+    if op == "attention":
+        return "mha" if args["module"] else "sdpa"
     return {"batchnorm": "bn", "layernorm": "ln", "groupnorm": "gn", "instancenorm": "in",
             "branch": "if_training", "permute": "permute"}.get(op, op)
