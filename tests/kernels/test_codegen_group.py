@@ -323,6 +323,30 @@ def test_a_softmax_over_the_channels_of_a_channels_last_conv_walks_rows_along_th
         render_group(g3, grp, dict(ONE_PASS, INNER=True))
 
 
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_a_batch_norm_over_one_channel_loads_its_statistics_once(training, tmp_path):
+    """BatchNorm1d(1) (an LSTM's h_n, [batch, 1, hidden], normalized): the statistics and weights of
+    the single channel do not move along the domain; they are loaded once, as scalars, in every
+    schedule (a masked block load of one address fails to compile)."""
+    model = Fn(lambda s, x: torch.tanh(s.bn(x)))
+    model.bn = nn.BatchNorm1d(1, eps=1e-3, momentum=None)
+    with torch.no_grad():
+        model.bn.running_mean.fill_(0.3), model.bn.running_var.fill_(2.0), model.bn.weight.fill_(1.5)
+    model.train(training)
+    x = torch.randn(3, 1, 16)
+    graph = capture(from_module(model, [x]))
+    with torch.no_grad():
+        env = run_graph(graph, copy.deepcopy(model), [x], keep=True)
+    groups = plan_graph(graph).groups
+    assert groups
+    for group in groups:
+        for tag, cfg in (("one", ONE_PASS), ("multi", MULTI_PASS), ("pw", POINTWISE)):
+            if (group.rdims is None) != (tag == "pw"):
+                continue
+            k, _, outs = _run(graph, group, env, cfg, tmp_path, f"bn1_{training}_{tag}")
+            _compare(k, outs, env)
+
+
 def test_offsets_are_int32_unless_an_operand_spans_2_31_elements():
     from kernelwright.codegen.triton_group import extent, lower, needs_int64
 

@@ -654,7 +654,9 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
         if s.kind == "load":
             op = s.operand
             cast = "" if op.dtype == "bool" else ".to(tl.float32)"
-            if op.level == "scalar":
+            if op.level == "scalar" or addr(op) == op.param:
+                # (also an operand whose offsets all vanish: one element for the whole domain, as a
+                # batch norm's statistics and weights over a single channel)
                 return [f"{s.var} = tl.load({op.param}){cast}"]
             msk = "mask" if op.level == "full" else "mmask"
             hint = ""
