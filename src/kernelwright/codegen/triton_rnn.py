@@ -203,9 +203,22 @@ class RnnTemplate:
                                        for n in names],
             gi_st_t=GH if bt else r.B * GH, gi_st_b=r.T * GH if bt else GH,
             out_st_t=DH if bt else r.B * DH, out_st_b=r.T * DH if bt else DH,
+            out_stride=_recorded_stride(node, r.out_shape),
         )
         text = triton_template("rnn.py.j2").render(**ctx)
         return NodeKernel(with_helpers(text), list(inputs), len(node.outs))
+
+
+def _recorded_stride(node: OpNode, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides the library gives the output sequence where they are not contiguous (a
+    batch-first sequence comes back as a transposed time-major buffer), else None: the kernel's
+    result is copied into them, so every reader (a dropout drawing its mask in memory order
+    included) sees the layout it was planned and verified with."""
+    meta = node.outs[0] if node.outs else None
+    if meta is None or tuple(meta.shape) != tuple(shape) or meta.stride is None:
+        return None
+    stride = tuple(int(s) for s in meta.stride)
+    return None if stride == _contiguous(shape) else stride
 
 
 def _ident(name: str) -> str:
