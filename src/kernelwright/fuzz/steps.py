@@ -611,6 +611,74 @@ def _emit_residual(b, i, a):
     b.assign(i, f"{b.cur} + {earlier[a['pick'] % len(earlier)]}", b.dims)
 
 
+def _draw_concat(rng, dims):
+    if not dims:
+        return None
+    return {"dim": rng.randint(1, len(dims)), "with": rng.choice(["earlier", "tanh", "input"]), "pick": rng.randrange(1000)}
+
+
+def _emit_concat(b, i, a):
+    """torch.cat of the value with an earlier value of a shape that fits, its tanh, or a new input
+    (an Inception / DenseNet / U-Net join) along dim `dim` (1: channels, clamped to the rank)."""
+    if not b.dims:
+        raise Invalid("nothing to concatenate along")
+    d = min(a["dim"], len(b.dims))
+    x = b.cur
+    if a["with"] == "earlier":
+        fits = [(n, dims) for n, dims in b.values[:-1] if len(dims) == len(b.dims)
+                and all(p == q for j, (p, q) in enumerate(zip(dims, b.dims)) if j != d - 1)]
+        if not fits:
+            raise Invalid("no earlier value that concatenates")
+        other, odims = fits[a["pick"] % len(fits)]
+    elif a["with"] == "tanh":
+        other, odims = f"torch.tanh({x})", b.dims
+    else:
+        other, odims = b.add_input(f"torch.randn(batch_size, {', '.join(map(str, b.dims))}{b.dtype})"), b.dims
+    dims = list(b.dims)
+    dims[d - 1] += odims[d - 1]
+    b.assign(i, f"torch.cat([{x}, {other}], dim={d})", dims)
+
+
+def _draw_glu(rng, dims):
+    if not dims or dims[-1] % 2:
+        return None
+    return {"gate": rng.choice(["sigmoid", "gelu", "silu"])}
+
+
+def _emit_glu(b, i, a):
+    """The last dim's halves, one gating the other (GLU / GEGLU / SwiGLU): chunk and multiply."""
+    if not b.dims or b.dims[-1] % 2:
+        raise Invalid("an odd last dim does not split in halves")
+    x = b.cur
+    gate = {"sigmoid": "torch.sigmoid", "gelu": "F.gelu", "silu": "F.silu"}[a["gate"]]
+    b.assign(i, f"(lambda u, v: u * {gate}(v))(*{x}.chunk(2, dim=-1))", b.dims[:-1] + (b.dims[-1] // 2,))
+
+
+def _draw_resize(rng, dims):
+    if len(dims) not in (2, 3, 4):  # [C, L], [C, H, W], [C, D, H, W]
+        return None
+    return {"kind": rng.choice(["nearest", "linear", "pad", "pad"]), "pad": rng.randint(1, 2),
+            "mode": rng.choice(["constant", "reflect", "replicate"])}
+
+
+def _emit_resize(b, i, a):
+    """F.interpolate by 2 (nearest, or (bi/tri)linear), or F.pad of every spatial dim."""
+    nd = len(b.dims) - 1
+    if nd not in (1, 2, 3):
+        raise Invalid("resizing needs 1-3 spatial dims")
+    x = b.cur
+    if a["kind"] == "pad":
+        p = a["pad"]
+        if a["mode"] == "reflect" and min(b.dims[1:]) <= p:
+            raise Invalid("reflect padding wider than the input")
+        value = ", value=0.5" if a["mode"] == "constant" else ""
+        b.assign(i, f"F.pad({x}, {(p, p) * nd}, mode='{a['mode']}'{value})", [b.dims[0]] + [n + 2 * p for n in b.dims[1:]])
+        return
+    mode = "nearest" if a["kind"] == "nearest" else {1: "linear", 2: "bilinear", 3: "trilinear"}[nd]
+    corners = "" if mode == "nearest" else ", align_corners=False"
+    b.assign(i, f"F.interpolate({x}, scale_factor=2, mode='{mode}'{corners})", [b.dims[0]] + [2 * n for n in b.dims[1:]])
+
+
 def _draw_branch(rng, dims):
     return {"scale": rng.choice([0.5, 2.0, 1.5]), "eval": rng.choice(["tanh", "identity", "shift"])}
 
@@ -652,6 +720,9 @@ OPS: dict[str, Op] = {
     "scalar": Op("pointwise", _draw_scalar, _emit_scalar, 2),
     "tensor_op": Op("pointwise", _draw_tensor_op, _emit_tensor_op, 2),
     "residual": Op("pointwise", _draw_residual, _emit_residual),
+    "concat": Op("view", _draw_concat, _emit_concat, 1.5),
+    "glu": Op("pointwise", _draw_glu, _emit_glu, 0.5),
+    "resize": Op("view", _draw_resize, _emit_resize, 1),
     "branch": Op("branch", _draw_branch, _emit_branch),
 }
 
@@ -677,6 +748,12 @@ def label(op: str, args: dict) -> str:
         return args["fn"]
     if op == "softmax":
         return "log_softmax" if args["log"] else "softmax"
+    if op == "concat":
+        return f"cat_{args['with']}"
+    if op == "glu":
+        return f"glu_{args['gate']}"
+    if op == "resize":
+        return args["kind"] if args["kind"] != "pad" else f"pad_{args['mode']}"
     if op == "recurrent":
         return f"{args['kind'].lower()}_{args['output']}"
     if op == "attention":
