@@ -51,14 +51,17 @@ RECURRENT = [dict(kind=k, hidden=5, layers=layers, bidirectional=bd, batch_first
                                              ("RNN_relu", "h_n", 1, True, True)]]
 ATTENTION = [dict(heads=h, module=m, causal=c, bias=True) for h, m, c in [(2, True, True), (1, True, False),
                                                                             (4, False, True), (2, False, False)]]
+POSITION = [dict(extra=x, scale=sc) for x, sc in [(0, False), (3, True)]]
 
 
 @pytest.mark.parametrize("step", [gen.Step("recurrent", a) for a in RECURRENT]
-                         + [gen.Step("attention", a) for a in ATTENTION], ids=lambda s: s.label)
+                         + [gen.Step("attention", a) for a in ATTENTION]
+                         + [gen.Step("position", a) for a in POSITION], ids=lambda s: s.label)
 def test_sequence_anchors_render_programs_that_run_in_eager(step):
-    """Recurrent layers (every kind and output form, time- or batch-major) and self-attention (the
-    module, or scaled_dot_product_attention over heads of the value) on a [batch, time, features]
-    input, then a layer norm: valid programs at both batch sizes, in both training modes."""
+    """Recurrent layers (every kind and output form, time- or batch-major), self-attention (the
+    module, or scaled_dot_product_attention over heads of the value) and a learned position
+    embedding on a [batch, time, features] input, then a layer norm: valid programs at both batch
+    sizes, in both training modes."""
     spec = gen.Spec(0, 3, (6, 8), "contiguous", False, (step, gen.Step("layernorm", {"n": 1, "affine": False,
                                                                                          "bias": False})))
     text = gen.render(spec)

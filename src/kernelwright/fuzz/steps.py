@@ -679,6 +679,24 @@ def _emit_resize(b, i, a):
     b.assign(i, f"F.interpolate({x}, scale_factor=2, mode='{mode}'{corners})", [b.dims[0]] + [2 * n for n in b.dims[1:]])
 
 
+def _draw_position(rng, dims):
+    if len(dims) != 2 or dims[0] > 64:  # [batch, sequence, embedding]
+        return None
+    return {"extra": rng.choice([0, 3]), "scale": rng.random() < 0.3}
+
+
+def _emit_position(b, i, a):
+    """A learned position embedding added to a [batch, sequence, embedding] value (GPT's wpe):
+    nn.Embedding looked up with torch.arange, built in the forward."""
+    if len(b.dims) != 2:
+        raise Invalid("a position embedding needs a [batch, sequence, embedding] value")
+    t, e = b.dims
+    emb = b.attr(f"pos{i}", f"nn.Embedding({t + a['extra']}, {e})")
+    x = b.cur
+    scale = f" * {e ** 0.5:.4f}" if a["scale"] else ""
+    b.assign(i, f"{x}{scale} + {emb}(torch.arange({t}, device={x}.device))", b.dims)
+
+
 def _draw_branch(rng, dims):
     return {"scale": rng.choice([0.5, 2.0, 1.5]), "eval": rng.choice(["tanh", "identity", "shift"])}
 
@@ -722,6 +740,7 @@ OPS: dict[str, Op] = {
     "residual": Op("pointwise", _draw_residual, _emit_residual),
     "concat": Op("view", _draw_concat, _emit_concat, 1.5),
     "glu": Op("pointwise", _draw_glu, _emit_glu, 0.5),
+    "position": Op("pointwise", _draw_position, _emit_position, 0.5),
     "resize": Op("view", _draw_resize, _emit_resize, 1),
     "branch": Op("branch", _draw_branch, _emit_branch),
 }
