@@ -26,12 +26,13 @@ from kernelwright.analyze.coverage import captured_cost, plan_coverage
 from kernelwright.capture import CaptureError, capture
 from kernelwright.capture.execute import calibrate_strides
 from kernelwright.capture.modes import training_modes
+from kernelwright.emit.program import dense_layout
 from kernelwright.emit.module import (ModeForward, import_model_new, model_new_like, module_files, render_model_new,
                                     write_module)
 from kernelwright.emit.report import write_report
 from kernelwright.build.compile_ahead import workers_from_env
 from kernelwright.measure import watchdog
-from kernelwright.measure.baselines import baseline_output_dtypes
+from kernelwright.measure.baselines import EagerOutputs, baseline_output_dtypes, eager_outputs
 from kernelwright.measure.final import OWN_FORWARD, final_checks, graphs_in_every_mode, not_shipped
 from kernelwright.measure.memory import MemoryPeak
 from kernelwright.measure.stored import StoredTimings, module_key
@@ -96,7 +97,7 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     memory = MemoryPeak(device)
     stages: dict[str, float] = {}  # wall seconds per stage, in result.json (where a run's time goes)
     lap = _laps(stages)
-    out_dtypes = baseline_output_dtypes(problem, policy, device)  # eager runs here, before anything is written
+    eager = eager_outputs(problem, policy, device)  # eager runs here, before anything is written
     memory.mark("eager")
     lap("eager")
     out_dir = Path(out_dir)
@@ -110,9 +111,9 @@ def optimize_problem(problem: Problem, out_dir: Path, opts: Options) -> dict:
     forwards: dict[str, ModeForward] = {}
     for i, mode in enumerate(modes):
         p = _in_mode(problem, mode)  # (eager's output dtypes under autocast may differ by mode: a fast path)
-        dtypes = out_dtypes if p.training == problem.training else baseline_output_dtypes(p, policy, device)
+        seen = eager if p.training == problem.training else eager_outputs(p, policy, device)
         forward, results[mode] = _generate(p, mode, policy, device, timed, out_dir / ".build" / mode,
-                                           opts.mode_share(i, len(modes)), dtypes, keys[mode], graphs.get(mode))
+                                           opts.mode_share(i, len(modes)), seen, keys[mode], graphs.get(mode))
         if forward is not None:
             forwards[mode] = forward
     memory.mark("tune")
@@ -176,18 +177,20 @@ def _in_mode(problem: Problem, mode: str) -> Problem:
     return problem if mode == "any" else problem.in_mode(mode == "train")
 
 
-def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Path, opts: Options, out_dtypes,
-              keys: list[tuple], captured=None):
+def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Path, opts: Options,
+              eager: EagerOutputs, keys: list[tuple], captured=None):
     """Capture (unless `captured` is the capture already made), rewrite, plan and tune `problem`
     (its models in `mode`): (the generated forward, or None when capture failed, and this mode's
-    record for result.json, its plan under "plan"). `keys`: the submodules' training flags the
-    forward answers for."""
+    record for result.json, its plan under "plan"). `eager`: the dtypes and strides eager returns
+    (the generated forward returns the same); `keys`: the submodules' training flags the forward
+    answers for."""
     record: dict = {"capture": "ok", "groups": []}
     try:
         graph = captured if captured is not None else capture(problem)
         record["captured_cost"] = captured_cost(graph)
-        graph, record["rewrites"] = rewrite(graph, policy.name, out_dtypes, algebra=not opts.no_rewrites)
+        graph, record["rewrites"] = rewrite(graph, policy.name, eager.dtypes, algebra=not opts.no_rewrites)
         record["calibrated"] = _calibrated(graph, problem, policy, device)
+        keep_output_layouts(graph, eager.strides)
         plan = plan_graph(graph)
     except CaptureError as e:
         opts.log(("" if mode == "any" else f"{mode} mode: ") + f"capture failed: {e}; the original forward runs there")
@@ -205,6 +208,24 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
         return None, record
     record["plan"] = plan
     return ModeForward(mode, plan, tuned.kernels, tuned.sources, tuned.summary, tuned.support, keys), record
+
+
+def keep_output_layouts(graph, strides: list) -> None:
+    """Give each value the forward returns (in order) the strides eager returns it with on the
+    device (`strides`), where the rewrites (a convolution run channels-last) or the stride
+    calibration (a library call on a channels-last input keeps that layout) left others: the
+    kernels computing it then write eager's layout, and the emitted forward copies a library call's
+    result into it (`_rt.eager_layout`)."""
+    if len(strides) != len(graph.outputs):
+        return
+    for name, stride in zip(graph.outputs, strides):
+        if graph.is_input(name) or stride is None:
+            continue
+        node = graph.node(name)
+        meta = node.outs[0] if len(node.outs) == 1 else None
+        if (meta is not None and len(meta.shape) == len(stride) and dense_layout(meta.shape, stride)
+                and tuple(meta.stride) != tuple(stride)):
+            node.outs = [type(meta)(meta.shape, tuple(stride), meta.dtype)]
 
 
 def _calibrated(graph, problem, policy, device) -> list[str] | str:

@@ -634,6 +634,26 @@ def test_captured_strides_are_calibrated_against_the_device():
 
 
 @pytest.mark.interpreter
+def test_a_returned_value_keeps_eagers_layout_when_the_convolution_before_it_runs_channels_last():
+    """Under tf32 the convolution runs channels-last; the elementwise op after it is what the model
+    returns, in eager's contiguous layout (the oracle compares each output's memory order)."""
+    from kernelwright.fuzz.oracle import check
+
+    outcome = check(FIX / "conv_output_layout.py", "cpu", "tf32", 2)
+    assert outcome.status == "ok" and not outcome.wrong, outcome
+
+
+def test_the_oracle_compares_memory_order_not_size_one_strides():
+    from kernelwright.fuzz.oracle import _difference
+
+    x = torch.randn(2, 3, 4, 5)
+    cl = x.contiguous(memory_format=torch.channels_last)
+    assert "strides" in _difference(cl, x, 1e-4)[1]
+    assert _difference(x.clone(), x, 1e-4) is None
+    col = torch.randn(1, 3, 1, 1)
+    assert _difference(col.contiguous(memory_format=torch.channels_last), col, 1e-4) is None  # one element per dim: same
+
+
 def test_dropout_after_a_transposed_batch_norm_ships_and_matches_eager():
     from kernelwright.fuzz.oracle import check
 

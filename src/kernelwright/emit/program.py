@@ -139,6 +139,28 @@ def counter_increments(graph: Graph) -> dict[str, tuple[str, object]]:
     return out
 
 
+def _in_recorded_layout(graph: Graph, name: str) -> str:
+    """A returned value's expression: itself, or through `_rt.eager_layout` with its recorded
+    strides where they are a dense layout (pipeline.keep_output_layouts records eager's) and the
+    value is computed (an input or a broadcast view is returned as it comes)."""
+    meta = graph.meta(name)
+    if graph.is_input(name) or meta is None or not dense_layout(meta.shape, meta.stride) or len(meta.shape) < 2:
+        return name
+    return f"_rt.eager_layout({name}, {tuple(meta.stride)!r})"
+
+
+def dense_layout(shape, stride) -> bool:
+    """Whether `stride` lays `shape` out densely, without overlap (a permutation of a contiguous
+    layout, size-1 dims' strides aside)."""
+    dims = sorted((d for d in range(len(shape)) if shape[d] > 1), key=lambda d: -stride[d])
+    expect = 1
+    for d in reversed(dims):
+        if stride[d] != expect:
+            return False
+        expect *= shape[d]
+    return True
+
+
 def _unit_inputs(graph: Graph, unit, kernel) -> list[str]:
     """Values a unit reads (a generated kernel: its launch inputs)."""
     if kernel is not None:
@@ -270,8 +292,9 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
             continue
         dst = ", ".join(local.get(fqn) or attr_path(fqn) for _, fqn in pairs)
         commit.append(f"torch._foreach_copy_([{dst}], [{', '.join(name for name, _ in pairs)}])")
-    if single_output and len(g.outputs) == 1:
-        result = g.outputs[0]
+    outs = [_in_recorded_layout(g, o) for o in g.outputs]
+    if single_output and len(outs) == 1:
+        result = outs[0]
     else:
-        result = "(" + ", ".join(g.outputs) + ("," if len(g.outputs) == 1 else "") + ")"
+        result = "(" + ", ".join(outs) + ("," if len(outs) == 1 else "") + ")"
     return ForwardText(lines, result, list(dict.fromkeys(new)), unpack + commit if commit else [])

@@ -101,6 +101,17 @@ def _tensors(out) -> list:
     return _pytree.tree_leaves(out)
 
 
+def _memory_order(t: torch.Tensor) -> tuple:
+    """The dims of size > 1 from the largest stride to the smallest, and whether the tensor is
+    dense (a permutation of a contiguous layout): what a caller's .view(), .is_contiguous() or
+    memory-order reads (a dropout mask) see of a layout."""
+    dims = [d for d in range(t.dim()) if t.shape[d] > 1]
+    order = tuple(sorted(dims, key=lambda d: (-t.stride(d), d)))
+    dense = t.numel() == 0 or all(t.stride(a) == t.stride(b) * t.shape[b] for a, b in zip(order, order[1:])) \
+        and (not order or t.stride(order[-1]) == 1)
+    return order, dense
+
+
 def _difference(got, want, tol: float, values: bool = True) -> tuple[float | None, str] | None:
     """None when `got` matches `want`: the same structure, shapes and dtypes, finite where eager
     is, and (with `values`) every element within tol + tol * |eager| (NaN where eager has NaN);
@@ -121,6 +132,8 @@ def _difference(got, want, tol: float, values: bool = True) -> tuple[float | Non
             return None, f"{at}shape {tuple(g.shape)}, eager {tuple(w.shape)}"
         if g.dtype != w.dtype:
             return None, f"{at}dtype {g.dtype}, eager {w.dtype}"
+        if _memory_order(g) != _memory_order(w):
+            return None, f"{at}strides {tuple(g.stride())}, eager {tuple(w.stride())}"
         g64, w64 = g.detach().cpu().double(), w.detach().cpu().double()
         if not torch.equal(torch.isfinite(g64), torch.isfinite(w64)):
             return None, f"{at}non-finite values where eager's are finite (or the reverse)"

@@ -5,27 +5,37 @@ the model is built once, compile warm-up runs before timing, inputs are drawn on
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
 from kernelwright.measure.timer import require_gpu, time_interleaved
 from kernelwright.problem.load import eager_under, flatten_outputs
 
-__all__ = ["Baselines", "Timings", "baseline_output_dtypes", "make_baselines", "time_problem"]
+__all__ = ["Baselines", "EagerOutputs", "Timings", "baseline_output_dtypes", "eager_outputs", "make_baselines", "time_problem"]
 
 
-def baseline_output_dtypes(problem, policy, device) -> list | None:
+class EagerOutputs(NamedTuple):
+    dtypes: list | None  # what eager returns under the policy's autocast (bf16); None for the others
+    strides: list  # each output's strides on the device (None for a non-tensor output)
+
+
+def eager_outputs(problem, policy, device) -> EagerOutputs:
     """Run eager once on `device` under the policy, before any work: a model that cannot run there
     is a ProblemError, in one line (oneDNN has no bf16 LSTM on the CPU; a model that builds CPU
     index tensors in its forward fails on a GPU; a data-dependent error the meta-device check
     cannot see). Returns the dtypes eager returns under the policy's autocast (bf16), output by
-    output; None for the other policies."""
+    output (None for the other policies), and the strides it returns them with."""
     with eager_under(policy, problem.where, device):
         outs = problem.make_model(device)(*problem.make_inputs(0, device))
-    if policy.autocast_dtype is None:
-        return None
-    return [o.dtype for o in flatten_outputs(outs, problem.where)]
+    flat = flatten_outputs(outs, problem.where)
+    strides = [tuple(o.stride()) if isinstance(o, torch.Tensor) else None for o in flat]
+    return EagerOutputs(None if policy.autocast_dtype is None else [o.dtype for o in flat], strides)
+
+
+def baseline_output_dtypes(problem, policy, device) -> list | None:
+    """`eager_outputs`' dtypes."""
+    return eager_outputs(problem, policy, device).dtypes
 
 
 class Baselines(dict):
