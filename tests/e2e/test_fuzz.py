@@ -643,15 +643,26 @@ def test_a_returned_value_keeps_eagers_layout_when_the_convolution_before_it_run
     assert outcome.status == "ok" and not outcome.wrong, outcome
 
 
+def test_a_dropout_after_a_channels_last_convolution_draws_eagers_mask():
+    """A dropout reading a convolution's result kept channels-last would draw its mask in another
+    memory order (train-mode values unlike eager's: the generated forward fails verification and
+    the original is kept); it reads a copy in eager's layout instead, and the forward ships."""
+    from kernelwright.fuzz.oracle import check
+
+    outcome = check(FIX / "conv_dropout_layout.py", "cpu", "tf32", 2)
+    assert outcome.status == "ok" and not outcome.wrong and not outcome.kept, outcome
+
+
 def test_the_oracle_compares_memory_order_not_size_one_strides():
     from kernelwright.fuzz.oracle import _difference
 
     x = torch.randn(2, 3, 4, 5)
     cl = x.contiguous(memory_format=torch.channels_last)
-    assert "strides" in _difference(cl, x, 1e-4)[1]
-    assert _difference(x.clone(), x, 1e-4) is None
+    assert "strides" in _difference(cl, x, 1e-4, layout=True)[1]
+    assert _difference(cl, x, 1e-4) is None  # (the checks after `train` compare values only)
+    assert _difference(x.clone(), x, 1e-4, layout=True) is None
     col = torch.randn(1, 3, 1, 1)
-    assert _difference(col.contiguous(memory_format=torch.channels_last), col, 1e-4) is None  # one element per dim: same
+    assert _difference(col.contiguous(memory_format=torch.channels_last), col, 1e-4, layout=True) is None
 
 
 def test_dropout_after_a_transposed_batch_norm_ships_and_matches_eager():

@@ -604,6 +604,40 @@ def _view_of_copy(graph: Graph, n: OpNode, names: set[str], nodes: list[OpNode],
     return OpNode(n.name, n.target, (Ref(restored[src]), *n.args[1:]), dict(n.kwargs), n.outs, n.fx)
 
 
+# ops that draw random numbers in the memory order of their first operand (a dropout's mask is
+# drawn for empty_like(x)): they must meet it in eager's layout to draw eager's values
+_RANDOM = ("aten.native_dropout.default", "aten.bernoulli.default", "aten.bernoulli.p", "aten.rand_like.default",
+           "aten.randn_like.default")
+
+
+def _random(n: OpNode) -> bool:
+    return n.target in _RANDOM
+
+
+def _eager_format(meta: TensorMeta | None):
+    """The memory format eager's value of `meta` (as captured) has: contiguous or channels-last."""
+    if meta is None:
+        return None
+    if meta.contiguous:
+        return torch.contiguous_format
+    if len(meta.shape) in (4, 5) and tuple(meta.stride) == _channels_last(meta).stride:
+        return torch.channels_last if len(meta.shape) == 4 else torch.channels_last_3d
+    return None
+
+
+def _random_over_eager_layout(graph: Graph, n: OpNode, names: set[str], nodes: list[OpNode],
+                              notes: list[str]) -> OpNode:
+    """A random op (dropout) reading a value the rewrite keeps channels-last: it reads a copy in the
+    layout eager gives that value instead, so its draws land on the same elements as eager's."""
+    src = n.args[0].name
+    m = graph.meta(src)
+    back = OpNode(_unique(names, f"{src}_eager"), "aten.clone.default", (Ref(src),),
+                  {"memory_format": _eager_format(m)}, [m])
+    nodes.append(back)
+    notes.append(f"{back.name}: {src} copied to eager's layout for {n.name} (it draws random numbers in memory order)")
+    return OpNode(n.name, n.target, (Ref(back.name), *n.args[1:]), dict(n.kwargs), n.outs, n.fx)
+
+
 def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     """Run float32 (or bf16) 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
     that layout through the elementwise, eval batch-norm and pooling ops that follow (as
@@ -671,6 +705,9 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
             n = _view_of_channels_last(graph, n, names, nodes, restored, notes)
         elif n.target in _VIEWS and n.args and isinstance(n.args[0], Ref) and n.args[0].name in unsure:
             n = _view_of_copy(graph, n, names, nodes, restored, notes)
+        elif _random(n) and n.args and isinstance(n.args[0], Ref) and n.args[0].name in cl | unsure \
+                and _eager_format(graph.meta(n.args[0].name)) is not None:
+            n = _random_over_eager_layout(graph, n, names, nodes, notes)
         keeps = (n.target in POINTWISE and n.meta is not None and len(n.meta.shape) in fmt
                  and any(i in cl and graph.meta(i).shape == n.meta.shape for i in n.inputs))
         # pooling in the library keeps a channels-last input's layout (NHWC kernels), so do its
