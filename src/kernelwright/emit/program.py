@@ -243,6 +243,7 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
     skipped = {n for u in plan.units if u.name not in kernels and all(n in counters for n in u.nodes)
                for n in u.nodes}
     prologue, main, hoisted = [], [], set()
+    generated: set[str] = set()  # values a generated kernel computes
     for unit in plan.units:
         key = unit.name
         if key in kernels and kernels[key] is None:
@@ -252,6 +253,7 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
         kernel = kernels.get(key)
         if kernel is not None:
             mod, ins, outs, whole_tuple = kernel
+            generated.update(outs)
             targets = outs[0] if whole_tuple else ", ".join(outs) + ("," if len(outs) == 1 else "")
             body = [f"{targets} = {mod}.launch({', '.join(ins)})"]
         else:
@@ -292,7 +294,8 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
             continue
         dst = ", ".join(local.get(fqn) or attr_path(fqn) for _, fqn in pairs)
         commit.append(f"torch._foreach_copy_([{dst}], [{', '.join(name for name, _ in pairs)}])")
-    outs = [_in_recorded_layout(g, o) for o in g.outputs]
+    # (a generated kernel writes its outputs in their recorded strides already)
+    outs = [o if o in generated else _in_recorded_layout(g, o) for o in g.outputs]
     if single_output and len(outs) == 1:
         result = outs[0]
     else:
