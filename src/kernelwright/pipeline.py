@@ -26,7 +26,7 @@ from kernelwright.analyze.coverage import captured_cost, plan_coverage
 from kernelwright.capture import CaptureError, capture
 from kernelwright.capture.execute import calibrate_strides
 from kernelwright.capture.modes import training_modes
-from kernelwright.emit.program import dense_layout
+from kernelwright.capture.shapes import dense_permuted
 from kernelwright.emit.module import (ModeForward, import_model_new, model_new_like, module_files, render_model_new,
                                     write_module)
 from kernelwright.emit.report import write_report
@@ -223,7 +223,7 @@ def keep_output_layouts(graph, strides: list) -> None:
             continue
         node = graph.node(name)
         meta = node.outs[0] if len(node.outs) == 1 else None
-        if (meta is not None and len(meta.shape) == len(stride) and dense_layout(meta.shape, stride)
+        if (meta is not None and len(meta.shape) == len(stride) and dense_permuted(meta.shape, stride)
                 and tuple(meta.stride) != tuple(stride)):
             node.outs = [type(meta)(meta.shape, tuple(stride), meta.dtype)]
 

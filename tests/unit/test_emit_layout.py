@@ -1,7 +1,7 @@
 """The emitted forward returns each output in the strides eager returns it with."""
 import torch
 
-from kernelwright.emit.program import dense_layout
+from kernelwright.capture.shapes import dense_permuted
 from kernelwright.emit.runtime import eager_layout
 
 
@@ -15,7 +15,7 @@ def test_a_result_in_another_memory_order_is_copied_into_eagers():
 
 
 def test_dense_layouts_are_permutations_of_contiguous_ones():
-    assert dense_layout((2, 3, 4), (12, 4, 1)) and dense_layout((2, 3, 4), (12, 1, 3))
-    assert dense_layout((2, 1, 4), (4, 99, 1))  # a size-1 dim's stride is free
-    assert not dense_layout((2, 3, 4), (0, 4, 1))  # a broadcast
-    assert not dense_layout((2, 3, 4), (24, 8, 2))  # every other element
+    assert dense_permuted((2, 3, 4), (12, 4, 1)) and dense_permuted((2, 3, 4), (12, 1, 3))
+    assert dense_permuted((2, 1, 4), (4, 99, 1))  # a size-1 dim's stride is free
+    assert not dense_permuted((2, 3, 4), (0, 4, 1))  # a broadcast
+    assert not dense_permuted((2, 3, 4), (24, 8, 2))  # every other element

@@ -13,6 +13,7 @@ import torch
 
 from kernelwright.capture.execute import CONTIGUOUS_INPUT, layout_suffix
 from kernelwright.capture.graph import Graph, Ref
+from kernelwright.capture.shapes import dense_permuted
 from kernelwright.plan.attention import SDPA
 from kernelwright.plan.fusion import Plan
 from kernelwright.plan.weights import weight_only, weight_roots
@@ -144,21 +145,9 @@ def _in_recorded_layout(graph: Graph, name: str) -> str:
     strides where they are a dense layout (pipeline.keep_output_layouts records eager's) and the
     value is computed (an input or a broadcast view is returned as it comes)."""
     meta = graph.meta(name)
-    if graph.is_input(name) or meta is None or not dense_layout(meta.shape, meta.stride) or len(meta.shape) < 2:
+    if graph.is_input(name) or meta is None or not dense_permuted(meta.shape, meta.stride) or len(meta.shape) < 2:
         return name
     return f"_rt.eager_layout({name}, {tuple(meta.stride)!r})"
-
-
-def dense_layout(shape, stride) -> bool:
-    """Whether `stride` lays `shape` out densely, without overlap (a permutation of a contiguous
-    layout, size-1 dims' strides aside)."""
-    dims = sorted((d for d in range(len(shape)) if shape[d] > 1), key=lambda d: -stride[d])
-    expect = 1
-    for d in reversed(dims):
-        if stride[d] != expect:
-            return False
-        expect *= shape[d]
-    return True
 
 
 def _unit_inputs(graph: Graph, unit, kernel) -> list[str]:

@@ -40,6 +40,7 @@ import torch
 from torch.utils import _pytree
 from torch.nn.modules.dropout import _DropoutNd
 
+from kernelwright.capture.shapes import dense_permuted
 from kernelwright.emit.module import import_model_new, model_new_like
 from kernelwright.fuzz.generate import second_batch_size
 from kernelwright.pipeline import Options, optimize_problem
@@ -107,9 +108,7 @@ def _memory_order(t: torch.Tensor) -> tuple:
     memory-order reads (a dropout mask) see of a layout."""
     dims = [d for d in range(t.dim()) if t.shape[d] > 1]
     order = tuple(sorted(dims, key=lambda d: (-t.stride(d), d)))
-    dense = t.numel() == 0 or all(t.stride(a) == t.stride(b) * t.shape[b] for a, b in zip(order, order[1:])) \
-        and (not order or t.stride(order[-1]) == 1)
-    return order, dense
+    return order, t.numel() == 0 or dense_permuted(t.shape, t.stride())
 
 
 def _difference(got, want, tol: float, values: bool = True, layout: bool = False) -> tuple[float | None, str] | None:
