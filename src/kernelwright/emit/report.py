@@ -74,7 +74,7 @@ def tensor_core_unit(group: dict) -> bool:
     return "gemm" in kind or "conv" in kind or bool(MATMUL_OPS & set(group.get("ops") or ()))
 
 
-def _tflops(g: dict, ms) -> float | None:
+def unit_tflops(g: dict, ms) -> float | None:
     """Achieved TFLOP/s of unit `g` in `ms` (None without a FLOP count or a time)."""
     flops = unit_flops(g)
     return flops / (ms * 1e-3) / 1e12 if flops and isinstance(ms, (int, float)) and ms > 0 else None
@@ -88,7 +88,7 @@ def _choice(c: dict, g: dict | None = None) -> str:
         return f"{c['choice']} refused: {c['refused']}"
     t = f"{c['time_ms']:.3f} ms" if c.get("time_ms") is not None else (
         "untimed" if c["choice"] == "library" or not c.get("failed") else "no candidate passed")
-    tf = _tflops(g or {}, c.get("time_ms")) if g is not None and tensor_core_unit(g) else None
+    tf = unit_tflops(g or {}, c.get("time_ms")) if g is not None and tensor_core_unit(g) else None
     if tf is not None:
         t += f", {tf:.1f} TFLOP/s"
     tried = f" ({c['trials']} trial{'s' * (c['trials'] != 1)}, {c['failed']} failed)" if c.get("trials") else ""
@@ -249,7 +249,7 @@ def render_report(result: dict) -> str:
         r = g.get("resources") or {}
         cfg = ",".join(f"{k}={v}" for k, v in (g.get("config") or {}).items()) or "-"
         bw = f"{g['gbps']:.0f} | {_pct_bw(g['gbps'], spec.mem_bw_gbs)}" if g.get("gbps") else "- | -"
-        tf, peak = _tflops(g, g.get("time_ms")), spec.peak_tflops(precision, tensor_core_unit(g))
+        tf, peak = unit_tflops(g, g.get("time_ms")), spec.peak_tflops(precision, tensor_core_unit(g))
         flops = f"{tf:.1f} | {100 * tf / peak:.0f}%" if tf is not None and peak else "- | -"
         lines.append(f"| {g['id']} | {g['kind']} | {' '.join(g['ops'])} | {g['strategy']} | {cfg} | {_ms(g.get('time_ms'))} | "
                      f"{_ms(g.get('library_ms'))} | {bw} | {flops} | {r.get('registers', '-')} | {r.get('spills', '-')} | "

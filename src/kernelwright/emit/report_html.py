@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernelwright.emit import report_charts as charts
-from kernelwright.emit.report import tensor_core_unit, unit_flops
+from kernelwright.emit.report import tensor_core_unit, unit_flops, unit_tflops
 
 IMPLEMENTATIONS = ("eager", "compile", "kernelwright")  # the whole-model times every timed run has
 SKIPPED_KERNELS = ("kw_cuda_runtime.py",)  # shared runtime files beside the kernels (besides _*.py)
@@ -300,8 +300,8 @@ def _units_table(rec: dict, spec, precision: str) -> str:
     for g in rec.get("groups") or []:
         r = g.get("resources") or {}
         cfg = ", ".join(f"{k}={v}" for k, v in (g.get("config") or {}).items()) or "-"
-        flops, ms = unit_flops(g), g.get("time_ms")
-        tflops = flops / (ms * 1e-3) / 1e12 if flops and ms else None
+        ms = g.get("time_ms")
+        tflops = unit_tflops(g, ms)
         peak = spec.peak_tflops(precision, tensor_core_unit(g))
         backend = next((c["choice"] for c in g.get("choices") or []
                         if c.get("time_ms") is not None and c.get("time_ms") == ms), "-")

@@ -29,8 +29,8 @@ from kernelwright.search.result import RunResult
 from kernelwright.space.config import Config
 from kernelwright.space.conv_space import conv_space
 from kernelwright.space.gemm_space import gemm_space, rowreduce_space
-from kernelwright.space.group_space import (default_config, group_space, seed_configs, strided_long_rows, tiled_default,
-                                            tiled_space)
+from kernelwright.space.group_space import (default_config, group_space, row_warps, seed_configs, strided_long_rows,
+                                            tiled_default, tiled_space)
 from kernelwright.verify.compare import excess_reason, park, poisoned_like
 
 
@@ -261,8 +261,7 @@ class GroupTuner(KernelTuner):
             self.space = self.space + [c.replace(INNER=True) for c in rows]
             base = self.seeds[0]
             tall = [max(32, base["BLOCK_M"]), max(64, 2 * base["BLOCK_M"])]
-            lead = [base.replace(INNER=True, BLOCK_M=bm, num_warps=4 if bm * base["BLOCK_R"] <= 2048 else 8
-                                 if bm * base["BLOCK_R"] <= 8192 else 16) for bm in tall]
+            lead = [base.replace(INNER=True, BLOCK_M=bm, num_warps=row_warps(bm * base["BLOCK_R"])) for bm in tall]
             lead = [c for c in lead if c in self.space]
             self.seeds = lead[:1] + [base] + lead[1:] + self.seeds[1:]
         if group.normalizes:  # split schedules' apply pass, also walked last tile first (L2 reuse)

@@ -71,6 +71,11 @@ def group_space(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *,
     return configs
 
 
+def row_warps(tile: int) -> int:
+    """Warps for a one-pass row tile of `tile` elements: at most 32 elements a thread."""
+    return 4 if tile <= 2048 else 8 if tile <= 8192 else 16
+
+
 def needs_split(M: int, R: int, *, spec: DeviceSpec | None = None) -> bool:
     """Too few rows to fill the GPU (fewer than two per SM) and long rows: split each row over many
     programs."""
@@ -109,9 +114,8 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *
                            EVICT=False)
     if rp <= 16384:
         bm = max(1, min(next_pow2(M), 2048 // rp))
-        tile = bm * rp
-        nw = 4 if tile <= 2048 else 8 if tile <= 8192 else 16
-        return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=rp, one_pass=True, num_warps=nw, num_stages=1, EVICT=False)
+        return Config.make("triton.row", BLOCK_M=bm, BLOCK_R=rp, one_pass=True, num_warps=row_warps(bm * rp),
+                           num_stages=1, EVICT=False)
     return Config.make("triton.row", BLOCK_M=1, BLOCK_R=1024, one_pass=False, num_warps=4, num_stages=1, EVICT=False)
 
 
