@@ -24,30 +24,42 @@ def test_workers_restart_after_a_hang_and_the_bench_goes_on(tmp_path):
     assert s["n"] == 6 and s["correct"] == 4 / 6 and s["kw_over_compile"] == 2.0
 
 
-def test_workers_end_when_the_bench_is_killed(tmp_path):
-    """A bench killed from outside (a time limit) takes its worker with it within a second or so,
-    instead of leaving it on the GPU."""
+def _slow_bench(tmp_path, interrupted_exit: bool = False, **popen):
+    """A bench (a script of its own) whose one worker takes a minute over its problem, started with
+    `popen`; returns (the bench process, the worker's pid once it has started). With
+    `interrupted_exit` the bench answers Ctrl-C with the one line "interrupted", as the CLI does."""
     import os
-    import signal
     import subprocess
     import sys
     import time
 
     here = os.path.dirname(os.path.abspath(__file__))
+    call = "run_workers([['p/level1/a.py']], {'marker_dir': %r}, print, one=slow_one)" % str(tmp_path)
+    main = (f"    try:\n        {call}\n    except KeyboardInterrupt:\n        sys.exit('interrupted')\n"
+            if interrupted_exit else f"    {call}\n")
     code = ("import sys; sys.path[:0] = [%r, %r]\n"
             "from kernelwright.bench.runner import run_workers\n"
             "from bench_fake_one import slow_one\n"
-            "if __name__ == '__main__':\n"
-            "    run_workers([['p/level1/a.py']], {'marker_dir': %r}, print, one=slow_one)\n"
-            % (here, os.path.join(os.path.dirname(os.path.dirname(here)), "src"), str(tmp_path)))
+            "if __name__ == '__main__':\n" % (here, os.path.join(os.path.dirname(os.path.dirname(here)), "src"))) + main
     script = tmp_path / "bench.py"
     script.write_text(code)
-    bench = subprocess.Popen([sys.executable, str(script)])
+    bench = subprocess.Popen([sys.executable, str(script)], **popen)
     pid_file = tmp_path / "worker.pid"
     deadline = time.time() + 60
     while not pid_file.exists() and time.time() < deadline:
         time.sleep(0.1)
-    worker = int(pid_file.read_text())
+    assert pid_file.exists()
+    return bench, int(pid_file.read_text())
+
+
+def test_workers_end_when_the_bench_is_killed(tmp_path):
+    """A bench killed from outside (a time limit) takes its worker with it within a second or so,
+    instead of leaving it on the GPU."""
+    import os
+    import signal
+    import time
+
+    bench, worker = _slow_bench(tmp_path)
     bench.send_signal(signal.SIGKILL)
     bench.wait()
     for _ in range(100):  # 10 s at most
@@ -73,28 +85,8 @@ def test_ctrl_c_ends_the_workers_without_a_traceback(tmp_path):
     import os
     import signal
     import subprocess
-    import sys
-    import time
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    code = ("import sys; sys.path[:0] = [%r, %r]\n"
-            "from kernelwright.bench.runner import run_workers\n"
-            "from bench_fake_one import slow_one\n"
-            "if __name__ == '__main__':\n"
-            "    try:\n"
-            "        run_workers([['p/level1/a.py']], {'marker_dir': %r}, print, one=slow_one)\n"
-            "    except KeyboardInterrupt:\n"
-            "        sys.exit('interrupted')\n"
-            % (here, os.path.join(os.path.dirname(os.path.dirname(here)), "src"), str(tmp_path)))
-    script = tmp_path / "bench.py"
-    script.write_text(code)
-    bench = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
-    pid_file = tmp_path / "worker.pid"
-    deadline = time.time() + 60
-    while not pid_file.exists() and time.time() < deadline:
-        time.sleep(0.1)
-    assert pid_file.exists()
+    bench, _ = _slow_bench(tmp_path, interrupted_exit=True, stderr=subprocess.PIPE, text=True, start_new_session=True)
     os.killpg(bench.pid, signal.SIGINT)
     _, err = bench.communicate(timeout=30)
     assert bench.returncode == 1 and err.strip().splitlines()[-1] == "interrupted"
