@@ -610,10 +610,6 @@ _RANDOM = ("aten.native_dropout.default", "aten.bernoulli.default", "aten.bernou
            "aten.randn_like.default")
 
 
-def _random(n: OpNode) -> bool:
-    return n.target in _RANDOM
-
-
 def _eager_format(meta: TensorMeta | None):
     """The memory format eager's value of `meta` (as captured) has: contiguous or channels-last."""
     if meta is None:
@@ -705,7 +701,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
             n = _view_of_channels_last(graph, n, names, nodes, restored, notes)
         elif n.target in _VIEWS and n.args and isinstance(n.args[0], Ref) and n.args[0].name in unsure:
             n = _view_of_copy(graph, n, names, nodes, restored, notes)
-        elif _random(n) and n.args and isinstance(n.args[0], Ref) and n.args[0].name in cl | unsure \
+        elif n.target in _RANDOM and n.args and isinstance(n.args[0], Ref) and n.args[0].name in cl | unsure \
                 and _eager_format(graph.meta(n.args[0].name)) is not None:
             n = _random_over_eager_layout(graph, n, names, nodes, notes)
         keeps = (n.target in POINTWISE and n.meta is not None and len(n.meta.shape) in fmt
