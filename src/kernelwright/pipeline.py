@@ -37,6 +37,7 @@ from kernelwright.measure.final import OWN_FORWARD, final_checks, graphs_in_ever
 from kernelwright.measure.memory import MemoryPeak
 from kernelwright.measure.stored import StoredTimings, module_key
 from kernelwright.plan import plan_graph
+from kernelwright.plan.concat import place_concats
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import Problem
@@ -191,6 +192,7 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
         graph, record["rewrites"] = rewrite(graph, policy.name, eager.dtypes, algebra=not opts.no_rewrites)
         record["calibrated"] = _calibrated(graph, problem, policy, device)
         keep_output_layouts(graph, eager.strides)
+        record["rewrites"] += place_concats(graph)
         plan = plan_graph(graph)
     except CaptureError as e:
         opts.log(("" if mode == "any" else f"{mode} mode: ") + f"capture failed: {e}; the original forward runs there")

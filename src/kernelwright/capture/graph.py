@@ -159,6 +159,8 @@ class Graph:
     outputs: list[str]  # names of user outputs, in order (may name inputs)
     mutations: dict[str, str] = field(default_factory=dict)  # node name -> buffer fqn it writes
     exported: Any = field(default=None, repr=False)
+    # value -> where it lies in a concatenation's buffer (plan.concat.Slot), set last, before planning
+    slots: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         self._by_name = {n.name: n for n in self.nodes}

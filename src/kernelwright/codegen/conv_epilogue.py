@@ -68,6 +68,7 @@ class ConvEpilogue:
     # per operand value (epilogue and prologue): its (shape, strides) in the graph, which the views
     # above are taken over; launch is handed the value in that layout (host._expect)
     layouts: dict[str, tuple[tuple, tuple]] = field(default_factory=dict)
+    into: bool = False  # `out` lies in a concatenation's buffer: launch() takes its slice as out0
 
     @property
     def args(self) -> dict:
@@ -365,10 +366,13 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     widen = cast and graph.meta(w).dtype == "bfloat16"
     pre = Epilogue(tuple(ops[:pre_n]), "\n".join(code)) if code or ops[:pre_n] else IDENTITY
     layouts = {v: (tuple(graph.meta(v).shape), tuple(graph.meta(v).stride)) for v in [*values, *pro_values]}
-    return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, meta.channels_last, cast,
+    slot = graph.slots.get(out)
+    into = slot is not None and slot.placed and not row_out and tuple(meta.shape) == tuple(shape)
+    channels_last = meta.channels_last or (into and len(meta.shape) in (4, 5) and meta.stride[1] == 1)
+    return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, channels_last, cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,
                         Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape),
-                        prologue, pro_values, pro_views, layouts)
+                        prologue, pro_values, pro_views, layouts, into)
 
 
 def _stage(graph: Graph, group: Group, value: str, shape: tuple, code: list[str], operand) -> bool:
@@ -460,6 +464,7 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
                      + ([f"pool_window={fused.pool_window!r}"] if fused.pool else [])
                      + ([f"prologue_operands=({''.join(p + ', ' for p in prologue)})"] if prologue else [])
                      + [f"out_dtype=torch.{fused.out_dtype}", f"out_channels_last={fused.out_channels_last}"]
+                     + (["out=out0"] if fused.into else [])
                      + [f"{k}={v!r}" for k, v in kw.items()])
     out_shape = tuple(fused.out_meta_shape)
     reshape = f".view({list(out_shape)})" if fused.row_out and len(out_shape) == len(fused.out_shape) - 1 else ""
@@ -476,15 +481,16 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
     absorbed = "" if not fused.absorbed else (
         f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed"
         + (f"; {fused.absorbed[0]} as the prologue of its loads)" if prologue else ")"))
+    into = "; out0= writes it into that tensor (a concatenation's slice)" if fused.into else ""
     wrapper = f'''
 
 _conv_launch = launch
 
 
-def launch({", ".join(arg[v] for v in ins)}):
+def launch({", ".join([arg[v] for v in ins] + (["out0=None"] if fused.into else []))}):
     """{fused.conv.name}: {what} {list(fused.out_shape)}{epi}{absorbed}: {list(out_shape)}.
 
-    Inputs: {", ".join(ins)}. Returns ({fused.out},)."""
+    Inputs: {", ".join(ins)}. Returns ({fused.out},){into}."""
 {expects}    return (_conv_launch({call}){reshape},)
 '''
     return with_helpers(text + wrapper), ins

@@ -227,7 +227,9 @@ class Lowering:
             meta = self.g.meta(name)
             if tuple(meta.shape) == self.D and (level != "row" or self.grp.rdims is None or self.rd):
                 level = "full" if level == "row" and tuple(meta.shape) != row_shapes(self.D, self.rd)[0] else level
-            lay = TensorMeta(meta.shape, written_stride(meta, len(self.D)), meta.dtype)
+            slot = self.g.slots.get(name)
+            placed = slot is not None and slot.placed  # (a concatenation's slice: its buffer's strides)
+            lay = meta if placed else TensorMeta(meta.shape, written_stride(meta, len(self.D)), meta.dtype)
             if level == "full" or (self.grp.rdims is None and len(meta.shape) != len(self.D)):
                 # a pointwise group's output may be any view of its domain (e.g. [B, T, C] of a
                 # GEMM's [B*T, C] epilogue)
@@ -983,11 +985,17 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
         checks.append(f"{arg_of[v]} = _expect({arg_of[v]}, {tuple(meta.shape)!r}, {tuple(meta.stride)!r}, {v!r})")
     allocs, out_vars = [], []
     dev = arg_of[uniq_inputs[0]] + ".device" if uniq_inputs else "'cuda'"
+    given = []  # outputs launch() may be given a buffer for (a concatenation's slice, plan.concat)
     for i, op in enumerate(low.outputs):
         meta = graph.meta(op.value)
-        st = written_stride(meta, len(low.D))
+        slot = graph.slots.get(op.value)
+        st = tuple(meta.stride) if slot is not None and slot.placed else written_stride(meta, len(low.D))
         stride = "" if TensorMeta(meta.shape, st, meta.dtype).contiguous else f", {st!r}"  # e.g. channels-last
-        allocs.append(f"out{i} = _alloc({tuple(op.shape)!r}, torch.{op.dtype}, {dev}{stride})")
+        alloc = f"_alloc({tuple(op.shape)!r}, torch.{op.dtype}, {dev}{stride})"
+        if slot is not None and slot.placed:
+            given.append(f"out{i}=None")
+            alloc = f"{alloc} if out{i} is None else out{i}"
+        allocs.append(f"out{i} = {alloc}")
         out_vars.append(f"out{i}")
     call_args = ", ".join([arg_of[op.value] for op in low.inputs] + out_vars)
     if "parts" in extra:
@@ -999,8 +1007,10 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
     text = triton_template(template).render(
         kind=group.kind, gid=group.id, ops=ops_used, domain=list(low.D), rdims=list(low.rd), M=M, R=R,
         kernel=f"{group.id}_kernel", params=params, param_doc=param_doc,
-        launch_args=", ".join(arg_of[v] for v in uniq_inputs), input_doc=", ".join(uniq_inputs),
-        output_doc=", ".join(op.value for op in low.outputs), launch_checks=checks, launch_allocs=allocs,
+        launch_args=", ".join([arg_of[v] for v in uniq_inputs] + given), input_doc=", ".join(uniq_inputs),
+        output_doc=", ".join(op.value for op in low.outputs) + "".join(
+            f"; {g[:-5]}= writes output {g[3:-5]} into that tensor (a concatenation's slice)" for g in given),
+        launch_checks=checks, launch_allocs=allocs,
         num_warps=int(config.get("num_warps", 4)), num_stages=int(config.get("num_stages", 1)), call_args=call_args,
         returns="(" + ", ".join(out_vars) + ",)", **extra,
     )

@@ -16,7 +16,7 @@ import torch
 from kernelwright import __version__
 from kernelwright.capture.export import output_structure
 from kernelwright.codegen.templating import render
-from kernelwright.emit.program import STATE, attribute_shapes, forward_text, state_reads
+from kernelwright.emit.program import STATE, attribute_shapes, forward_text, launch_out_params, state_reads
 from kernelwright.plan.fusion import Plan
 from kernelwright.problem import Problem
 
@@ -152,7 +152,9 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
     for f in forwards:
         mods = {key: (None if k is None else (f"_k_{f.prefix}{k[0]}", k[1], k[2], k[3])) for key, k in f.kernels.items()}
         reader = readers[tuple(state_reads(f.plan))]
-        text = forward_text(f.plan, mods, single_output(f.plan) and result is None, f.mode, tensors=reader)
+        outs = {key: launch_out_params(f.sources.get(k[0], "")) for key, k in f.kernels.items() if k is not None}
+        text = forward_text(f.plan, mods, single_output(f.plan) and result is None, f.mode, tensors=reader,
+                            out_params=outs)
         rendered.append({"mode": f.mode, "forward": text})
         dtypes = _dtypes([i.meta.dtype for i in f.plan.graph.inputs if i.kind in STATE])
         run = (f"compute=_kw_compute_{f.mode}, commit=_kw_commit_{f.mode}" if text.commit

@@ -15,6 +15,7 @@ from kernelwright.capture.execute import CONTIGUOUS_INPUT, layout_suffix
 from kernelwright.capture.graph import Graph, Ref
 from kernelwright.capture.shapes import dense_permuted
 from kernelwright.plan.attention import SDPA
+from kernelwright.plan.concat import cat_args
 from kernelwright.plan.fusion import Plan
 from kernelwright.plan.weights import weight_only, weight_roots
 
@@ -201,8 +202,60 @@ class ForwardText(NamedTuple):
     commit: list[str]
 
 
+def launch_out_params(source: str) -> set[int]:
+    """The outputs (positions) whose buffer a kernel module's launch() accepts as `out<i>=`: a value
+    computed into a concatenation's slice (plan.concat) is written there directly."""
+    at = source.rfind("\ndef launch(")
+    if at < 0:
+        return set()
+    head = source[at:source.find(")", at)]
+    return {int(i) for i in re.findall(r"\bout(\d+)=None", head)}
+
+
+def _narrow(slot, width: int) -> str:
+    return f"{slot.buffer}.narrow({slot.dim}, {slot.offset}, {width})"
+
+
+def _slot_lines(g: Graph, outs: list[str], passed: set[str]) -> list[str]:
+    """After a unit: each of its values that lies in a concatenation's buffer put there (a placed
+    value not written there by its kernel: copied, then read from the slice; a copied one: copied)."""
+    lines = []
+    for v in outs:
+        slot = g.slots.get(v)
+        if slot is None or v in passed:
+            continue
+        if slot.placed:
+            lines.append(f"{v} = _rt.into({slot.buffer}, {slot.dim}, {slot.offset}, {v})")
+        else:
+            lines.append(f"{_narrow(slot, g.meta(v).shape[slot.dim])}.copy_({v})")
+    return lines
+
+
+def _cat_lines(g: Graph, name: str) -> list[str] | None:
+    """A concatenation computed in place (plan.concat): a root copies the values not already in its
+    buffer; a cat lying in another's buffer is its view. None: an ordinary cat."""
+    node = g.node(name)
+    parsed = cat_args(g, node)
+    if parsed is None:
+        return None
+    xs, dim = parsed
+    slot = g.slots.get(name)
+    if slot is not None:
+        return [f"{name} = {_narrow(slot, node.meta.shape[dim])}"] if slot.placed else None
+    if not any(s.buffer == name for s in g.slots.values()):
+        return None
+    lines, off = [], 0
+    for x in xs:
+        width = g.meta(x).shape[dim]
+        s = g.slots.get(x)
+        if s is None or (s.buffer, s.dim, s.offset) != (name, dim, off):
+            lines.append(f"{name}.narrow({dim}, {off}, {width}).copy_({x})")
+        off += width
+    return lines
+
+
 def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mode: str = "any",
-                 tensors: str | None = None) -> ForwardText:
+                 tensors: str | None = None, out_params: dict[str, set[int]] | None = None) -> ForwardText:
     """The forward's text (ForwardText). `kernels` maps a group id (or node name) to (module
     variable, input names, output names, whether launch() returns the node's whole tuple) for units
     that run a generated kernel; other units run their ATen ops.
@@ -228,6 +281,14 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
         if inp.kind == "constant":
             lines.append(constant_line(g, inp, "_dev" if user else "None"))
     roots = weight_roots(g)
+    out_params = out_params or {}
+    buffers = dict.fromkeys(s.buffer for s in g.slots.values()) if user else {}
+    slots = g.slots if user else {}
+    for b in buffers:
+        m = g.meta(b)
+        lines.append(f"{b} = torch.empty_strided({tuple(m.shape)!r}, {tuple(m.stride)!r}, dtype=torch.{m.dtype}, "
+                     "device=_dev)")
+    lines += [f"{_narrow(s, g.meta(v).shape[s.dim])}.copy_({v})" for v, s in slots.items() if g.is_input(v)]
     counters = counter_increments(g)
     skipped = {n for u in plan.units if u.name not in kernels and all(n in counters for n in u.nodes)
                for n in u.nodes}
@@ -240,14 +301,23 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
         if all(n in skipped for n in unit.nodes):
             continue  # counters: added in place with the buffer updates below
         kernel = kernels.get(key)
+        passed: set[str] = set()
         if kernel is not None:
             mod, ins, outs, whole_tuple = kernel
             generated.update(outs)
             targets = outs[0] if whole_tuple else ", ".join(outs) + ("," if len(outs) == 1 else "")
-            body = [f"{targets} = {mod}.launch({', '.join(ins)})"]
+            into = [f"out{i}={_narrow(slots[v], g.meta(v).shape[slots[v].dim])}" for i, v in enumerate(outs)
+                    if not whole_tuple and v in slots and slots[v].placed and i in out_params.get(key, ())]
+            passed = {v for i, v in enumerate(outs) if any(a.startswith(f"out{i}=") for a in into)}
+            body = [f"{targets} = {mod}.launch({', '.join(list(ins) + into)})"]
         else:
-            body = [node_line(g, n) for n in unit.nodes]
+            cat = _cat_lines(g, unit.nodes[0]) if slots and len(unit.nodes) == 1 else None
+            body = cat if cat is not None else [node_line(g, n) for n in unit.nodes]
             outs = unit.outputs
+            if cat is not None:
+                generated.update(outs)  # (a buffer allocated in the cat's recorded layout)
+                passed = set(outs)
+        body += _slot_lines(g, outs, passed) if slots else []
         # computed from the weights alone (from values hoisted before it): first, ahead of the inputs
         if weight_only(g, outs, roots) and all(g.is_input(v) or v in hoisted
                                                for v in _unit_inputs(g, unit, kernel)):

@@ -109,8 +109,9 @@ def poisoned_like(t: torch.Tensor) -> torch.Tensor:
     """A tensor like `t` (shape, dtype, strides, device) filled with poison: NaN for floating and
     complex dtypes, the dtype's largest value for integers, True for bool. Launchers give kernels
     such buffers in verification mode so that elements a kernel never writes fail the comparison."""
+    # (empty_strided keeps any strides, a concatenation's slice's too, where *_like makes a
+    # non-dense tensor contiguous)
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     if t.dtype.is_floating_point or t.dtype.is_complex:
-        return torch.full_like(t, float("nan"))
-    if t.dtype == torch.bool:
-        return torch.ones_like(t)
-    return torch.full_like(t, torch.iinfo(t.dtype).max)
+        return out.fill_(float("nan"))
+    return out.fill_(True if t.dtype == torch.bool else torch.iinfo(t.dtype).max)

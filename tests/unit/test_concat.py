@@ -1,0 +1,102 @@
+"""plan.concat: the values a cat joins computed into its buffer's slices, and the emitted forward
+that allocates the buffer once, passes the slices to the kernels and copies the rest."""
+import torch
+import torch.nn as nn
+
+from kernelwright.capture import capture
+from kernelwright.capture.execute import run_graph
+from kernelwright.emit.program import forward_text, launch_out_params
+from kernelwright.plan import plan_graph
+from kernelwright.plan.concat import Slot, place_concats
+from kernelwright.problem import from_module
+
+
+class Dense(nn.Module):
+    """Each layer reads the cat of every feature so far (a DenseNet block)."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv2d(2 + 3 * i, 3, 3, padding=1) for i in range(3)])
+
+    def forward(self, x):
+        feats = [torch.relu(x)]
+        for conv in self.convs:
+            feats.append(conv(torch.cat(feats, 1)))
+        return torch.cat(feats, 1)
+
+
+def _graph(model, *xs):
+    g = capture(from_module(model.eval(), list(xs)))
+    notes = place_concats(g)
+    return g, notes
+
+
+def test_a_dense_block_writes_every_feature_once_into_the_last_buffer():
+    x = torch.randn(2, 2, 5, 5)
+    g, notes = _graph(Dense(), x)
+    cats = [n.name for n in g.nodes if n.target == "aten.cat.default"]
+    root = cats[-1]
+    assert len(notes) == 1 and notes[0].startswith(root)
+    # the features (relu and the three convolutions) lie in the root at their offsets, and the
+    # earlier cats are its prefixes
+    placed = {v: s for v, s in g.slots.items() if s.placed}
+    offsets = sorted(s.offset for v, s in placed.items() if g.node(v).target != "aten.cat.default")
+    assert offsets == [0, 2, 5, 8]
+    assert all(placed[c] == Slot(root, 1, 0, True) for c in cats[1:-1])
+    stride = g.meta(root).stride
+    assert all(g.meta(v).stride == stride for v in placed)
+    # the graph computes the same values with the new strides recorded
+    with torch.no_grad():
+        torch.testing.assert_close(run_graph(g, Dense().eval(), [x])[0].shape, torch.Size([2, 11, 5, 5]))
+
+
+class Mixed(nn.Module):
+    def forward(self, x):
+        a = torch.sigmoid(x)
+        side = torch.cat([x, x.transpose(2, 3), a], 1)  # an input and a view: copied; a: placed
+        return torch.cat([side, a], 1), a
+
+
+def test_inputs_views_and_returned_values_are_copied_not_placed():
+    x = torch.randn(2, 3, 4, 4)
+    g, _ = _graph(Mixed(), x)
+    cats = [n.name for n in g.nodes if n.target == "aten.cat.default"]
+    side, out = cats
+    assert g.slots[side] == Slot(out, 1, 0, True)  # read only by the later cat: a view of its buffer
+    assert g.slots["x"] == Slot(out, 1, 0, False)
+    view = next(v for v, s in g.slots.items() if s.offset == 3)
+    assert not g.slots[view].placed  # a transpose's result keeps its own layout
+    # `a` is returned: never a slice of a buffer (its caller sees eager's dense layout)
+    assert "sigmoid" not in g.slots or not g.slots["sigmoid"].placed
+    assert g.meta("sigmoid").stride == (48, 16, 4, 1)
+
+
+def test_a_cat_nothing_can_be_placed_in_stays_a_cat():
+    class Inputs(nn.Module):
+        def forward(self, x, y):
+            return torch.cat([x, y], 1) * 2.0
+
+    g, notes = _graph(Inputs(), torch.randn(2, 3, 4), torch.randn(2, 1, 4))
+    assert notes == [] and g.slots == {}
+
+
+def test_the_forward_allocates_once_and_hands_kernels_their_slices():
+    x = torch.randn(2, 2, 5, 5)
+    g, _ = _graph(Dense(), x)
+    plan = plan_graph(g)
+    root = [n.name for n in g.nodes if n.target == "aten.cat.default"][-1]
+    relu_unit = next(u for u in plan.units if u.group is not None and "relu" in u.group.outputs)
+    kernels = {relu_unit.name: ("_k_relu", ["x"], ["relu"], False)}
+    text = forward_text(plan, kernels, True, "eval", out_params={relu_unit.name: {0}})
+    body = "\n".join(text.body)
+    assert body.count("torch.empty_strided") == 1 and f"{root} = torch.empty_strided((2, 11, 5, 5)" in body
+    assert f"relu, = _k_relu.launch(x, out0={root}.narrow(1, 0, 2))" in body
+    assert "aten.cat" not in body  # the cats are views of the buffer or the buffer itself
+    assert f"= _rt.into({root}, 1, 2, " in body  # a library convolution's result copied in once
+    assert text.result == root
+
+
+def test_launch_out_params_reads_the_last_launch_signature():
+    src = "def launch(x, w, out=None):\n    pass\n\ndef launch(a0, a1, out0=None, out2=None):\n    pass\n"
+    assert launch_out_params(src) == {0, 2}
+    assert launch_out_params("def launch(a0):\n    pass\n") == set()
