@@ -5,7 +5,8 @@ import torch.nn as nn
 
 from kernelwright.capture import capture
 from kernelwright.capture.execute import run_graph
-from kernelwright.emit.program import forward_text, launch_out_params
+from kernelwright.codegen.helpers import launch_out_params
+from kernelwright.emit.program import forward_text
 from kernelwright.plan import plan_graph
 from kernelwright.plan.concat import Slot, place_concats
 from kernelwright.problem import from_module
@@ -100,3 +101,62 @@ def test_launch_out_params_reads_the_last_launch_signature():
     src = "def launch(x, w, out=None):\n    pass\n\ndef launch(a0, a1, out0=None, out2=None):\n    pass\n"
     assert launch_out_params(src) == {0, 2}
     assert launch_out_params("def launch(a0):\n    pass\n") == set()
+
+
+class NormConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn, self.conv = nn.BatchNorm2d(4), nn.Conv2d(4, 5, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(torch.relu(self.bn(x)))
+
+
+def test_a_convolutions_channels_last_copy_joins_the_group_computing_its_input():
+    """Under tf32 the convolution reads a channels-last copy of its input: the batch-norm + ReLU
+    group writes that copy itself (one kernel, its stores channels-last) instead of a second
+    kernel reading the NCHW result back."""
+    from kernelwright.codegen.triton_group import lower
+    from kernelwright.plan.rewrites import rewrite
+
+    x = torch.randn(2, 4, 6, 6)
+    g, _ = rewrite(capture(from_module(NormConv().eval(), [x])), "tf32")
+    copy = next(n for n in g.nodes if n.target == "aten.clone.default" and n.args[0].name == "relu")
+    plan = plan_graph(g)
+    group = next(gr for gr in plan.groups if copy.name in gr.nodes)
+    assert "relu" in group.nodes and group.outputs == [copy.name]
+    assert not any(u.node == copy.name for u in plan.units)  # no unit of its own
+    out = lower(g, group).outputs[0]
+    assert out.value == copy.name and out.strides == (144, 1, 24, 4)  # channels-last over [2, 4, 6, 6]
+
+
+def test_a_candidate_that_cannot_write_the_slice_is_timed_with_its_copy():
+    """The tuner times a library call (or a kernel whose launch takes no out<i>) of a unit whose
+    output lies in a concatenation's buffer together with the copy into the slice, as the
+    emitted forward runs it; with nothing placed the call is timed alone."""
+    from kernelwright.search.units import KernelTuner
+
+    x = torch.randn(2, 2, 5, 5)
+    g, _ = _graph(Dense(), x)
+    conv = next(v for v, s in g.slots.items() if s.placed and g.node(v).target == "aten.convolution.default")
+    tuner = object.__new__(KernelTuner)
+    tuner.graph, tuner.outputs = g, [(conv, None)]
+    tuner.eager = [torch.zeros(g.meta(conv).shape)]
+    calls = []
+
+    def run():
+        calls.append(1)
+        return (torch.ones(g.meta(conv).shape),)
+
+    timed = tuner._placed_after(run, list)
+    assert timed is not run and timed()[0].sum() > 0 and calls == [1]
+    wrong = tuner._placed_after(lambda: (torch.ones(3),), list)
+    try:
+        wrong()
+    except RuntimeError:
+        pass  # the copy into the slice ran (and refused a value of another shape)
+    else:
+        raise AssertionError("no copy into the slice")
+    tuner.outputs = [("relu_never_placed", None)]
+    g.slots.pop("relu_never_placed", None)
+    assert tuner._placed_after(run, list) is run

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import tokenize
 from dataclasses import dataclass
 from functools import lru_cache
@@ -127,3 +128,13 @@ def with_helpers(text: str) -> str:
         top = first.lineno - 1 if first is not None else at
         out = "".join(out.splitlines(keepends=True)[:top]) + imports + "".join(out.splitlines(keepends=True)[top:])
     return out
+
+
+def launch_out_params(source: str) -> set[int]:
+    """The outputs (positions) whose buffer a kernel module's launch() accepts as `out<i>=`: a value
+    computed into a concatenation's slice (plan.concat) is written there directly."""
+    at = source.rfind("\ndef launch(")
+    if at < 0:
+        return set()
+    head = source[at:source.find(")", at)]
+    return {int(i) for i in re.findall(r"\bout(\d+)=None", head)}

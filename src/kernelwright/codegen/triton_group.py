@@ -254,7 +254,9 @@ class Lowering:
         if t == "getitem":
             self.vars[n.name] = self.tuples[n.args[0].name][n.args[1]]
             return
-        if t in FREE_VIEWS:  # a re-labelling: row values broadcast implicitly in the tiles
+        if t in FREE_VIEWS or (t == "aten.clone.default" and set(n.kwargs) <= {"memory_format"}):
+            # a re-labelling (row values broadcast implicitly in the tiles), or a layout copy: the
+            # value stored in the copy's strides
             self.vars[n.name] = self.vars[n.args[0].name]
             return
         if t in POINTWISE:

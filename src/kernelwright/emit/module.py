@@ -16,7 +16,8 @@ import torch
 from kernelwright import __version__
 from kernelwright.capture.export import output_structure
 from kernelwright.codegen.templating import render
-from kernelwright.emit.program import STATE, attribute_shapes, forward_text, launch_out_params, state_reads
+from kernelwright.codegen.helpers import launch_out_params
+from kernelwright.emit.program import STATE, attribute_shapes, forward_text, state_reads
 from kernelwright.plan.fusion import Plan
 from kernelwright.problem import Problem
 

@@ -202,16 +202,6 @@ class ForwardText(NamedTuple):
     commit: list[str]
 
 
-def launch_out_params(source: str) -> set[int]:
-    """The outputs (positions) whose buffer a kernel module's launch() accepts as `out<i>=`: a value
-    computed into a concatenation's slice (plan.concat) is written there directly."""
-    at = source.rfind("\ndef launch(")
-    if at < 0:
-        return set()
-    head = source[at:source.find(")", at)]
-    return {int(i) for i in re.findall(r"\bout(\d+)=None", head)}
-
-
 def _narrow(slot, width: int) -> str:
     return f"{slot.buffer}.narrow({slot.dim}, {slot.offset}, {width})"
 

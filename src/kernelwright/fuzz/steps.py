@@ -614,16 +614,30 @@ def _emit_residual(b, i, a):
 def _draw_concat(rng, dims):
     if not dims:
         return None
-    return {"dim": rng.randint(1, len(dims)), "with": rng.choice(["earlier", "tanh", "input"]), "pick": rng.randrange(1000)}
+    return {"dim": rng.randint(1, len(dims)), "with": rng.choice(["earlier", "tanh", "input", "branches", "dense"]),
+            "pick": rng.randrange(1000)}
 
 
 def _emit_concat(b, i, a):
     """torch.cat of the value with an earlier value of a shape that fits, its tanh, or a new input
-    (an Inception / DenseNet / U-Net join) along dim `dim` (1: channels, clamped to the rank)."""
+    (an Inception / DenseNet / U-Net join) along dim `dim` (1: channels, clamped to the rank); or
+    of two branches computed from it (`branches`, an Inception module's join), or a growing
+    feature list (`dense`: a DenseNet block's cats, each feature computed from the cat before)."""
     if not b.dims:
         raise Invalid("nothing to concatenate along")
     d = min(a["dim"], len(b.dims))
     x = b.cur
+    dims = list(b.dims)
+    if a["with"] == "branches":
+        dims[d - 1] *= 2
+        b.assign(i, f"torch.cat([torch.relu({x}), torch.sigmoid({x}) * 2.0], dim={d})", dims)
+        return
+    if a["with"] == "dense":
+        dims[d - 1] *= 3
+        b.body += [f"h{i}_f1 = torch.relu({x})", f"h{i}_c1 = torch.cat([{x}, h{i}_f1], dim={d})",
+                   f"h{i}_f2 = {x} * torch.sigmoid(h{i}_c1.mean(dim={d}, keepdim=True))"]
+        b.assign(i, f"torch.cat([{x}, h{i}_f1, h{i}_f2], dim={d})", dims)
+        return
     if a["with"] == "earlier":
         fits = [(n, dims) for n, dims in b.values[:-1] if len(dims) == len(b.dims)
                 and all(p == q for j, (p, q) in enumerate(zip(dims, b.dims)) if j != d - 1)]
@@ -634,7 +648,6 @@ def _emit_concat(b, i, a):
         other, odims = f"torch.tanh({x})", b.dims
     else:
         other, odims = b.add_input(f"torch.randn(batch_size, {', '.join(map(str, b.dims))}{b.dtype})"), b.dims
-    dims = list(b.dims)
     dims[d - 1] += odims[d - 1]
     b.assign(i, f"torch.cat([{x}, {other}], dim={d})", dims)
 

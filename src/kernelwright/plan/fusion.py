@@ -261,6 +261,12 @@ def _views_domain(shape, domain) -> bool:
     return len(shape) > 0 and refine_strides(tuple(shape), contiguous_strides(shape), tuple(domain)) is not None
 
 
+def _layout_copy(node: OpNode) -> bool:
+    """A clone that changes nothing but the memory format (a convolution's channels-last input)."""
+    return (node.target == "aten.clone.default" and set(node.kwargs) <= {"memory_format"} and node.meta is not None
+            and bool(node.args) and isinstance(node.args[0], Ref))
+
+
 def _is_pointwise(node: OpNode, graph: Graph) -> bool:
     if node.target not in POINTWISE or node.meta is None:
         return False
@@ -296,6 +302,12 @@ class _Builder:
             return "row"  # max.dim / min.dim values and indices
         if n.target in FREE_VIEWS:
             return self._view_level(n, g)
+        if _layout_copy(n):
+            # the group writes its value in the copy's layout (channels-last for a library
+            # convolution), instead of a second kernel reading it back to copy it
+            x = n.args[0].name
+            ok = self.owner.get(x) is g and g.levels[x] == "full" and tuple(n.meta.shape) == tuple(g.domain)
+            return "full" if ok else None
         if n.target == EVAL_BN:
             x = n.args[0]
             meta = self.g.meta(x.name) if hasattr(x, "name") else None
@@ -441,7 +453,8 @@ class _Builder:
 
     def add(self, n: OpNode):
         fusible = n.target in FREE_VIEWS or n.target == "getitem" or n.target == EVAL_BN or n.target in COMPOSITES or (
-            n.target in REDUCTIONS and reduction_spec(n, self.g) is not None) or _is_pointwise(n, self.g)
+            n.target in REDUCTIONS and reduction_spec(n, self.g) is not None) or _is_pointwise(n, self.g) or (
+            _layout_copy(n) and n.args[0].name in self.owner)  # (joins its input's group; alone: a node)
         target = None
         if fusible:
             for i in n.inputs:

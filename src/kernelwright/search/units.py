@@ -20,6 +20,7 @@ from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
 from kernelwright.codegen import conv_epilogue, cudnn_epilogue, gemm_epilogue, library_epilogue, node_kernels, pool_chain
 from kernelwright.codegen.triton_pool import TEMPLATE as POOL_TEMPLATE
+from kernelwright.codegen.helpers import launch_out_params
 from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_group import (Unsupported, extent, inner_rows, lower, render_group, tiled_apply_dims,
                                               transposed_walk)
@@ -116,6 +117,27 @@ class KernelTuner:
     def library_fn(self):
         return self._run_library
 
+    def _placed_after(self, run: Callable, values: Callable) -> Callable:
+        """`run` timed as the emitted forward pays for it: where an output lies in a concatenation's
+        buffer (plan.concat) and `run` cannot write it there, the copy into that slice after it
+        (`values(result)`: the outputs in self.outputs' order). `run` itself when none."""
+        slots = self.graph.slots
+        placed = [(k, self.graph.meta(name)) for k, (name, idx) in enumerate(self.outputs)
+                  if idx is None and name in slots and slots[name].placed]
+        if not placed:
+            return run
+        dst = [(k, torch.empty_strided(m.shape, m.stride, dtype=self.eager[k].dtype, device=self.eager[k].device))
+               for k, m in placed]
+
+        def copied():
+            out = run()
+            got = values(out)
+            for k, d in dst:
+                d.copy_(got[k])
+            return out
+
+        return copied
+
     def render(self, cfg: Config) -> tuple[str, list[str]]:
         """(module text, graph values passed to launch) for `cfg`."""
         raise NotImplementedError
@@ -159,14 +181,15 @@ class KernelTuner:
         watchdog.hang_exit(msg, lambda m: self.on_hang(cfg, m))
 
     def run(self, configs: list[Config]) -> list[RunResult]:
-        results, fns, built, staged = [], {}, {}, []
+        results, fns, built, staged, writes_in_place = [], {}, {}, [], {}
         for cfg in configs:
             try:
-                _, ins, mod = self.build(cfg)
+                text, ins, mod = self.build(cfg)
             except Exception as e:  # noqa: BLE001 - failures are data (Unsupported included)
                 results.append(RunResult.failure(cfg, "compile", f"{type(e).__name__}: {str(e)[:200]}"))
                 continue
             staged.append((cfg, ins, mod))
+            writes_in_place[cfg.key()] = bool(launch_out_params(text))
         if self.timed and self.backend == "triton" and len(staged) > 1 and torch.device(self.device).type == "cuda":
             # the batch's Triton kernels compiled side by side first (each first run below then
             # finds its kernels compiled; what did not compile in time compiles there, guarded)
@@ -193,12 +216,14 @@ class KernelTuner:
                 continue
             args = [self.env[v] for v in ins]
             built[cfg.key()] = (cfg, ex)
-            fns[cfg.key()] = (lambda m=mod, a=args: m.launch(*a))
+            run = (lambda m=mod, a=args: m.launch(*a))
+            fns[cfg.key()] = run if writes_in_place[cfg.key()] else self._placed_after(run, self.pick)
         if not self.timed:
             return results + [RunResult(cfg, None, "untimed: no GPU", excess=ex) for cfg, ex in built.values()]
         if fns:
             with self.policy.active():
-                times = _time_fns({**fns, "__library__": self.library_fn()}, self.device)
+                library = self._placed_after(self.library_fn(), lambda env: [_pick(env, o) for o in self.outputs])
+                times = _time_fns({**fns, "__library__": library}, self.device)
             lib_ms = times.pop("__library__")
             self.library_ms = lib_ms if self.library_ms is None else min(self.library_ms, lib_ms)
             for key, (cfg, ex) in built.items():
