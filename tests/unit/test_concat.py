@@ -160,3 +160,30 @@ def test_a_candidate_that_cannot_write_the_slice_is_timed_with_its_copy():
     tuner.outputs = [("relu_never_placed", None)]
     g.slots.pop("relu_never_placed", None)
     assert tuner._placed_after(run, list) is run
+
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(2, 1, 4, 4))
+
+    def forward(self, x):
+        a = torch.sigmoid(x)
+        inner = torch.cat([a, self.bias.expand(2, 1, 4, 4), self.bias], 1)
+        return torch.cat([torch.tanh(x), inner], 1) * 2.0
+
+
+def test_a_cat_inside_another_copies_what_is_not_in_its_slice():
+    """A cat placed in a later cat's buffer (nested) copies the values it joins that lie nowhere
+    (a parameter) when it runs; a view is copied into its slice once computed, a placed value is
+    there already."""
+    x = torch.randn(2, 3, 4, 4)
+    g, _ = _graph(Nested(), x)
+    inner, outer = [n.name for n in g.nodes if n.target == "aten.cat.default"]
+    assert g.slots[inner] == Slot(outer, 1, 3, True)
+    plan = plan_graph(g)
+    body = "\n".join(forward_text(plan, {}, True, "eval").body)
+    assert f"{inner} = {outer}.narrow(1, 3, 5)" in body
+    assert f"{inner}.narrow(1, 4, 1).copy_(p_bias)" in body  # the parameter, copied as the cat runs
+    assert f"{outer}.narrow(1, 6, 1).copy_(expand)" in body  # the view, once computed
+    assert f"{inner}.narrow(1, 0, 3).copy_(" not in body  # the sigmoid lies in its slice already

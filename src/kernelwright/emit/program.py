@@ -230,15 +230,16 @@ def _cat_lines(g: Graph, name: str) -> list[str] | None:
         return None
     xs, dim = parsed
     slot = g.slots.get(name)
-    if slot is not None:
-        return [f"{name} = {_narrow(slot, node.meta.shape[dim])}"] if slot.placed else None
-    if not any(s.buffer == name for s in g.slots.values()):
+    if slot is not None and not slot.placed:
         return None
-    lines, off = [], 0
-    for x in xs:
+    if slot is None and not any(s.buffer == name for s in g.slots.values()):
+        return None
+    buffer, base = (slot.buffer, slot.offset) if slot is not None else (name, 0)
+    lines, off = [f"{name} = {_narrow(slot, node.meta.shape[dim])}"] if slot is not None else [], 0
+    for x in xs:  # (the values not already in their slice: copied now)
         width = g.meta(x).shape[dim]
         s = g.slots.get(x)
-        if s is None or (s.buffer, s.dim, s.offset) != (name, dim, off):
+        if s is None or (s.buffer, s.dim, s.offset) != (buffer, dim, base + off):
             lines.append(f"{name}.narrow({dim}, {off}, {width}).copy_({x})")
         off += width
     return lines
