@@ -1,5 +1,8 @@
 """plan.concat: the values a cat joins computed into its buffer's slices, and the emitted forward
 that allocates the buffer once, passes the slices to the kernels and copies the rest."""
+from pathlib import Path
+
+import pytest
 import torch
 import torch.nn as nn
 
@@ -187,3 +190,23 @@ def test_a_cat_inside_another_copies_what_is_not_in_its_slice():
     assert f"{inner}.narrow(1, 4, 1).copy_(p_bias)" in body  # the parameter, copied as the cat runs
     assert f"{outer}.narrow(1, 6, 1).copy_(expand)" in body  # the view, once computed
     assert f"{inner}.narrow(1, 0, 3).copy_(" not in body  # the sigmoid lies in its slice already
+
+
+@pytest.mark.interpreter
+def test_the_densenet_block_problem_runs_its_cats_in_place(tmp_path):
+    """The suite's DenseNet front (nested cats, one per layer) optimized under tf32 in eval mode
+    on the CPU: verified, every cat of the block a view of one buffer that the layers' results
+    are written into."""
+    from kernelwright.pipeline import Options, optimize_problem
+    from kernelwright.problem import load_problem
+
+    path = Path(__file__).resolve().parents[2] / "problems/level3/densenet_block.py"
+    result = optimize_problem(load_problem(path, small=True), tmp_path / "out",
+                              Options(device="cpu", budget_trials=1, small=True, precision="tf32", mode="eval",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    assert any("computed into the concatenation's buffer" in n for n in result["rewrites"]), result["rewrites"]
+    text = (tmp_path / "out" / "model_new.py").read_text()
+    forward = text[text.index("def _kw_forward_eval"):]
+    assert forward.count("torch.empty_strided") == 1 and "aten.cat" not in forward
+    assert "library (aten.cat" not in text  # the file's unit list says where each cat lies

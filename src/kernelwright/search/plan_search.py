@@ -187,6 +187,10 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
         if id(unit) in tuned:
             _tune_unit(job, plan, unit, templates.get(unit.node), trials.get(id(unit)), seconds.get(id(unit)),
                        id(unit) in once)
+        elif unit.node in graph.slots or any(s.buffer == unit.node for s in graph.slots.values()):
+            slot = graph.slots.get(unit.node)
+            where = f"a view of {slot.buffer}'s buffer" if slot is not None and slot.placed else "its own buffer"
+            job.out.summary.append(f"{unit.node}: in place ({where}, plan.concat)")
         else:
             job.out.summary.append(f"{unit.node}: library ({graph.node(unit.node).target})")
         # the units after it read this unit's results as the emitted forward will make them: in the
