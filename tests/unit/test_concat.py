@@ -115,22 +115,24 @@ class NormConv(nn.Module):
         return self.conv(torch.relu(self.bn(x)))
 
 
-def test_a_convolutions_channels_last_copy_joins_the_group_computing_its_input():
-    """Under tf32 the convolution reads a channels-last copy of its input: the batch-norm + ReLU
-    group writes that copy itself (one kernel, its stores channels-last) instead of a second
-    kernel reading the NCHW result back."""
+@pytest.mark.parametrize("policy,dtype", [("tf32", "float32"), ("bf16", "bfloat16")])
+def test_a_convolutions_channels_last_copy_joins_the_group_computing_its_input(policy, dtype):
+    """Under tf32 (bf16) the convolution reads a channels-last (bf16) copy of its input: the
+    batch-norm + ReLU group writes that copy itself (one kernel, its stores channels-last)
+    instead of a second kernel reading the NCHW float32 result back."""
     from kernelwright.codegen.triton_group import lower
     from kernelwright.plan.rewrites import rewrite
 
     x = torch.randn(2, 4, 6, 6)
-    g, _ = rewrite(capture(from_module(NormConv().eval(), [x])), "tf32")
-    copy = next(n for n in g.nodes if n.target == "aten.clone.default" and n.args[0].name == "relu")
+    g, _ = rewrite(capture(from_module(NormConv().eval(), [x])), policy)
+    copy = next(n for n in g.nodes if "memory_format" in n.kwargs and n.args[0].name == "relu")
     plan = plan_graph(g)
     group = next(gr for gr in plan.groups if copy.name in gr.nodes)
     assert "relu" in group.nodes and group.outputs == [copy.name]
     assert not any(u.node == copy.name for u in plan.units)  # no unit of its own
     out = lower(g, group).outputs[0]
     assert out.value == copy.name and out.strides == (144, 1, 24, 4)  # channels-last over [2, 4, 6, 6]
+    assert out.dtype == dtype
 
 
 def test_a_candidate_that_cannot_write_the_slice_is_timed_with_its_copy():

@@ -170,9 +170,9 @@ def _absorbable_input(graph: Graph, conv: OpNode, groups: list[Group]) -> tuple[
     if not node.args or not isinstance(node.args[0], Ref):
         return None
     src = node.args[0].name
+    if any(x in g.nodes and g.nodes != [x] for g in groups):
+        return None  # a copy the group computing its input writes (the group is the prologue)
     if node.target == "aten.clone.default" and set(node.kwargs) <= {"memory_format"}:
-        if any(x in g.nodes for g in groups):
-            return None  # a copy the group computing its input writes (the group is the prologue)
         return src, (x,), (x,), False
     if node.target == "aten._to_copy.default" and set(node.kwargs) <= {"dtype", "memory_format"} \
             and node.meta.dtype == "bfloat16" and graph.meta(src).dtype == "float32":

@@ -32,7 +32,7 @@ CAT = "aten.cat.default"
 # recorded strides assume the value's own layout)
 _VIEW_WORDS = ("view", "permute", "transpose", "slice", "select", "expand", "squeeze", "alias", "as_strided",
                "split", "chunk", "unbind", "narrow", "unfold", "reshape", "detach", "diagonal", "aten.t.",
-               "getitem", "_to_copy", "lift_fresh")
+               "getitem", "lift_fresh")
 
 
 @dataclass(frozen=True)

@@ -262,9 +262,14 @@ def _views_domain(shape, domain) -> bool:
 
 
 def _layout_copy(node: OpNode) -> bool:
-    """A clone that changes nothing but the memory format (a convolution's channels-last input)."""
-    return (node.target == "aten.clone.default" and set(node.kwargs) <= {"memory_format"} and node.meta is not None
-            and bool(node.args) and isinstance(node.args[0], Ref))
+    """A copy into another memory format (a convolution's channels-last input): a clone, or a cast
+    between float dtypes made with it (the bf16 policy's operand cast)."""
+    if node.meta is None or not node.args or not isinstance(node.args[0], Ref):
+        return False
+    if node.target == "aten.clone.default":
+        return set(node.kwargs) <= {"memory_format"}
+    return (node.target == "aten._to_copy.default" and "memory_format" in node.kwargs
+            and set(node.kwargs) <= {"dtype", "memory_format"} and node.meta.dtype in FLOAT_DTYPES)
 
 
 def _is_pointwise(node: OpNode, graph: Graph) -> bool:
