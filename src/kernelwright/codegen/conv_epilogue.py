@@ -31,6 +31,7 @@ from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.triton_conv import render_conv
 from kernelwright.codegen.triton_group import Stmt, Unsupported, lower, reduce_tile_lines
 from kernelwright.codegen.triton_pool import pool_params
+from kernelwright.plan.concat import placed_slot
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
 from kernelwright.space.conv_space import BOX_KEYS, CONFIG_KEYS, SPLIT_KEYS
@@ -368,8 +369,7 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     widen = cast and graph.meta(w).dtype == "bfloat16"
     pre = Epilogue(tuple(ops[:pre_n]), "\n".join(code)) if code or ops[:pre_n] else IDENTITY
     layouts = {v: (tuple(graph.meta(v).shape), tuple(graph.meta(v).stride)) for v in [*values, *pro_values]}
-    slot = graph.slots.get(out)
-    into = slot is not None and slot.placed and not row_out and tuple(meta.shape) == tuple(shape)
+    into = placed_slot(graph, out) is not None and not row_out and tuple(meta.shape) == tuple(shape)
     channels_last = meta.channels_last or (into and len(meta.shape) in (4, 5) and meta.stride[1] == 1)
     return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, channels_last, cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,

@@ -19,6 +19,7 @@ from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
 from kernelwright.ops import EVAL_BN, FREE_VIEWS, reduction_spec, row_shapes
+from kernelwright.plan.concat import placed_slot
 from kernelwright.plan.fusion import Group
 
 
@@ -115,6 +116,13 @@ def written_stride(meta: TensorMeta, domain_rank: int) -> tuple[int, ...]:
         if dense_permuted([n for n, _ in kept], [s for _, s in kept]):
             return tuple(meta.stride)
     return contiguous_strides(meta.shape)
+
+
+def output_stride(graph: Graph, name: str, domain_rank: int) -> tuple[int, ...]:
+    """The strides a group kernel writes output `name` with: its concatenation buffer's where it
+    lies in one (plan.concat), else written_stride's."""
+    meta = graph.meta(name)
+    return tuple(meta.stride) if placed_slot(graph, name) is not None else written_stride(meta, domain_rank)
 
 
 class Lowering:
@@ -227,9 +235,7 @@ class Lowering:
             meta = self.g.meta(name)
             if tuple(meta.shape) == self.D and (level != "row" or self.grp.rdims is None or self.rd):
                 level = "full" if level == "row" and tuple(meta.shape) != row_shapes(self.D, self.rd)[0] else level
-            slot = self.g.slots.get(name)
-            placed = slot is not None and slot.placed  # (a concatenation's slice: its buffer's strides)
-            lay = meta if placed else TensorMeta(meta.shape, written_stride(meta, len(self.D)), meta.dtype)
+            lay = TensorMeta(meta.shape, output_stride(self.g, name, len(self.D)), meta.dtype)
             if level == "full" or (self.grp.rdims is None and len(meta.shape) != len(self.D)):
                 # a pointwise group's output may be any view of its domain (e.g. [B, T, C] of a
                 # GEMM's [B*T, C] epilogue)
@@ -990,11 +996,10 @@ def _finish_render(template, graph, group, low, config, M, R, extra) -> "GroupKe
     given = []  # outputs launch() may be given a buffer for (a concatenation's slice, plan.concat)
     for i, op in enumerate(low.outputs):
         meta = graph.meta(op.value)
-        slot = graph.slots.get(op.value)
-        st = tuple(meta.stride) if slot is not None and slot.placed else written_stride(meta, len(low.D))
+        st = output_stride(graph, op.value, len(low.D))
         stride = "" if TensorMeta(meta.shape, st, meta.dtype).contiguous else f", {st!r}"  # e.g. channels-last
         alloc = f"_alloc({tuple(op.shape)!r}, torch.{op.dtype}, {dev}{stride})"
-        if slot is not None and slot.placed:
+        if placed_slot(graph, op.value) is not None:
             given.append(f"out{i}=None")
             alloc = f"{alloc} if out{i} is None else out{i}"
         allocs.append(f"out{i} = {alloc}")

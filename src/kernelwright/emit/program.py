@@ -15,7 +15,7 @@ from kernelwright.capture.execute import CONTIGUOUS_INPUT, layout_suffix
 from kernelwright.capture.graph import Graph, Ref
 from kernelwright.capture.shapes import dense_permuted
 from kernelwright.plan.attention import SDPA
-from kernelwright.plan.concat import cat_args
+from kernelwright.plan.concat import buffers, cat_args, placed_slot
 from kernelwright.plan.fusion import Plan
 from kernelwright.plan.weights import weight_only, weight_roots
 
@@ -221,21 +221,21 @@ def _slot_lines(g: Graph, outs: list[str], passed: set[str]) -> list[str]:
     return lines
 
 
-def _cat_lines(g: Graph, name: str) -> list[str] | None:
-    """A concatenation computed in place (plan.concat): a root copies the values not already in its
-    buffer; a cat lying in another's buffer is its view. None: an ordinary cat."""
+def _cat_lines(g: Graph, name: str, cat_buffers: dict[str, None]) -> list[str] | None:
+    """A concatenation computed in place (plan.concat): a root (one of `cat_buffers`) copies the values not
+    already in its buffer; a cat lying in another's buffer is its view, copying those it joins that
+    lie elsewhere. None: an ordinary cat."""
     node = g.node(name)
     parsed = cat_args(g, node)
-    if parsed is None:
+    slot = placed_slot(g, name)
+    if parsed is None or (slot is None and name not in cat_buffers):
         return None
     xs, dim = parsed
-    slot = g.slots.get(name)
-    if slot is not None and not slot.placed:
-        return None
-    if slot is None and not any(s.buffer == name for s in g.slots.values()):
-        return None
-    buffer, base = (slot.buffer, slot.offset) if slot is not None else (name, 0)
-    lines, off = [f"{name} = {_narrow(slot, node.meta.shape[dim])}"] if slot is not None else [], 0
+    if slot is not None:
+        buffer, base, lines = slot.buffer, slot.offset, [f"{name} = {_narrow(slot, node.meta.shape[dim])}"]
+    else:
+        buffer, base, lines = name, 0, []
+    off = 0
     for x in xs:  # (the values not already in their slice: copied now)
         width = g.meta(x).shape[dim]
         s = g.slots.get(x)
@@ -273,9 +273,9 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
             lines.append(constant_line(g, inp, "_dev" if user else "None"))
     roots = weight_roots(g)
     out_params = out_params or {}
-    buffers = dict.fromkeys(s.buffer for s in g.slots.values()) if user else {}
+    cat_buffers = buffers(g) if user else {}
     slots = g.slots if user else {}
-    for b in buffers:
+    for b in cat_buffers:
         m = g.meta(b)
         lines.append(f"{b} = torch.empty_strided({tuple(m.shape)!r}, {tuple(m.stride)!r}, dtype=torch.{m.dtype}, "
                      "device=_dev)")
@@ -298,11 +298,11 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
             generated.update(outs)
             targets = outs[0] if whole_tuple else ", ".join(outs) + ("," if len(outs) == 1 else "")
             into = [f"out{i}={_narrow(slots[v], g.meta(v).shape[slots[v].dim])}" for i, v in enumerate(outs)
-                    if not whole_tuple and v in slots and slots[v].placed and i in out_params.get(key, ())]
+                    if not whole_tuple and slots and placed_slot(g, v) is not None and i in out_params.get(key, ())]
             passed = {v for i, v in enumerate(outs) if any(a.startswith(f"out{i}=") for a in into)}
             body = [f"{targets} = {mod}.launch({', '.join(list(ins) + into)})"]
         else:
-            cat = _cat_lines(g, unit.nodes[0]) if slots and len(unit.nodes) == 1 else None
+            cat = _cat_lines(g, unit.nodes[0], cat_buffers) if slots and len(unit.nodes) == 1 else None
             body = cat if cat is not None else [node_line(g, n) for n in unit.nodes]
             outs = unit.outputs
             if cat is not None:

@@ -47,6 +47,17 @@ class Slot:
     placed: bool
 
 
+def placed_slot(graph: Graph, value: str) -> Slot | None:
+    """The slot `value` lives in (a placed value: its metadata has the buffer's strides), else None."""
+    slot = graph.slots.get(value)
+    return slot if slot is not None and slot.placed else None
+
+
+def buffers(graph: Graph) -> dict[str, None]:
+    """The concatenation buffers the slots name (root cats' values), in first-slot order."""
+    return dict.fromkeys(s.buffer for s in graph.slots.values())
+
+
 def cat_args(graph: Graph, node) -> tuple[list[str], int] | None:
     """(the joined values, the dim) of a cat node whose inputs are all tensors of its rank, else None."""
     if node.target != CAT or not node.args or not isinstance(node.args[0], (list, tuple)):

@@ -27,6 +27,7 @@ from kernelwright.codegen.cuda_kernels import runtime_source
 from kernelwright.codegen.node_kernels import absorbed, template_for, templates_for
 from kernelwright.codegen.triton_group import Unsupported
 from kernelwright.measure import watchdog
+from kernelwright.plan.concat import buffers, placed_slot
 from kernelwright.plan.weights import weight_only, weight_roots
 from kernelwright.search.budget import shares
 from kernelwright.search.cost_model import CostModel
@@ -187,9 +188,8 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
         if id(unit) in tuned:
             _tune_unit(job, plan, unit, templates.get(unit.node), trials.get(id(unit)), seconds.get(id(unit)),
                        id(unit) in once)
-        elif unit.node in graph.slots or any(s.buffer == unit.node for s in graph.slots.values()):
-            slot = graph.slots.get(unit.node)
-            where = f"a view of {slot.buffer}'s buffer" if slot is not None and slot.placed else "its own buffer"
+        elif (slot := placed_slot(graph, unit.node)) is not None or unit.node in buffers(graph):
+            where = f"a view of {slot.buffer}'s buffer" if slot is not None else "its own buffer"
             job.out.summary.append(f"{unit.node}: in place ({where}, plan.concat)")
         else:
             job.out.summary.append(f"{unit.node}: library ({graph.node(unit.node).target})")

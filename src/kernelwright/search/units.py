@@ -25,6 +25,7 @@ from kernelwright.codegen.node_kernels import used_outputs
 from kernelwright.codegen.triton_group import (Unsupported, extent, inner_rows, lower, render_group, tiled_apply_dims,
                                               transposed_walk)
 from kernelwright.measure import watchdog
+from kernelwright.plan.concat import placed_slot
 from kernelwright.policy import Policy
 from kernelwright.search.result import RunResult
 from kernelwright.space.config import Config
@@ -121,9 +122,8 @@ class KernelTuner:
         """`run` timed as the emitted forward pays for it: where an output lies in a concatenation's
         buffer (plan.concat) and `run` cannot write it there, the copy into that slice after it
         (`values(result)`: the outputs in self.outputs' order). `run` itself when none."""
-        slots = self.graph.slots
         placed = [(k, self.graph.meta(name)) for k, (name, idx) in enumerate(self.outputs)
-                  if idx is None and name in slots and slots[name].placed]
+                  if idx is None and placed_slot(self.graph, name) is not None]
         if not placed:
             return run
         dst = [(k, torch.empty_strided(m.shape, m.stride, dtype=self.eager[k].dtype, device=self.eager[k].device))
