@@ -31,6 +31,7 @@ from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.triton_conv import render_conv
 from kernelwright.codegen.triton_group import Stmt, Unsupported, lower, reduce_tile_lines
 from kernelwright.codegen.triton_pool import pool_params
+from kernelwright.ops import layout_clone
 from kernelwright.plan.concat import placed_slot
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
@@ -173,7 +174,7 @@ def _absorbable_input(graph: Graph, conv: OpNode, groups: list[Group]) -> tuple[
     src = node.args[0].name
     if any(x in g.nodes and g.nodes != [x] for g in groups):
         return None  # a copy the group computing its input writes (the group is the prologue)
-    if node.target == "aten.clone.default" and set(node.kwargs) <= {"memory_format"}:
+    if layout_clone(node):
         return src, (x,), (x,), False
     if node.target == "aten._to_copy.default" and set(node.kwargs) <= {"dtype", "memory_format"} \
             and node.meta.dtype == "bfloat16" and graph.meta(src).dtype == "float32":

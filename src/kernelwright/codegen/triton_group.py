@@ -18,7 +18,7 @@ from kernelwright.capture.shapes import broadcast_strides, contiguous_strides, d
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
-from kernelwright.ops import EVAL_BN, FREE_VIEWS, reduction_spec, row_shapes
+from kernelwright.ops import EVAL_BN, FREE_VIEWS, layout_clone, reduction_spec, row_shapes
 from kernelwright.plan.concat import placed_slot
 from kernelwright.plan.fusion import Group
 
@@ -260,7 +260,7 @@ class Lowering:
         if t == "getitem":
             self.vars[n.name] = self.tuples[n.args[0].name][n.args[1]]
             return
-        if t in FREE_VIEWS or (t == "aten.clone.default" and set(n.kwargs) <= {"memory_format"}):
+        if t in FREE_VIEWS or layout_clone(n):
             # a re-labelling (row values broadcast implicitly in the tiles), or a layout copy: the
             # value stored in the copy's strides
             self.vars[n.name] = self.vars[n.args[0].name]

@@ -49,6 +49,14 @@ RESHAPES = ("aten.view.default", "aten._unsafe_view.default")
 FREE_VIEWS = {"aten.expand.default", "aten.squeeze.dims", "aten.squeeze.dim", "aten.unsqueeze.default",
               "aten.view.default", "aten._unsafe_view.default"}
 
+
+
+def layout_clone(node) -> bool:
+    """A clone that changes nothing but the memory format (a convolution's channels-last input):
+    the same values, stored in other strides."""
+    return node.target == "aten.clone.default" and set(node.kwargs) <= {"memory_format"}
+
+
 #: Pooling targets -> (kind, pooled dims).
 POOLS = {
     "aten.max_pool1d_with_indices.default": ("max", 1),

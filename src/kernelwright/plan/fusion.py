@@ -21,7 +21,7 @@ from typing import Callable
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import contiguous_strides, refine_strides
 from kernelwright.ops import (COMPOSITES, CONVS, EVAL_BN, FLOAT_DTYPES, FREE_VIEWS, GEMMS, NORMS, POINTWISE, POOLS,
-                              REDUCTIONS, RESHAPES, reduction_spec, row_shapes)
+                              REDUCTIONS, RESHAPES, layout_clone, reduction_spec, row_shapes)
 
 
 @dataclass
@@ -267,7 +267,7 @@ def _layout_copy(node: OpNode) -> bool:
     if node.meta is None or not node.args or not isinstance(node.args[0], Ref):
         return False
     if node.target == "aten.clone.default":
-        return set(node.kwargs) <= {"memory_format"}
+        return layout_clone(node)
     return (node.target == "aten._to_copy.default" and "memory_format" in node.kwargs
             and set(node.kwargs) <= {"dtype", "memory_format"} and node.meta.dtype in FLOAT_DTYPES)
 
