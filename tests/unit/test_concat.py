@@ -96,7 +96,7 @@ def test_the_forward_allocates_once_and_hands_kernels_their_slices():
     assert body.count("torch.empty_strided") == 1 and f"{root} = torch.empty_strided((2, 11, 5, 5)" in body
     assert f"relu, = _k_relu.launch(x, out0={root}.narrow(1, 0, 2))" in body
     assert "aten.cat" not in body  # the cats are views of the buffer or the buffer itself
-    assert f"= _rt.into({root}, 1, 2, " in body  # a library convolution's result copied in once
+    assert f"= _cp.into({root}, 1, 2, " in body  # a library convolution's result copied in once
     assert text.result == root
 
 
@@ -189,9 +189,9 @@ def test_a_cat_inside_another_copies_what_is_not_in_its_slice():
     plan = plan_graph(g)
     body = "\n".join(forward_text(plan, {}, True, "eval").body)
     assert f"{inner} = {outer}.narrow(1, 3, 5)" in body
-    assert f"{inner}.narrow(1, 4, 1).copy_(p_bias)" in body  # the parameter, copied as the cat runs
-    assert f"{outer}.narrow(1, 6, 1).copy_(expand)" in body  # the view, once computed
-    assert f"{inner}.narrow(1, 0, 3).copy_(" not in body  # the sigmoid lies in its slice already
+    assert f"_cp.copy_into({inner}.narrow(1, 4, 1), p_bias)" in body  # the parameter, copied as the cat runs
+    assert f"_cp.copy_into({outer}.narrow(1, 6, 1), expand)" in body  # the view, once computed
+    assert f"_cp.copy_into({inner}.narrow(1, 0, 3)," not in body  # the sigmoid lies in its slice already
 
 
 @pytest.mark.interpreter

@@ -149,6 +149,7 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
     tensors = [{"name": name, "fast": _tuple([fast for _, fast, _ in key], 16),
                 "attrs": _tuple([attr for _, _, attr in key], 16)} for key, name in readers.items()]
     rendered, records = [], []
+    copies = False  # a forward copies values into a concatenation's buffer (kernels/_copy.py)
     result = result_builder(forwards[0].plan) if forwards else None
     for f in forwards:
         mods = {key: (None if k is None else (f"_k_{f.prefix}{k[0]}", k[1], k[2], k[3])) for key, k in f.kernels.items()}
@@ -157,6 +158,7 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
         text = forward_text(f.plan, mods, single_output(f.plan) and result is None, f.mode, tensors=reader,
                             out_params=outs)
         rendered.append({"mode": f.mode, "forward": text})
+        copies = copies or any("_cp." in line for line in text.body)
         dtypes = _dtypes([i.meta.dtype for i in f.plan.graph.inputs if i.kind in STATE])
         run = (f"compute=_kw_compute_{f.mode}, commit=_kw_commit_{f.mode}" if text.commit
                else f"_kw_forward_{f.mode}")
@@ -176,24 +178,32 @@ def render_model_new(problem: Problem, forwards: list[ModeForward], policy: str,
                   version=__version__, date=datetime.date.today().isoformat(), problem=problem.name, policy=policy,
                   summary=summary, source=(problem.source or "").rstrip(), imports=_imports(problem.source),
                   overrides=sorted((overrides or {}).items()), kernels=[(f"_k_{name}", name) for name in sorted(kernel_files)],
-                  args=args, tensors=tensors, forwards=rendered, forward_records=records, has_model=bool(problem.source),
+                  args=args, tensors=tensors, forwards=rendered, copies=copies, forward_records=records, has_model=bool(problem.source),
                   cuda_graphs=bool(cuda_graphs and forwards), mode_modules=tuple(mode_modules), signature=signature,
                   device_type=device_type, result=result, files=None)
 
 
 # kernels/ files the runtime is made of: name -> (package, file); each ships where a module imports it
 RUNTIME = {"_runtime": ("kernelwright.emit", "runtime.py"), "_graphs": ("kernelwright.emit", "graphs.py"),
-           "_host": ("kernelwright.codegen", "host.py")}
+           "_host": ("kernelwright.codegen", "host.py"), "_copy": ("kernelwright.codegen", "slice_copy.py")}
 
 
 def runtime_files(text: str, sources: dict[str, str]) -> dict[str, str]:
     """The runtime files kernels/ needs beside `sources` for model_new.py's `text`: each one that
-    model_new.py (`_kw_import("_runtime")`) or one of the files (`from ._host import ...`) imports."""
+    model_new.py (`_kw_import("_runtime")`), one of the files or a runtime file shipped for them
+    (`from ._host import ...`) imports."""
     wanted = set(re.findall(r'_kw_import\("(\w+)"\)', text))
-    for src in sources.values():
-        wanted.update(re.findall(r"^\s*from \.(\w+) import", src, re.M))
-    return {name: resources.files(pkg).joinpath(file).read_text()
-            for name, (pkg, file) in RUNTIME.items() if name in wanted}
+    texts = list(sources.values())
+    files: dict[str, str] = {}
+    while True:
+        for src in texts:
+            wanted.update(re.findall(r"^\s*from \.(\w+) import", src, re.M))
+        new = {name: resources.files(pkg).joinpath(file).read_text()
+               for name, (pkg, file) in RUNTIME.items() if name in wanted and name not in files}
+        if not new:
+            return files
+        files.update(new)
+        texts = list(new.values())
 
 
 def write_module(out_dir: Path, text: str, kernel_sources: dict[str, str], support: dict[str, str] | None = None) -> Path:

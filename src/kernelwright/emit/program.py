@@ -215,9 +215,9 @@ def _slot_lines(g: Graph, outs: list[str], passed: set[str]) -> list[str]:
         if slot is None or v in passed:
             continue
         if slot.placed:
-            lines.append(f"{v} = _rt.into({slot.buffer}, {slot.dim}, {slot.offset}, {v})")
+            lines.append(f"{v} = _cp.into({slot.buffer}, {slot.dim}, {slot.offset}, {v})")
         else:
-            lines.append(f"{_narrow(slot, g.meta(v).shape[slot.dim])}.copy_({v})")
+            lines.append(f"_cp.copy_into({_narrow(slot, g.meta(v).shape[slot.dim])}, {v})")
     return lines
 
 
@@ -240,7 +240,7 @@ def _cat_lines(g: Graph, name: str, cat_buffers: dict[str, None]) -> list[str] |
         width = g.meta(x).shape[dim]
         s = g.slots.get(x)
         if s is None or (s.buffer, s.dim, s.offset) != (buffer, dim, base + off):
-            lines.append(f"{name}.narrow({dim}, {off}, {width}).copy_({x})")
+            lines.append(f"_cp.copy_into({name}.narrow({dim}, {off}, {width}), {x})")
         off += width
     return lines
 
@@ -279,7 +279,7 @@ def forward_text(plan: Plan, kernels: dict[str, tuple], single_output: bool, mod
         m = g.meta(b)
         lines.append(f"{b} = torch.empty_strided({tuple(m.shape)!r}, {tuple(m.stride)!r}, dtype=torch.{m.dtype}, "
                      "device=_dev)")
-    lines += [f"{_narrow(s, g.meta(v).shape[s.dim])}.copy_({v})" for v, s in slots.items() if g.is_input(v)]
+    lines += [f"_cp.copy_into({_narrow(s, g.meta(v).shape[s.dim])}, {v})" for v, s in slots.items() if g.is_input(v)]
     counters = counter_increments(g)
     skipped = {n for u in plan.units if u.name not in kernels and all(n in counters for n in u.nodes)
                for n in u.nodes}

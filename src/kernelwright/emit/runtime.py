@@ -311,15 +311,6 @@ def eager_layout(t, stride):
     return t
 
 
-def into(buffer, dim, start, t):
-    """`t` in its slice of a concatenation's buffer (the slice itself where a kernel wrote it there,
-    else copied into it): later reads and the concatenation see the buffer."""
-    s = buffer.narrow(dim, start, t.shape[dim])
-    if s.data_ptr() != t.data_ptr() or s.stride() != t.stride():
-        s.copy_(t)
-    return s
-
-
 _CAUSAL = {}  # id(mask) -> (weak reference to it, its version, whether it is the causal mask)
 
 

@@ -22,6 +22,7 @@ from kernelwright.codegen import conv_epilogue, cudnn_epilogue, gemm_epilogue, l
 from kernelwright.codegen.triton_pool import TEMPLATE as POOL_TEMPLATE
 from kernelwright.codegen.helpers import launch_out_params
 from kernelwright.codegen.node_kernels import used_outputs
+from kernelwright.codegen.slice_copy import copy_into
 from kernelwright.codegen.triton_group import (Unsupported, extent, inner_rows, lower, render_group, tiled_apply_dims,
                                               transposed_walk)
 from kernelwright.measure import watchdog
@@ -133,7 +134,7 @@ class KernelTuner:
             out = run()
             got = values(out)
             for k, d in dst:
-                d.copy_(got[k])
+                copy_into(d, got[k])
             return out
 
         return copied
