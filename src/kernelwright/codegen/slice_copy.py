@@ -51,13 +51,21 @@ def _nsc(t):
     return (t.shape[0], t.shape[1], s), (t.stride(0), t.stride(1), spatial[-1][1])
 
 
+# Fewer elements than this go through copy_: the tiled path's Python (about 20 us a call) costs
+# more than it saves (at 0.5 M float32 elements copy_ took 8.8 us, the tiled path 27.9; at 16 M 138 against
+# 48; H100, `42a8bf3`,
+# docs/benchmarks.md "Copies into a concatenation's slice").
+MIN_TILED = 1 << 21
+
+
 def _tiled(dst, src) -> bool:
     """Whether copying `src` into `dst` transposes channels and positions (one of the two is
     contiguous along the channels, the other along the positions), on a device the kernel runs
-    on (a GPU, or Triton's interpreter), within 32-bit offsets per image."""
+    on (a GPU, or Triton's interpreter), within 32-bit offsets per image; on a GPU, of at least
+    MIN_TILED elements."""
     if src.dtype != dst.dtype or src.shape != dst.shape or src.numel() == 0 or src.device != dst.device:
         return False
-    if not (src.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+    if not (src.is_cuda and src.numel() >= MIN_TILED or os.environ.get("TRITON_INTERPRET") == "1"):
         return False
     a, b = _nsc(src), _nsc(dst)
     if a is None or b is None:
