@@ -212,3 +212,40 @@ def test_the_densenet_block_problem_runs_its_cats_in_place(tmp_path):
     forward = text[text.index("def _kw_forward_eval"):]
     assert forward.count("torch.empty_strided") == 1 and "aten.cat" not in forward
     assert "library (aten.cat" not in text  # the file's unit list says where each cat lies
+
+
+class Fire(nn.Module):
+    """A SqueezeNet fire module: two convolutions + ReLU over one input, concatenated."""
+
+    def __init__(self):
+        super().__init__()
+        self.squeeze, self.e1, self.e3 = nn.Conv2d(3, 4, 1), nn.Conv2d(4, 5, 1), nn.Conv2d(4, 6, 3, padding=1)
+
+    def forward(self, x):
+        s = torch.relu(self.squeeze(x))
+        return torch.cat([torch.relu(self.e1(s)), torch.relu(self.e3(s))], 1)
+
+
+@pytest.mark.interpreter
+def test_a_convolution_whose_epilogue_lies_in_a_cat_writes_its_slice(tmp_path):
+    """A convolution + ReLU whose result a cat joins is one kernel (the template with the group as
+    its epilogue) that stores into its slice of the concatenation's NCHW buffer: no ReLU pass, no
+    copy, verified against eager."""
+    from kernelwright.codegen import conv_epilogue
+    from kernelwright.pipeline import Options, optimize_problem
+    from kernelwright.plan.concat import placed_slot
+
+    x = torch.randn(2, 3, 6, 6)
+    g, _ = _graph(Fire(), x)
+    plan = plan_graph(g)
+    for conv in [n for n in g.nodes if n.target == "aten.convolution.default"][1:]:
+        group = next(gr for gr in plan.groups if conv.name in gr.inputs)
+        assert placed_slot(g, group.outputs[0]) is not None  # its ReLU lies in the cat's buffer
+        assert conv_epilogue.fusable(g, conv, group) is None
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(Fire().eval(), [x]), out,
+                              Options(device="cpu", budget_trials=2, no_library=True, precision="tf32",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"]
+    text = (out / "model_new.py").read_text()
+    assert text.count("out0=cat.narrow(1, ") == 2 and "_cp." not in text

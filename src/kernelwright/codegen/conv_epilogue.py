@@ -281,8 +281,11 @@ def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, .
     out = graph.meta(last)
     if out.dtype not in ("float32", "bfloat16"):
         return "float32 or bf16 outputs only"
+    slot = placed_slot(graph, last)
+    if slot is not None:  # a slice of a concatenation's buffer (plan.concat): written there, any strides
+        out = graph.meta(slot.buffer)
     if not (out.contiguous or out.channels_last):
-        return "the fused result is neither contiguous nor channels-last"
+        return "the fused result is neither contiguous nor channels-last" + (" (nor a slice of such a buffer)" if slot else "")
     return None
 
 
