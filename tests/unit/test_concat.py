@@ -249,3 +249,37 @@ def test_a_convolution_whose_epilogue_lies_in_a_cat_writes_its_slice(tmp_path):
     assert result["verify"]["passed"]
     text = (out / "model_new.py").read_text()
     assert text.count("out0=cat.narrow(1, ") == 2 and "_cp." not in text
+
+
+class Transition(nn.Module):
+    """A DenseNet transition (batch norm, ReLU, 1x1 convolution, average pool) whose result starts
+    the next block's feature list, and that block's first layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn, self.conv = nn.BatchNorm2d(8), nn.Conv2d(8, 6, 1, bias=False)
+        self.bn2, self.conv2 = nn.BatchNorm2d(6), nn.Conv2d(6, 4, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        t = nn.functional.avg_pool2d(self.conv(torch.relu(self.bn(x))), 2)
+        return torch.cat([t, self.conv2(torch.relu(self.bn2(t)))], 1)
+
+
+@pytest.mark.interpreter
+def test_a_pooled_convolution_writes_its_slice_of_the_next_blocks_buffer(tmp_path):
+    """The transition's one kernel (prologue, convolution, pool) stores the pooled result into its
+    slice of the cat's buffer, and so does the next layer's convolution: no copy."""
+    from kernelwright.pipeline import Options, optimize_problem
+
+    x = torch.randn(2, 8, 8, 8)
+    out = tmp_path / "out"
+    model = Transition().eval()
+    for bn in (model.bn, model.bn2):  # non-trivial running statistics
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    result = optimize_problem(from_module(model, [x]), out,
+                              Options(device="cpu", budget_trials=2, no_library=True, precision="tf32",
+                                      db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"]
+    text = (out / "model_new.py").read_text()
+    assert "out0=cat.narrow(1, 0, 6))" in text and "out0=cat.narrow(1, 6, 4))" in text and "_cp." not in text

@@ -373,7 +373,7 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     widen = cast and graph.meta(w).dtype == "bfloat16"
     pre = Epilogue(tuple(ops[:pre_n]), "\n".join(code)) if code or ops[:pre_n] else IDENTITY
     layouts = {v: (tuple(graph.meta(v).shape), tuple(graph.meta(v).stride)) for v in [*values, *pro_values]}
-    into = placed_slot(graph, out) is not None and not row_out and tuple(meta.shape) == tuple(shape)
+    into = placed_slot(graph, out) is not None and not row_out
     channels_last = meta.channels_last or (into and len(meta.shape) in (4, 5) and meta.stride[1] == 1)
     return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, channels_last, cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,
