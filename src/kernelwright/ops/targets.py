@@ -50,7 +50,6 @@ FREE_VIEWS = {"aten.expand.default", "aten.squeeze.dims", "aten.squeeze.dim", "a
               "aten.view.default", "aten._unsafe_view.default"}
 
 
-
 def layout_clone(node) -> bool:
     """A clone that changes nothing but the memory format (a convolution's channels-last input):
     the same values, stored in other strides."""
