@@ -127,8 +127,7 @@ class KernelTuner:
                   if idx is None and placed_slot(self.graph, name) is not None]
         if not placed:
             return run
-        dst = [(k, torch.empty_strided(m.shape, m.stride, dtype=self.eager[k].dtype, device=self.eager[k].device))
-               for k, m in placed]
+        dst = [(k, _compact_like(m.shape, m.stride, self.eager[k])) for k, m in placed]
 
         def copied():
             out = run()
@@ -230,6 +229,15 @@ class KernelTuner:
             for key, (cfg, ex) in built.items():
                 results.append(RunResult(cfg, times[key], None, excess=ex))
         return results
+
+
+def _compact_like(shape, stride, like: torch.Tensor) -> torch.Tensor:
+    """An empty tensor of `shape` whose dims lie in memory in the order of `stride`'s (a slice of a
+    concatenation's NCHW buffer: contiguous; of a channels-last one: channels-last), packed: a copy
+    into it moves what a copy into the slice moves, without allocating the rest of the buffer."""
+    order = sorted(range(len(shape)), key=lambda i: (-stride[i], i))
+    t = torch.empty([shape[i] for i in order], dtype=like.dtype, device=like.device)
+    return t.permute([order.index(i) for i in range(len(shape))])
 
 
 def _pick(env: dict, out: tuple[str, int | None]):
