@@ -18,9 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py"]
+CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py", "results_csv.py"]
 GPU_TOOLS = ["conv_check.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py"]
-SHELL_TOOLS = ["cpu_sweep.sh", "device_session.sh", "gpu_bench.sh"]
+SHELL_TOOLS = ["cpu_sweep.sh", "device_session.sh", "gpu_bench.sh", "kernelbench.sh"]
 
 
 def run(cmd, env=None, **kw):
@@ -106,6 +106,25 @@ def test_collect_reports_unreadable_bench(tmp_path):
     assert r.returncode == 1 and "cannot read" in r.stderr
 
 
+def test_results_csv_appends_one_row_per_implementation(tmp_path):
+    csv_path = tmp_path / "results.csv"
+    csv_path.write_text("commit,date,gpu,policy,suite,problem,implementation,median_ms,verified\n")
+    r = py("results_csv.py", bench_json(tmp_path), "--commit", "abc1234", "--suite", "s1", "--date", "2026-01-02",
+           "--csv", csv_path)
+    assert r.returncode == 0, r.stderr
+    lines = csv_path.read_text().splitlines()[1:]
+    assert "abc1234,2026-01-02,Test GPU,tf32,s1,kernelbench/level1/fast_one,eager,2.0000," in lines
+    assert "abc1234,2026-01-02,Test GPU,tf32,s1,kernelbench/level1/fast_one,torch.compile,1.0000," in lines
+    assert "abc1234,2026-01-02,Test GPU,tf32,s1,kernelbench/level1/fast_one,kernelwright,0.5000,true" in lines
+    assert "abc1234,2026-01-02,Test GPU,tf32,s1,kernelbench/level2/broken,kernelwright,,false" in lines
+    assert len(lines) == 7  # fast_one and slow_one: 3 each; broken: its failed kernelwright row
+
+
+def test_results_csv_unreadable_bench(tmp_path):
+    r = py("results_csv.py", tmp_path / "missing.json", "--commit", "c", "--suite", "s", "--csv", tmp_path / "x.csv")
+    assert r.returncode == 1 and "cannot read" in r.stderr and not (tmp_path / "x.csv").exists()
+
+
 def test_cost_model_curve_errors(tmp_path):
     r = py("cost_model_curve.py", "--sizes", "0,a")
     assert r.returncode == 2 and "--sizes must be integers" in r.stderr
@@ -146,7 +165,7 @@ def test_shell_syntax_and_help(name):
     assert r.returncode == 0 and f"usage: scripts/{name}" in r.stdout
 
 
-@pytest.mark.parametrize("name", ["device_session.sh", "gpu_bench.sh"])
+@pytest.mark.parametrize("name", ["device_session.sh", "gpu_bench.sh", "kernelbench.sh"])
 def test_shell_missing_arguments(name):
     r = run(["bash", str(SCRIPTS / name), "only_one"])
     assert r.returncode == 2 and f"usage: scripts/{name}" in r.stderr
@@ -171,6 +190,19 @@ def test_gpu_bench_command_line(tmp_path, fake_python):
     expected = (f"args: -m kernelwright bench a.py b.py --precision bf16 --budget 3 --json {out}/run1.json "
                 f"--out {tmp_path}/runs")
     assert expected in r.stdout and expected in (out / "run1.log").read_text()
+
+
+def test_kernelbench_runs_each_number_and_says_what_is_missing(tmp_path, fake_python):
+    kb = tmp_path / "level2"
+    kb.mkdir()
+    (kb / "7_Conv2d_ReLU.py").write_text("")
+    out = tmp_path / "out"
+    r = run(["bash", str(SCRIPTS / "kernelbench.sh"), "l2", str(kb), "7", "8"],
+            env={**fake_python, "OUT": str(out), "WORK": str(tmp_path / "work"), "BUDGET": "3", "EXTRA": "--mode eval"})
+    log = (out / "l2.log").read_text()
+    assert f"args: -m kernelwright bench {kb}/7_Conv2d_ReLU.py --precision tf32 --budget 3 --json" in log
+    assert "--mode eval" in log and "== 8: no file 8_*.py" in log
+    assert r.returncode == 1 and "no problem finished" in r.stderr  # (the stand-in writes no bench JSON)
 
 
 def test_device_session_packs_results(tmp_path, fake_python):
