@@ -227,7 +227,8 @@ class Fire(nn.Module):
 
 
 @pytest.mark.interpreter
-def test_a_convolution_whose_epilogue_lies_in_a_cat_writes_its_slice(tmp_path):
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp32"])
+def test_a_convolution_whose_epilogue_lies_in_a_cat_writes_its_slice(tmp_path, precision):
     """A convolution + ReLU whose result a cat joins is one kernel (the template with the group as
     its epilogue) that stores into its slice of the concatenation's NCHW buffer: no ReLU pass, no
     copy, verified against eager."""
@@ -244,7 +245,7 @@ def test_a_convolution_whose_epilogue_lies_in_a_cat_writes_its_slice(tmp_path):
         assert conv_epilogue.fusable(g, conv, group) is None
     out = tmp_path / "out"
     result = optimize_problem(from_module(Fire().eval(), [x]), out,
-                              Options(device="cpu", budget_trials=2, no_library=True, precision="tf32",
+                              Options(device="cpu", budget_trials=2, no_library=True, precision=precision,
                                       db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
     assert result["verify"]["passed"]
     text = (out / "model_new.py").read_text()
