@@ -70,7 +70,8 @@ def test_sequence_anchors_render_programs_that_run_in_eager(step):
 
 
 JOINS = ([gen.Step("concat", {"dim": d, "with": w, "pick": 0})
-          for d, w in [(1, "tanh"), (2, "input"), (3, "earlier"), (1, "branches"), (1, "dense"), (2, "dense")]]
+          for d, w in [(1, "tanh"), (2, "input"), (3, "earlier"), (1, "branches"), (1, "dense"), (2, "dense"),
+                       (1, "conv_branches")]]
          + [gen.Step("glu", {"gate": g}) for g in ("sigmoid", "silu")]
          + [gen.Step("resize", {"kind": k, "pad": 1, "mode": m}) for k, m in [("nearest", "constant"), ("linear", "constant"),
                                                                               ("pad", "reflect"), ("pad", "constant")]])
@@ -79,8 +80,8 @@ JOINS = ([gen.Step("concat", {"dim": d, "with": w, "pick": 0})
 @pytest.mark.parametrize("step", JOINS, ids=lambda s: s.label)
 @pytest.mark.parametrize("dims", [(4, 6, 8), (4, 8)], ids=["2d", "1d"])
 def test_joins_splits_and_resizes_render_programs_that_run_in_eager(step, dims):
-    """Concatenation (with an earlier value, the value's tanh, a new input, two branches of it or a
-    growing feature list), gated halves and resizes (interpolation by 2, padding) after a convolution: valid programs in both modes."""
+    """Concatenation (with an earlier value, the value's tanh, a new input, two branches of it, two
+    convolutions of it, or a growing feature list), gated halves and resizes (interpolation by 2, padding) after a convolution: valid programs in both modes."""
     conv = gen.Step(f"conv{len(dims) - 1}d", {"out": 4, "k": [3] * (len(dims) - 1), "stride": 1, "padding": 1,
                                               "dilation": 1, "groups": "one", "mult": 1, "bias": True, "mode": "zeros"})
     spec = gen.Spec(0, 2, dims, "contiguous", False, (conv, step))

@@ -614,20 +614,33 @@ def _emit_residual(b, i, a):
 def _draw_concat(rng, dims):
     if not dims:
         return None
-    return {"dim": rng.randint(1, len(dims)), "with": rng.choice(["earlier", "tanh", "input", "branches", "dense"]),
+    return {"dim": rng.randint(1, len(dims)),
+            "with": rng.choice(["earlier", "tanh", "input", "branches", "dense", "conv_branches"]),
             "pick": rng.randrange(1000)}
 
 
 def _emit_concat(b, i, a):
     """torch.cat of the value with an earlier value of a shape that fits, its tanh, or a new input
     (an Inception / DenseNet / U-Net join) along dim `dim` (1: channels, clamped to the rank); or
-    of two branches computed from it (`branches`, an Inception module's join), or a growing
-    feature list (`dense`: a DenseNet block's cats, each feature computed from the cat before)."""
+    of two branches computed from it (`branches`, an Inception module's join; `conv_branches`: two
+    convolutions of it, 1x1 and 3x3 'same', one with a ReLU, joined on the channels: a SqueezeNet
+    fire module, whose convolutions with their epilogues may write the join's slices), or a
+    growing feature list (`dense`: a DenseNet block's cats, each feature computed from the cat
+    before)."""
     if not b.dims:
         raise Invalid("nothing to concatenate along")
     d = min(a["dim"], len(b.dims))
     x = b.cur
     dims = list(b.dims)
+    if a["with"] == "conv_branches":
+        nd = len(b.dims) - 1
+        if nd not in (1, 2, 3):
+            raise Invalid("convolution branches need 1 to 3 spatial dims")
+        cin, o1, o3 = b.dims[0], 2 + a["pick"] % 5, 3 + a["pick"] % 4
+        c1 = b.attr(f"cb{i}_1", f"nn.Conv{nd}d({cin}, {o1}, kernel_size=1)")
+        c3 = b.attr(f"cb{i}_3", f"nn.Conv{nd}d({cin}, {o3}, kernel_size=3, padding=1, bias={a['pick'] % 2 == 0})")
+        b.assign(i, f"torch.cat([torch.relu({c1}({x})), {c3}({x})], dim=1)", [o1 + o3] + list(b.dims[1:]))
+        return
     if a["with"] == "branches":
         dims[d - 1] *= 2
         b.assign(i, f"torch.cat([torch.relu({x}), torch.sigmoid({x}) * 2.0], dim={d})", dims)
