@@ -38,6 +38,17 @@ def test_a_copy_in_the_same_layout_or_of_another_dtype_is_torchs():
     assert torch.equal(buf[:, 1:4], x) and not buf[:, 4:].any()
 
 
+def test_a_copy_within_one_buffer_is_torchs():
+    """A transpose between two regions of one storage goes through copy_ (which checks overlap)."""
+    buf = torch.randn(2, 8, 4, 4)
+    src = torch.as_strided(buf, (2, 3, 4, 4), (128, 1, 12, 3))  # channels-last, in channels 0-2's memory
+    dst = buf.narrow(1, 4, 3)
+    assert _tiled(dst.clone(), src.clone()) and not _tiled(dst, src)
+    expected = src.clone()
+    into(buf, 1, 4, src)
+    assert torch.equal(buf[:, 4:7], expected)
+
+
 def test_a_value_already_in_its_slice_is_not_copied():
     buf = torch.randn(2, 8, 4, 4)
     s = buf.narrow(1, 3, 2)

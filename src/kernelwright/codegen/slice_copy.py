@@ -60,11 +60,13 @@ MIN_TILED = 1 << 21
 
 def _tiled(dst, src) -> bool:
     """Whether copying `src` into `dst` transposes channels and positions (one of the two is
-    contiguous along the channels, the other along the positions), on a device the kernel runs
-    on (a GPU, or Triton's interpreter), within 32-bit offsets per image; on a GPU, of at least
-    MIN_TILED elements."""
+    contiguous along the channels, the other along the positions) between two tensors that share
+    no memory, on a device the kernel runs on (a GPU, or Triton's interpreter), within 32-bit
+    offsets per image; on a GPU, of at least MIN_TILED elements."""
     if src.dtype != dst.dtype or src.shape != dst.shape or src.numel() == 0 or src.device != dst.device:
         return False
+    if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
+        return False  # one buffer's two slices (a value joined twice): copy_, which checks for overlap
     if not (src.is_cuda and src.numel() >= MIN_TILED or os.environ.get("TRITON_INTERPRET") == "1"):
         return False
     a, b = _nsc(src), _nsc(dst)
