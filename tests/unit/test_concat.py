@@ -284,3 +284,29 @@ def test_a_pooled_convolution_writes_its_slice_of_the_next_blocks_buffer(tmp_pat
     assert result["verify"]["passed"]
     text = (out / "model_new.py").read_text()
     assert "out0=cat.narrow(1, 0, 6))" in text and "out0=cat.narrow(1, 6, 4))" in text and "_cp." not in text
+
+
+class CrossDims(nn.Module):
+    """A cat along the channels inside a cat along a spatial dim."""
+
+    def forward(self, x0, x1):
+        inner = torch.cat([torch.relu(x0 * 2.0), torch.sigmoid(x0)], dim=1)
+        return torch.sigmoid(torch.cat([inner, x1], dim=3))
+
+
+@pytest.mark.interpreter
+def test_a_cat_inside_a_cat_along_another_dim_is_its_slice_along_that_dim(tmp_path):
+    """The inner cat is the outer buffer narrowed along the outer cat's dim, to the inner cat's
+    extent there (not its extent along its own dim), and the module verifies."""
+    from kernelwright.pipeline import Options, optimize_problem
+
+    x0, x1 = torch.randn(2, 5, 3, 5, 4), torch.randn(2, 10, 3, 5, 4)
+    g, _ = _graph(CrossDims(), x0, x1)
+    inner, outer = [n.name for n in g.nodes if n.target == "aten.cat.default"]
+    assert g.slots[inner] == Slot(outer, 3, 0, True)
+    body = "\n".join(forward_text(plan_graph(g), {}, True, "eval").body)
+    assert f"{inner} = {outer}.narrow(3, 0, 5)" in body
+    result = optimize_problem(from_module(CrossDims().eval(), [x0, x1]), tmp_path / "out",
+                              Options(device="cpu", budget_trials=1, db_path=str(tmp_path / "db.jsonl"),
+                                      log=lambda s: None))
+    assert result["verify"]["passed"] and not result.get("verify_fallback")

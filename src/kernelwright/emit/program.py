@@ -232,7 +232,7 @@ def _cat_lines(g: Graph, name: str, cat_buffers: dict[str, None]) -> list[str] |
         return None
     xs, dim = parsed
     if slot is not None:
-        buffer, base, lines = slot.buffer, slot.offset, [f"{name} = {_narrow(slot, node.meta.shape[dim])}"]
+        buffer, base, lines = slot.buffer, slot.offset, [f"{name} = {_narrow(slot, node.meta.shape[slot.dim])}"]
     else:
         buffer, base, lines = name, 0, []
     off = 0
