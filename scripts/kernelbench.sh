@@ -6,7 +6,8 @@
 # KernelBench/levelN folder.
 # usage: scripts/kernelbench.sh NAME DIR NUM...
 #   NAME   stem of the files written: $OUT/NAME.json (bench JSON, rows in NUM order), $OUT/NAME.log,
-#          $OUT/NAME_reports.md (scripts/collect_reports.py: problems below 0.95x torch.compile)
+#          $OUT/NAME_reports.md (scripts/collect_reports.py: problems below 0.95x torch.compile),
+#          $OUT/NAME_progress.txt (each optimize's log, every line with its seconds: where time went)
 #   DIR    a folder of KernelBench files named NUM_Name.py
 #   env: PRECISION  fp32, tf32 (default) or bf16
 #        BUDGET     trials per unit (default 2)
@@ -41,7 +42,14 @@ for n in "$@"; do
   timeout -k 5 "$limit" python3 -m kernelwright bench "$f" --precision "${PRECISION:-tf32}" \
     --budget "${BUDGET:-2}" --json "$work/$n.json" --out "$work/runs" ${EXTRA:-} 2>&1 \
     | grep -v -i 'warn' | tee -a "$OUT/$name.log"
-  rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || echo "   exit $rc (124: cut at ${limit} s)" | tee -a "$OUT/$name.log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" != 0 ]; then
+    echo "   exit $rc (124: cut at ${limit} s)" | tee -a "$OUT/$name.log"
+    progress=$(ls "$work"/runs/level*/"$(basename "$f" .py)".progress.log 2>/dev/null | head -1)
+    if [ -n "$progress" ]; then
+      { echo "   its optimize's last lines:"; tail -6 "$progress" | sed 's/^/   /'; } | tee -a "$OUT/$name.log"
+    fi
+  fi
   [ -s "$work/$n.json" ] && parts+=("$work/$n.json")
 done
 [ ${#parts[@]} -gt 0 ] || { echo "kernelbench.sh: no problem finished" >&2; exit 1; }
@@ -55,4 +63,7 @@ json.dump({"rows": rows, "summary": summarise(rows, opts.get("baseline_only"), T
            "gpu": parts[0]["gpu"], "torch": parts[0]["torch"]}, open(out, "w"), indent=2, default=str)
 PY
 python3 scripts/collect_reports.py "$OUT/$name.json" "$work/runs" "$OUT/${name}_reports.md"
+for p in "$work"/runs/level*/*.progress.log; do  # each optimize's log, its lines timed
+  [ -f "$p" ] && { echo "== $p"; cat "$p"; }
+done > "$OUT/${name}_progress.txt"
 python3 scripts/bench_table.py "$OUT/$name.json" | tee -a "$OUT/$name.log"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -538,13 +539,18 @@ def test_bench_no_library_reaches_each_problems_options(run, tmp_path, monkeypat
 
     def optimize_problem(problem, out_dir, opts):
         seen.append(opts)
+        opts.log("g0 [pointwise] relu: triton")
         return dict(PASSED)
 
     monkeypatch.setattr(pipeline, "optimize_problem", optimize_problem)
-    opts = dict(baseline_only=False, precision="fp32", trials=1, seconds=None, out_dir="unused", small=True,
+    opts = dict(baseline_only=False, precision="fp32", trials=1, seconds=None, out_dir="runs", small=True,
                 compile_mode="default", no_library=calls[0]["no_library"])
     row = runner._one(str(RELU), opts)
     assert "error" not in row, row
+    # the optimize's log, each line with its seconds, beside the problem's folder (kept where a
+    # time limit cuts the problem before its folder is written)
+    progress = (tmp_path / "runs" / f"level{row['level']}" / f"{row['problem']}.progress.log").read_text()
+    assert re.fullmatch(r"\[ *\d+\.\d s\] g0 \[pointwise\] relu: triton\n", progress), progress
     assert 0 <= row["wall_s"] < 60  # the problem's whole time, recorded per row
     assert [o.no_library for o in seen] == [bool(flag)]
     assert [o.retune for o in seen] == [True]  # a benchmark times the whole search, never a stored choice

@@ -250,6 +250,8 @@ def test_a_convolution_whose_epilogue_lies_in_a_cat_writes_its_slice(tmp_path, p
     assert result["verify"]["passed"]
     text = (out / "model_new.py").read_text()
     assert text.count("out0=cat.narrow(1, ") == 2 and "_cp." not in text
+    fused = [r for r in result["groups"] if r["kind"] == "conv_epilogue"]
+    assert len(fused) == 3 and all(r["seconds"] > 0 for r in fused)  # each search's wall time, recorded
 
 
 class Transition(nn.Module):

@@ -71,6 +71,21 @@ def _one(path: str, opts: dict) -> dict:
     return row
 
 
+def _progress_log(out: Path):
+    """A log function appending each line, with the seconds since this call, to `out`'s sibling
+    NAME.progress.log as the optimize goes: where a problem is cut by a time limit, the file says
+    how far it came and which units took the time."""
+    path = out.parent / f"{out.name}.progress.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    start = time.perf_counter()
+
+    def log(line: str) -> None:
+        with open(path, "a") as f:
+            f.write(f"[{time.perf_counter() - start:7.1f} s] {line}\n")
+    return log
+
+
 def _optimize(p, out: Path, opts: dict, no_rewrites: bool) -> dict:
     from kernelwright.pipeline import Options, optimize_problem
 
@@ -84,7 +99,7 @@ def _optimize(p, out: Path, opts: dict, no_rewrites: bool) -> dict:
                                             timed=opts.get("timed", True) and device == "cuda",
                                             no_library=opts.get("no_library", False), no_rewrites=no_rewrites,
                                             retune=True,  # a benchmark times the whole search
-                                            log=lambda s: None))
+                                            log=_progress_log(out)))
 
 
 def algebra_rules(res: dict) -> list[dict]:

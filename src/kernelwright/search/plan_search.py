@@ -12,6 +12,7 @@ documented default, verified in the Triton interpreter.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -59,6 +60,7 @@ class UnitResult:
     trials: int = 0
     failed: int = 0
     note: str = ""
+    seconds: float = 0.0  # wall time of this unit's search: candidates built, verified and timed
     resources: dict = field(default_factory=dict)
     # every implementation considered, timed alike: the library call and each template's best
     # verified candidate ({"choice", "time_ms", "trials", "failed"}; time_ms None when untimed or
@@ -186,8 +188,8 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
     tuned = {id(u) for u in units}
     for unit in plan.units:
         if id(unit) in tuned:
-            _tune_unit(job, plan, unit, templates.get(unit.node), trials.get(id(unit)), seconds.get(id(unit)),
-                       id(unit) in once)
+            _timed_row(job, _tune_unit, job, plan, unit, templates.get(unit.node), trials.get(id(unit)),
+                       seconds.get(id(unit)), id(unit) in once)
         elif (slot := placed_slot(graph, unit.node)) is not None or unit.node in buffers(graph):
             where = f"a view of {slot.buffer}'s buffer" if slot is not None else "its own buffer"
             job.out.summary.append(f"{unit.node}: in place ({where}, plan.concat)")
@@ -204,11 +206,19 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
         per_trials = None if opts.budget_trials is None else max(2, opts.budget_trials // n)
         per_s = None if opts.budget_s is None else max(1.0, opts.budget_s / n)
         for chain in plan.chains:  # (before the pairs: a convolution computing a whole chain competes with it)
-            _tune_chain(job, plan, chain, per_trials, per_s)
+            _timed_row(job, _tune_chain, job, plan, chain, per_trials, per_s)
         for pair in plan.pairs:
-            _tune_pair(job, plan, pair, per_trials, per_s)
+            _timed_row(job, _tune_pair, job, plan, pair, per_trials, per_s)
     record["groups"] = [asdict(r) for r in job.rows]
     return job.out
+
+
+def _timed_row(job: _Job, tune, *args) -> None:
+    """tune(*args), its wall seconds recorded on the row it adds (if it adds one)."""
+    before, start = len(job.rows), time.perf_counter()
+    tune(*args)
+    if len(job.rows) > before:
+        job.rows[-1].seconds = round(time.perf_counter() - start, 2)
 
 
 def _budgets(graph, units, templates, opts) -> tuple[dict, dict, set]:
