@@ -167,6 +167,77 @@ def test_input_prologue_only_for_a_group_the_convolution_alone_reads():
         assert fused.prologue.empty and not fused.absorbed and not g.is_input(fused.x)
 
 
+class PoolConv(nn.Module):
+    """An Inception module's pool branch: max pool (stride 1, the input's shape kept), a convolution, bias, ReLU."""
+
+    def __init__(self, pool, conv, tap=False):
+        super().__init__()
+        self.pool, self.conv, self.tap = pool, conv, tap
+
+    def forward(self, x):
+        p = self.pool(x)
+        y = torch.relu(self.conv(p))
+        return (y, p) if self.tap else y
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+@pytest.mark.parametrize("name, pool, conv, shape", [
+    ("2d_1x1", lambda: nn.MaxPool2d(3, 1, 1), lambda: nn.Conv2d(16, 8, 1), (2, 16, 5, 6)),
+    ("2d_3x3", lambda: nn.MaxPool2d(3, 1, 1), lambda: nn.Conv2d(16, 8, 3, padding=1), (1, 16, 4, 5)),
+    ("3d", lambda: nn.MaxPool3d(3, 1, 1), lambda: nn.Conv3d(16, 4, 1), (1, 16, 3, 4, 4)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_max_pool_before_the_convolution_is_pooled_as_it_loads(name, pool, conv, shape, policy):
+    """The max pool (and its layout copy) the convolution alone reads is absorbed: the kernel reads
+    the pool's input and takes each window's max as it loads; no box configs."""
+    torch.manual_seed(4)
+    model, x = PoolConv(pool(), conv()).eval(), torch.randn(*shape)
+    g, plan, pair = _pair(model, x, policy)
+    fused, res, want, text = _run_fused(g, plan, pair, model, x, policy, f"conv_inpool_{name}_{policy}")
+    assert g.is_input(fused.x) and fused.in_pool is not None and fused.prologue.empty
+    assert any("max_pool" in n for n in fused.absorbed) and fused.box_out(g, policy) is None
+    assert "propagate_nan=tl.PropagateNan.ALL" in text
+    with torch.no_grad():
+        torch.testing.assert_close(res, model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_emitted_forward_runs_no_pool_where_the_convolution_absorbs_it(tmp_path):
+    """optimize with every generated kernel (--no-library): the forward launches the convolution on
+    the pool's input and computes neither the pool nor its getitem; verified against eager."""
+    from kernelwright.pipeline import Options, optimize_problem
+
+    model, x = PoolConv(nn.MaxPool2d(3, 1, 1), nn.Conv2d(16, 8, 1)).eval(), torch.randn(2, 16, 5, 6)
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(model, [x]), out, Options(
+        device="cpu", budget_trials=2, no_library=True, precision="tf32", db_path=str(tmp_path / "db.jsonl"),
+        log=lambda s: None))
+    assert result["verify"]["passed"] and not result.get("verify_fallback")
+    body = (out / "model_new.py").read_text().split("def _kw_forward_any", 1)[1].split("\n\n\n", 1)[0]
+    assert "launch(x, " in body and "max_pool" not in body and "getitem" not in body
+
+
+@pytest.mark.parametrize("pool, tap", [(lambda: nn.MaxPool2d(3, 2, 1), False), (lambda: nn.MaxPool2d(2, 1), False),
+                                       (lambda: nn.MaxPool2d(3, 1, 1, dilation=2), False),
+                                       (lambda: nn.MaxPool2d(3, 1, 1), True),
+                                       (lambda: nn.MaxPool2d(3, 1, 1, return_indices=True), False)])
+def test_a_pool_that_changes_the_shape_or_is_read_elsewhere_is_not_absorbed(pool, tap):
+    class Indices(nn.Module):  # the indices read too
+        def __init__(self):
+            super().__init__()
+            self.pool, self.conv = pool(), nn.Conv2d(4, 4, 1)
+
+        def forward(self, x):
+            p, i = self.pool(x)
+            return self.conv(p), i
+
+    model = Indices() if getattr(pool(), "return_indices", False) else PoolConv(pool(), nn.Conv2d(4, 4, 1), tap)
+    g = rewrite(capture(from_module(model.eval(), [torch.randn(1, 4, 7, 7)])), "fp32")[0]
+    plan = plan_graph(g)
+    conv = next(n for n in g.nodes if n.target == "aten.convolution.default")
+    pair = next((p for p in plan.pairs if p.anchor == conv.name), None)
+    fused = conv_epilogue.build(g, conv, pair.group if pair else None, plan.groups)
+    assert fused.in_pool is None and not any("max_pool" in n for n in fused.absorbed)
+
+
 def test_operands_in_another_layout_than_the_graphs_are_copied_into_it():
     """The fused kernel views each operand through strides taken from the graph; an operand that
     arrives in another layout (a library op returning channels-last where the graph's metadata

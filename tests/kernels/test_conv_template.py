@@ -28,10 +28,11 @@ def mods(tmp_path_factory):
     cache = tmp_path_factory.mktemp("kwconv")
     out = {}
 
-    def get(transposed=False, epilogue=None, name="kw_conv", prologue=None):
-        key = (transposed, epilogue, name, prologue)
+    def get(transposed=False, epilogue=None, name="kw_conv", prologue=None, in_pool=None):
+        key = (transposed, epilogue, name, prologue, in_pool)
         if key not in out:
-            text = render_conv(epilogue or Epilogue(), name=name, transposed=transposed, prologue=prologue or Epilogue())
+            text = render_conv(epilogue or Epilogue(), name=name, transposed=transposed, prologue=prologue or Epilogue(),
+                               in_pool=in_pool)
             mod = load_module_from_source(text, f"{name}_{int(transposed)}", cache)
             # NaN-poisoned outputs: an element the kernel leaves unwritten fails the comparison
             mod._alloc = lambda shape, dtype, device, stride=None: torch.full(shape, float("nan"), dtype=dtype,
@@ -343,6 +344,45 @@ def test_input_prologue(mods, case, layout):
             mod.launch(x, w, **args, prologue_operands=(scale, shift), **tile)
         with pytest.raises(ValueError, match="input channels"):
             mod.launch(x, w, **args, prologue_operands=(scale[:3], shift, k), **tile)
+
+
+# (batch, Cin, Cout, spatial, conv kernel, conv args, pool window, pool padding): the input max-pooled
+# at stride 1 as it is loaded (an Inception module's pool branch)
+IN_POOL = {
+    "3x3-then-1x1": (2, 32, 20, (5, 6), (1, 1), {}, (1, 3, 3), (0, 1, 1)),
+    "3x3-then-3x3-padded": (1, 16, 8, (4, 7), (3, 3), dict(padding=1, dilation=(1, 2)), (1, 3, 3), (0, 1, 1)),
+    "3d-3x3x3-then-1x1": (1, 16, 4, (3, 4, 5), (1, 1, 1), {}, (3, 3, 3), (1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("layout", ["nchw", "cl"])
+@pytest.mark.parametrize("case", list(IN_POOL), ids=str)
+def test_input_max_pool(mods, case, layout):
+    """The window's max as the input is loaded equals max-pooling first (the pool's -inf padding at
+    the input's edges, the convolution's zero padding past them); NaN propagates; boxes and folded
+    taps are refused."""
+    batch, cin, cout, size, kernel, args, window, pad = IN_POOL[case]
+    x, w = _case(False, batch, cin, cout, size, kernel, 1, seed=len(case))
+    x[0, 1, 0, 0] = float("nan")
+    nd = len(size)
+    pool = torch.nn.functional.max_pool2d if nd == 2 else torch.nn.functional.max_pool3d
+    win, pd = (window, pad) if nd == 3 else (window[1:], pad[1:])
+    ref = _ref(pool(x, win, 1, pd), w, False, **args)
+    if layout == "cl":
+        x = _channels_last(x)
+    mod = mods(in_pool=(window, pad), name="kw_conv_pool")
+    out = mod.launch(x, w, **args, **TILE)
+    assert out.isnan().any() and torch.equal(out.isnan(), ref.isnan())
+    _close(torch.nan_to_num(out), torch.nan_to_num(ref))
+    with pytest.raises(ValueError, match="input pool"):
+        mod.launch(x, w, **args, **dict(TILE, BLOCK_K=64))  # more K than channels: folded taps
+
+
+def test_input_pool_errors():
+    with pytest.raises(ValueError, match="odd windows"):
+        render_conv(in_pool=((1, 2, 2), (0, 1, 1)))
+    with pytest.raises(ValueError, match="without a prologue"):
+        render_conv(in_pool=((1, 3, 3), (0, 1, 1)), transposed=True)
 
 
 # (transposed, batch, Cin, Cout, spatial, kernel, conv args, tile, SPLIT_K): the per-tap, folded-tap

@@ -71,6 +71,9 @@ class ConvEpilogue:
     # above are taken over; launch is handed the value in that layout (host._expect)
     layouts: dict[str, tuple[tuple, tuple]] = field(default_factory=dict)
     into: bool = False  # `out` lies in a concatenation's buffer: launch() takes its slice as out0
+    # ((kd, kh, kw), (pd, ph, pw)): `x` is the input of an absorbed max pool (stride 1, the input's
+    # shape kept), pooled as the kernel loads it
+    in_pool: tuple | None = None
 
     @property
     def args(self) -> dict:
@@ -95,7 +98,7 @@ class ConvEpilogue:
         TRANSPOSED_BOXES (below)."""
         x = graph.meta(self.x)
         a = self.args
-        if self.transposed and not TRANSPOSED_BOXES:
+        if (self.transposed and not TRANSPOSED_BOXES) or self.in_pool is not None:
             return None
         if (a["groups"] != 1 or (not self.transposed and any(s != 1 for s in a["stride"]))
                 or precision not in ("tf32", "bf16") or len(x.shape) < 3 or x.shape[1] < 16):
@@ -182,6 +185,39 @@ def _absorbable_input(graph: Graph, conv: OpNode, groups: list[Group]) -> tuple[
         if "memory_format" in node.kwargs or (group is not None and plain_cast(graph, node)):
             return src, ((group.id,) if group is not None else (x,)), (x,), True
     return None
+
+
+_MAX_POOLS = {"aten.max_pool2d_with_indices.default": 2, "aten.max_pool3d_with_indices.default": 3}
+
+
+def _pooled_input(graph: Graph, x: str, reader: str):
+    """(the pool's input, units, nodes, ((kd, kh, kw), (pd, ph, pw))) when value `x` (the
+    convolution's input, or the source of its absorbed layout copy, node `reader`) is the values of
+    a max pool that `reader` alone reads, whose indices nothing reads, at stride 1 and dilation 1
+    with odd windows padded by half (its result has its input's shape: an Inception module's pool
+    branch); else None. The template max-pools the input as it loads it (`in_pool`)."""
+    if graph.is_input(x) or x in graph.outputs or x in graph.mutations \
+            or [u.name for u in graph.users(x)] != [reader]:
+        return None
+    item = graph.node(x)
+    if item.target != "getitem" or item.args[1] != 0 or not isinstance(item.args[0], Ref):
+        return None
+    pool = graph.node(item.args[0].name)
+    nd = _MAX_POOLS.get(pool.target)
+    if nd is None or [u.name for u in graph.users(pool.name)] != [x] or not isinstance(pool.args[0], Ref):
+        return None
+    args = list(pool.args) + [None] * (6 - len(pool.args))
+    per = lambda v, default: [default] * nd if not v else list(v) * nd if len(v) == 1 else list(v)  # noqa: E731
+    kernel = per(args[1], 1)
+    stride, padding, dilation = per(args[2], None) if args[2] else kernel, per(args[3], 0), per(args[4], 1)
+    if any(s != 1 for s in stride) or any(d != 1 for d in dilation) \
+            or any(k % 2 == 0 or p != (k - 1) // 2 for k, p in zip(kernel, padding)):
+        return None
+    src = pool.args[0].name
+    if graph.meta(src).dtype not in ("float32", "bfloat16") or graph.meta(src).dtype != graph.meta(x).dtype:
+        return None
+    pad3 = lambda v, fill: tuple([fill] * (3 - nd) + list(v))  # noqa: E731
+    return src, (pool.name, x), (pool.name, x), (pad3(kernel, 1), pad3(padding, 0))
 
 
 def _prologue_input(graph: Graph, x: str, reader: str, groups: list[Group]):
@@ -364,8 +400,13 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     found = _absorbable_input(graph, conv, list(groups))
     if found is not None:
         x, absorbed, absorbed_nodes, cast = found
-    pro = _prologue_input(graph, x, absorbed_nodes[0] if absorbed_nodes else conv.name,
-                          list(groups if prologue_groups is None else prologue_groups))
+    in_pool = None
+    pooled = None if cast or conv.args[6] else _pooled_input(graph, x, absorbed_nodes[0] if absorbed_nodes else conv.name)
+    if pooled is not None:
+        x, units, nodes, in_pool = pooled
+        absorbed, absorbed_nodes = units + absorbed, nodes + absorbed_nodes
+    pro = None if in_pool is not None else _prologue_input(graph, x, absorbed_nodes[0] if absorbed_nodes else conv.name,
+                                                            list(groups if prologue_groups is None else prologue_groups))
     if pro is not None and not (cast and pro[3]):
         x, units, nodes, pro_cast, prologue, pro_values, pro_views = pro
         absorbed, absorbed_nodes, cast = units + absorbed, nodes + absorbed_nodes, cast or pro_cast
@@ -378,7 +419,7 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, channels_last, cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,
                         Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape),
-                        prologue, pro_values, pro_views, layouts, into)
+                        prologue, pro_values, pro_views, layouts, into, in_pool)
 
 
 def _stage(graph: Graph, group: Group, value: str, shape: tuple, code: list[str], operand) -> bool:
@@ -452,7 +493,8 @@ def _pool_window(pools: list[OpNode], shape: tuple) -> tuple[str, tuple[int, ...
 def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tuple[str, list[str]]:
     """Module text whose `launch(*inputs)` runs the fused convolution with `config`; its inputs."""
     text = render_conv(fused.epilogue, name=name, transposed=fused.transposed, pool=fused.pool,
-                       post=fused.post_epilogue, row_out=fused.row_out, whole_n=fused.whole_n, prologue=fused.prologue)
+                       post=fused.post_epilogue, row_out=fused.row_out, whole_n=fused.whole_n, prologue=fused.prologue,
+                       in_pool=fused.in_pool)
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS + SPLIT_KEYS if config.get(k)}

@@ -39,7 +39,8 @@ _KIND_DOC = {
 
 def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transposed: bool = False,
                 pool: str | None = None, post: Epilogue = IDENTITY, row_out: bool = False,
-                whole_n: bool = False, prologue: Epilogue = IDENTITY) -> str:
+                whole_n: bool = False, prologue: Epilogue = IDENTITY,
+                in_pool: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> str:
     """Module text of the convolution template (``transposed``: a transposed convolution, weight
     [Cin, Cout / groups, *kernel]) with `epilogue` fused; ``{name}_kernel`` and ``launch``.
 
@@ -54,7 +55,11 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
     prologue: statements applied to the input's values as they are loaded (``acc``: a [pixels, K]
     tile of them in float32; its operands "col", one value per input channel, or "scalar", named
     apart from the epilogue's), before the convolution's zero padding: launch's
-    ``prologue_operands``."""
+    ``prologue_operands``.
+    in_pool: ((kd, kh, kw), (pd, ph, pw)): the input is max-pooled with that window and padding at
+    stride 1 (a pooled tensor of the input's shape: an Inception module's pool branch) as it is
+    loaded, in the per-tap channel-block loads (launch refuses boxes, rows and folded taps); not
+    with a prologue."""
     if not name.isidentifier():
         raise ValueError(f"kernel name {name!r} is not a Python identifier")
     if pool not in (None, "max", "avg"):
@@ -65,6 +70,12 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
         raise ValueError("a post-pooling epilogue needs pool")
     both = Epilogue(epilogue.operands + post.operands, epilogue.code)  # (raises on a repeated name)
     Epilogue(both.operands + prologue.operands)  # (likewise)
+    if in_pool is not None:
+        if transposed or not prologue.empty:
+            raise ValueError("an input pool is fused into a convolution without a prologue only")
+        (kd, kh, kw), (pd, ph, pw) = in_pool
+        if any(k % 2 == 0 or p != (k - 1) // 2 for k, p in zip((kd, kh, kw), (pd, ph, pw))):
+            raise ValueError(f"input pool {in_pool}: odd windows padded by half (the input's shape kept)")
     if any(o.kind not in ("col", "scalar") for o in prologue.operands):
         raise ValueError("a prologue takes col (per input channel) and scalar operands only")
     rows = [o.name for o in both.operands if o.kind == "row"]
@@ -79,6 +90,10 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
         pool=pool,
         row_out=bool(row_out),
         whole_n=bool(whole_n or row_out),
+        in_pool=None if in_pool is None else dict(
+            k=tuple(in_pool[0]), p=tuple(in_pool[1]),
+            offsets=[(a - in_pool[1][0], b - in_pool[1][1], c - in_pool[1][2]) for a in range(in_pool[0][0])
+                     for b in range(in_pool[0][1]) for c in range(in_pool[0][2])]),
         operand_spec=repr(tuple(stages)),
         params=operand_params(both, full_strides=FULL_STRIDES),
         loads=render_operand_loads(epilogue, "offs_m", "co", "mask", **loads),

@@ -615,7 +615,7 @@ def _drop_absorbed_groups(plan, absorbs, by: str, out: Tuned, rows: list[UnitRes
             if row.id == name:
                 row.strategy, row.note = "absorbed", f"computed inside {by}'s kernel"
         out.summary[:] = [f"{line.split(': ', 1)[0]}: absorbed (computed inside {by}'s kernel)"
-                          if line.startswith(f"{name} [") else line for line in out.summary]
+                          if line.startswith((f"{name} [", f"{name}: ")) else line for line in out.summary]
 
 
 def _unit_bytes(graph, unit) -> int:
