@@ -497,7 +497,9 @@ class ConvTuner(KernelTuner):
         box_out = f.box_out(graph, precision)
         self.space = [Config.make("triton.conv", **c) for c in
                       conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=graph.meta(f.x).itemsize,
-                                 spec=spec or device_spec(), channels=cin, groups=groups,
+                                 spec=spec or device_spec(),
+                                 # (an input pooled as it loads takes K steps of at most its channels: no folded taps)
+                                 channels=1 << (cin.bit_length() - 1) if f.in_pool and cin >= 16 else cin, groups=groups,
                                  min_block_m=2 << (math.prod(f.pool_window) - 1).bit_length() if f.pool else 1, whole_n=f.whole_n,
                                  box_out=box_out, box_window=f.box_window)]
         if not self.space:
