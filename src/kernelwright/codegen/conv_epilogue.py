@@ -31,7 +31,7 @@ from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.triton_conv import render_conv
 from kernelwright.codegen.triton_group import Stmt, Unsupported, lower, reduce_tile_lines
 from kernelwright.codegen.triton_pool import pool_params
-from kernelwright.ops import layout_clone
+from kernelwright.ops import POOLS, layout_clone
 from kernelwright.plan.concat import placed_slot
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
@@ -187,9 +187,6 @@ def _absorbable_input(graph: Graph, conv: OpNode, groups: list[Group]) -> tuple[
     return None
 
 
-_MAX_POOLS = {"aten.max_pool2d_with_indices.default": 2, "aten.max_pool3d_with_indices.default": 3}
-
-
 def _pooled_input(graph: Graph, x: str, reader: str):
     """(the pool's input, units, nodes, ((kd, kh, kw), (pd, ph, pw))) when value `x` (the
     convolution's input, or the source of its absorbed layout copy, node `reader`) is the values of
@@ -203,14 +200,12 @@ def _pooled_input(graph: Graph, x: str, reader: str):
     if item.target != "getitem" or item.args[1] != 0 or not isinstance(item.args[0], Ref):
         return None
     pool = graph.node(item.args[0].name)
-    nd = _MAX_POOLS.get(pool.target)
-    if nd is None or [u.name for u in graph.users(pool.name)] != [x] or not isinstance(pool.args[0], Ref):
+    if POOLS.get(pool.target, ("avg",))[0] != "max" or "with_indices" not in pool.target \
+            or [u.name for u in graph.users(pool.name)] != [x] or not isinstance(pool.args[0], Ref):
         return None
-    args = list(pool.args) + [None] * (6 - len(pool.args))
-    per = lambda v, default: [default] * nd if not v else list(v) * nd if len(v) == 1 else list(v)  # noqa: E731
-    kernel = per(args[1], 1)
-    stride, padding, dilation = per(args[2], None) if args[2] else kernel, per(args[3], 0), per(args[4], 1)
-    if any(s != 1 for s in stride) or any(d != 1 for d in dilation) \
+    params = pool_params(pool)
+    nd, kernel, padding = params["nd"], params["kernel"], params["padding"]
+    if nd not in (2, 3) or any(s != 1 for s in params["stride"]) or any(d != 1 for d in params["dilation"]) \
             or any(k % 2 == 0 or p != (k - 1) // 2 for k, p in zip(kernel, padding)):
         return None
     src = pool.args[0].name

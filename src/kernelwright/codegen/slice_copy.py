@@ -58,36 +58,38 @@ def _nsc(t):
 MIN_TILED = 1 << 21
 
 
-def _tiled(dst, src) -> bool:
-    """Whether copying `src` into `dst` transposes channels and positions (one of the two is
-    contiguous along the channels, the other along the positions) between two tensors that share
-    no memory, on a device the kernel runs on (a GPU, or Triton's interpreter), within 32-bit
-    offsets per image; on a GPU, of at least MIN_TILED elements."""
+def _tiled(dst, src) -> tuple | None:
+    """The tiled kernel's (N, C, S) and both tensors' (n, c, s) strides when copying `src` into
+    `dst` transposes channels and positions (one of the two is contiguous along the channels, the
+    other along the positions) between two tensors that share no memory, on a device the kernel
+    runs on (a GPU, or Triton's interpreter), within 32-bit offsets per image; on a GPU, of at
+    least MIN_TILED elements. Else None."""
     if src.dtype != dst.dtype or src.shape != dst.shape or src.numel() == 0 or src.device != dst.device:
-        return False
+        return None
     if src.untyped_storage().data_ptr() == dst.untyped_storage().data_ptr():
-        return False  # one buffer's two slices (a value joined twice): copy_, which checks for overlap
+        return None  # one buffer's two slices (a value joined twice): copy_, which checks for overlap
     if not (src.is_cuda and src.numel() >= MIN_TILED or os.environ.get("TRITON_INTERPRET") == "1"):
-        return False
+        return None
     a, b = _nsc(src), _nsc(dst)
     if a is None or b is None:
-        return False
+        return None
     (_, C, S), (_, xc, xs), (_, yc, ys) = a[0], a[1], b[1]
     if C < 2 or S < 2 or not ((xc == 1 and ys == 1) or (xs == 1 and yc == 1)):
-        return False
-    return max(abs(xc) * C + abs(xs) * S, abs(yc) * C + abs(ys) * S) < 2 ** 31
+        return None
+    if max(abs(xc) * C + abs(xs) * S, abs(yc) * C + abs(ys) * S) >= 2 ** 31:
+        return None
+    return a[0] + a[1] + b[1]
 
 
 def copy_into(dst, src):
     """`dst.copy_(src)`; a channels/positions transpose as tiles of 32 channels x 64 positions."""
-    if not _tiled(dst, src):
+    tiled = _tiled(dst, src)
+    if tiled is None:
         dst.copy_(src)
         return
-    (N, C, S), (xn, xc, xs) = _nsc(src)
-    _, (yn, yc, ys) = _nsc(dst)
+    N, C, S, *strides = tiled
     grid = (triton.cdiv(S, 64), triton.cdiv(C, 32), N)
-    _launch(_nsc_copy_kernel, grid, src, dst, C, S, xn, xc, xs, yn, yc, ys, BLOCK_C=32, BLOCK_S=64,
-            num_warps=4, num_stages=1)
+    _launch(_nsc_copy_kernel, grid, src, dst, C, S, *strides, BLOCK_C=32, BLOCK_S=64, num_warps=4, num_stages=1)
 
 
 def into(buffer, dim, start, t):

@@ -186,11 +186,12 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
     units = [u for u in plan.units if u.group is not None or templates[u.node] is not None or _conv(graph, u.node)]
     trials, seconds, once = _budgets(graph, units, templates, opts)
     tuned = {id(u) for u in units}
+    cat_buffers = buffers(graph)
     for unit in plan.units:
         if id(unit) in tuned:
             _timed_row(job, _tune_unit, job, plan, unit, templates.get(unit.node), trials.get(id(unit)),
                        seconds.get(id(unit)), id(unit) in once)
-        elif (slot := placed_slot(graph, unit.node)) is not None or unit.node in buffers(graph):
+        elif (slot := placed_slot(graph, unit.node)) is not None or unit.node in cat_buffers:
             where = f"a view of {slot.buffer}'s buffer" if slot is not None else "its own buffer"
             job.out.summary.append(f"{unit.node}: in place ({where}, plan.concat)")
         else:

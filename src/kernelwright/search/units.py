@@ -236,8 +236,7 @@ def _compact_like(shape, stride, like: torch.Tensor) -> torch.Tensor:
     concatenation's NCHW buffer: contiguous; of a channels-last one: channels-last), packed: a copy
     into it moves what a copy into the slice moves, without allocating the rest of the buffer."""
     order = sorted(range(len(shape)), key=lambda i: (-stride[i], i))
-    t = torch.empty([shape[i] for i in order], dtype=like.dtype, device=like.device)
-    return t.permute([order.index(i) for i in range(len(shape))])
+    return torch.empty_permuted(shape, order, dtype=like.dtype, device=like.device)
 
 
 def _pick(env: dict, out: tuple[str, int | None]):
