@@ -215,6 +215,35 @@ def test_the_emitted_forward_runs_no_pool_where_the_convolution_absorbs_it(tmp_p
     assert "launch(x, " in body and "max_pool" not in body and "getitem" not in body
 
 
+class PoolBranchCat(nn.Module):
+    """An Inception module in little: a 1x1 convolution and the pool branch of one input, joined."""
+
+    def __init__(self):
+        super().__init__()
+        self.pool, self.proj, self.conv = nn.MaxPool2d(3, 1, 1), nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        return torch.cat([torch.relu(self.conv(x)), torch.relu(self.proj(self.pool(x)))], 1)
+
+
+def test_the_pool_branch_convolution_reads_the_channels_last_copy_the_other_branch_reads(tmp_path):
+    """Under tf32 the input's channels-last copy exists for the 1x1 branch: the pool-branch
+    convolution pools that copy as it loads it (channels contiguous), not the NCHW input."""
+    from kernelwright.pipeline import Options, optimize_problem
+
+    torch.manual_seed(5)
+    model, x = PoolBranchCat().eval(), torch.randn(2, 16, 5, 6)
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(model, [x]), out, Options(
+        device="cpu", budget_trials=2, no_library=True, precision="tf32", db_path=str(tmp_path / "db.jsonl"),
+        log=lambda s: None))
+    assert result["verify"]["passed"] and not result.get("verify_fallback")
+    body = (out / "model_new.py").read_text().split("def _kw_forward_any", 1)[1].split("\n\n\n", 1)[0]
+    launches = [line for line in body.splitlines() if "_conv.launch(" in line]
+    assert len(launches) == 2 and all("launch(x_cl, " in line for line in launches), body
+    assert "max_pool" not in body and "getitem" not in body
+
+
 @pytest.mark.parametrize("pool, tap", [(lambda: nn.MaxPool2d(3, 2, 1), False), (lambda: nn.MaxPool2d(2, 1), False),
                                        (lambda: nn.MaxPool2d(3, 1, 1, dilation=2), False),
                                        (lambda: nn.MaxPool2d(3, 1, 1), True),

@@ -148,6 +148,45 @@ def test_tf32_runs_dense_convs_channels_last_and_keeps_the_layout_downstream():
     assert env[relu.name].stride() == relu.meta.stride
 
 
+class PoolBranch(nn.Module):
+    """An Inception module's pool branch beside a convolution of the same input (pool first in the
+    forward, so the channels-last copy is made at the pool), both joined along the channels."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self.pool, self.proj, self.conv = pool, nn.Conv2d(8, 4, 1), nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return torch.cat([self.proj(self.pool(x)), self.conv(x)], 1)
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool2d(3, 1, 1), nn.AvgPool2d(3, 1, 1)], ids=["max", "avg"])
+def test_a_pool_of_a_value_convolutions_copy_channels_last_reads_that_copy(pool):
+    """The pool reads the convolutions' channels-last copy of x and pools into channels-last: the
+    convolution after it reads its result without a copy of its own; values unchanged."""
+    model, x = PoolBranch(pool).eval(), torch.randn(2, 8, 6, 5)
+    g = capture(from_module(model, [x]))
+    s, notes = rewrite(g, "tf32")
+    p = next(n for n in s.nodes if n.target in ("aten.max_pool2d_with_indices.default", "aten.avg_pool2d.default"))
+    copy = s.node(p.args[0].name)
+    assert copy.target == "aten.clone.default" and copy.args[0].name == "x"
+    assert p.meta.stride == channels_last_strides(p.meta.shape)
+    convs = [n for n in s.nodes if n.target == "aten.convolution.default"]
+    assert convs[1].args[0].name == copy.name  # one copy of x, read by the pool and the other convolution
+    assert [n for n in s.nodes if n.target == "aten.clone.default" and n.args[0].name == "x"] == [copy]
+    assert not s.node(convs[0].args[0].name).target == "aten.clone.default"  # the pooled value is read as it is
+    assert any("channels-last copy" in n for n in notes)
+    _close(g, s, model, [x])
+    assert rewrite(g, "fp32")[0].node(p.name).args[0].name == "x"  # (fp32: no channels-last copies)
+
+
+def test_a_pool_of_a_value_no_convolution_copies_keeps_its_input():
+    model = nn.Sequential(nn.MaxPool2d(3, 1, 1), nn.Conv2d(8, 4, 1))
+    s, notes = rewrite(capture(from_module(model.eval(), [torch.randn(1, 8, 5, 5)])), "tf32")
+    p = next(n for n in s.nodes if n.target == "aten.max_pool2d_with_indices.default")
+    assert s.is_input(p.args[0].name) and not any("channels-last copy" in n for n in notes)
+
+
 def test_depthwise_convs_stay_in_their_layout():
     conv = nn.Conv2d(4, 4, 3, groups=4)
     g = capture(from_module(conv, [torch.randn(1, 4, 6, 6)]))

@@ -624,7 +624,9 @@ def _emit_concat(b, i, a):
     (an Inception / DenseNet / U-Net join) along dim `dim` (1: channels, clamped to the rank); or
     of two branches computed from it (`branches`, an Inception module's join; `conv_branches`: two
     convolutions of it, 1x1 and 3x3 'same', one with a ReLU, joined on the channels: a SqueezeNet
-    fire module, whose convolutions with their epilogues may write the join's slices), or a
+    fire module, whose convolutions with their epilogues may write the join's slices; for one pick in
+    three also a pool branch, a 'same' max or avg pool then a 1x1 convolution: an Inception
+    module), or a
     growing feature list (`dense`: a DenseNet block's cats, each feature computed from the cat
     before)."""
     if not b.dims:
@@ -639,7 +641,14 @@ def _emit_concat(b, i, a):
         cin, o1, o3 = b.dims[0], 2 + a["pick"] % 5, 3 + a["pick"] % 4
         c1 = b.attr(f"cb{i}_1", f"nn.Conv{nd}d({cin}, {o1}, kernel_size=1)")
         c3 = b.attr(f"cb{i}_3", f"nn.Conv{nd}d({cin}, {o3}, kernel_size=3, padding=1, bias={a['pick'] % 2 == 0})")
-        b.assign(i, f"torch.cat([torch.relu({c1}({x})), {c3}({x})], dim=1)", [o1 + o3] + list(b.dims[1:]))
+        branches, out = [f"torch.relu({c1}({x}))", f"{c3}({x})"], o1 + o3
+        if a["pick"] % 3 == 0:  # and a pool branch: a 'same' pool, then a 1x1 convolution (Inception)
+            op = 1 + a["pick"] % 3 + a["pick"] % 7
+            pool = ("F.max_pool{nd}d" if a["pick"] % 2 else "F.avg_pool{nd}d").format(nd=nd)
+            cp = b.attr(f"cb{i}_p", f"nn.Conv{nd}d({cin}, {op}, kernel_size=1)")
+            branches.append(f"torch.relu({cp}({pool}({x}, 3, stride=1, padding=1)))")
+            out += op
+        b.assign(i, f"torch.cat([{', '.join(branches)}], dim=1)", [out] + list(b.dims[1:]))
         return
     if a["with"] == "branches":
         dims[d - 1] *= 2

@@ -585,6 +585,8 @@ def _viewed_as_nchw(graph: Graph, conv: OpNode) -> str | None:
 # library ops whose result keeps a channels-last input's layout (as the pools do)
 _CL_PRESERVING = {"aten._adaptive_avg_pool2d.default", "aten.upsample_nearest2d.default",
                   "aten.upsample_bilinear2d.default"}
+# the pools whose library kernels keep a channels-last input's layout (avg_pool3d returns a contiguous result)
+_CL_POOLS = {t for t in POOLS if t != "aten.avg_pool3d.default"}
 
 
 def _view_of_copy(graph: Graph, n: OpNode, names: set[str], nodes: list[OpNode], restored: dict[str, str],
@@ -656,11 +658,36 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     restored: dict[str, str] = {}  # channels-last value -> its copy in eager's layout
     unsure: set[str] = set()  # values whose layout the library picks (an op outside the rules reading a channels-last one)
     n_conv = 0
-    for n in graph.nodes:
-        if n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype in ("float32", "bfloat16") \
-                and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1 \
+
+    def dense_conv(n: OpNode) -> bool:
+        return (n.target == "aten.convolution.default" and n.meta is not None and n.meta.dtype in ("float32", "bfloat16")
+                and len(n.meta.shape) in fmt and all(isinstance(a, Ref) for a in n.args[:2]) and n.args[8] == 1
                 and all(graph.meta(a.name) is not None and len(graph.meta(a.name).shape) == len(n.meta.shape)
-                        for a in n.args[:2]):
+                        for a in n.args[:2]))
+
+    # values some convolution will read through a channels-last copy of its own making
+    copied = {n.args[0].name for n in graph.nodes if dense_conv(n) and _viewed_as_nchw(graph, n) is None}
+
+    def copy_of(src: str) -> str:
+        """The channels-last copy of `src` (made here, before its first reader)."""
+        if src not in converted:
+            m = graph.meta(src)
+            nodes.append(OpNode(_unique(names, f"{src}_cl"), "aten.clone.default", (Ref(src),),
+                                {"memory_format": fmt[len(m.shape)]}, [_channels_last(m)]))
+            converted[src] = nodes[-1].name
+        return converted[src]
+
+    for n in graph.nodes:
+        if n.target in _CL_POOLS and n.args and isinstance(n.args[0], Ref) and n.args[0].name in copied \
+                and n.args[0].name not in cl and n.name not in graph.outputs and n.meta is not None \
+                and len(n.meta.shape) in fmt:
+            # a pool of a value convolutions read channels-last too (an Inception module's pool
+            # branch beside the convolutions of its input) reads that copy: the same values, and
+            # its result comes channels-last, which the convolution after it wants (no copy of it)
+            notes.append(f"{n.name}: pools {n.args[0].name}'s channels-last copy, which convolutions read too")
+            n = OpNode(n.name, n.target, (Ref(copy_of(n.args[0].name)),) + tuple(n.args[1:]), dict(n.kwargs),
+                       list(n.outs), n.fx)
+        if dense_conv(n):
             view = _viewed_as_nchw(graph, n)
             if view is not None:
                 notes.append(f"{n.name}: kept NCHW ({view} views its result as channels-last strides cannot)")
@@ -682,12 +709,10 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
                         conv = OpNode(_unique(names, f"{src}_cl"), cast.target, cast.args,
                                       {**cast.kwargs, "memory_format": fmt[len(m.shape)]}, [_channels_last(m)])
                         dead.add(src)
+                        nodes.append(conv)
+                        converted[src] = conv.name
                     else:
-                        conv = OpNode(_unique(names, f"{src}_cl"), "aten.clone.default", (Ref(src),),
-                                      {"memory_format": fmt[len(m.shape)]},
-                                      [_channels_last(m)])
-                    nodes.append(conv)
-                    converted[src] = conv.name
+                        copy_of(src)
                 args[k] = Ref(converted[src])
             m = n.meta
             nodes.append(OpNode(n.name, n.target, tuple(args), dict(n.kwargs),
@@ -709,7 +734,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
         # pooling in the library keeps a channels-last input's layout (NHWC kernels), so do its
         # outputs and the getitems that pick them
         # (avg_pool3d has no channels-last kernel: it returns a contiguous result)
-        keeps = keeps or (n.target in POOLS and n.target != "aten.avg_pool3d.default" and n.inputs and n.inputs[0] in cl)
+        keeps = keeps or (n.target in _CL_POOLS and n.inputs and (n.inputs[0] in cl or n.inputs[0] in converted.values()))
         keeps = keeps or (n.target in _CL_PRESERVING and n.inputs and n.inputs[0] in cl)
         keeps = keeps or (n.target == EVAL_BN and n.inputs and n.inputs[0] in cl)  # elementwise
         # norms over a channels-last input: the fused norm kernel reads it in memory order and
