@@ -66,6 +66,9 @@ CASES = {
                                   dict(prologue=True)),
     "stem7x7-prologue": (False, (8, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3), "tf32", "nchw", False, 1,
                            dict(prologue=True)),
+    # each tile's partial statistics for the normalization after it (codegen/conv_norm.py)
+    "conv2d-stats-tf32-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "tf32", "cl", True, 3, dict(stats=True)),
+    "conv3d-stats-fp32": (False, (16, 3, 24, 32, 32), (24, 3, 3, 3, 3), {}, "fp32", "nchw", False, 2, dict(stats=True)),
 }
 PROLOGUE = Epilogue((EpilogueOperand("p0", "col"), EpilogueOperand("p1", "col")), "acc = tl.maximum(acc * p0 + p1, 0.0)")
 
@@ -112,7 +115,7 @@ def check(case, cache):
                          box_window=tuple([1] * (3 - len(window)) + list(window)),
                          min_block_m=2 * math.prod(window) if pool else 1)[:n_configs]
     text = render_conv(EPI if epi else Epilogue(), name=f"kw_conv_{case.replace('-', '_')}", transposed=transposed,
-                       pool=pool, prologue=PROLOGUE if prologue else Epilogue())
+                       pool=pool, prologue=PROLOGUE if prologue else Epilogue(), stats=options.get("stats", False))
     x = meta_tensor(xs, _strides(xs, layout), dtype)
     w = meta_tensor(ws, _strides(ws, layout), dtype)
     operands = []

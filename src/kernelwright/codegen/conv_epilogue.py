@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from kernelwright.capture.graph import Graph, OpNode, Ref
 from kernelwright.capture.shapes import channels_last_strides, contiguous_strides
+from kernelwright.codegen import conv_norm
 from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
 from kernelwright.codegen.helpers import with_helpers
@@ -74,6 +75,10 @@ class ConvEpilogue:
     # ((kd, kh, kw), (pd, ph, pw)): `x` is the input of an absorbed max pool (stride 1, the input's
     # shape kept), pooled as the kernel loads it
     in_pool: tuple | None = None
+    # the group is a normalization split around its statistics (codegen/conv_norm.py): the
+    # epilogue computes the value it normalizes, the kernels after the convolution the rest
+    norm: conv_norm.NormSplit | None = None
+    out_meta_stride: tuple[int, ...] = ()  # the strides of `out`
 
     @property
     def args(self) -> dict:
@@ -122,7 +127,14 @@ class ConvEpilogue:
 
     @property
     def inputs(self) -> list[str]:
-        return list(dict.fromkeys([self.x, self.w] + self.operands + list(self.prologue_operands)))
+        return list(dict.fromkeys([self.x, self.w] + self.operands + list(self.prologue_operands)
+                                  + self.norm_operands))
+
+    @property
+    def norm_operands(self) -> list[str]:
+        """The graph values the statements after a split norm's statistics load."""
+        return [] if self.norm is None else list(dict.fromkeys(
+            s.operand.value for s in self.norm.post if s.kind == "load"))
 
     @property
     def gemm(self) -> tuple[int, int, int]:
@@ -294,9 +306,11 @@ def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, .
     if group is None and not pools:
         return "nothing to fuse"
     if group is not None:
-        why = _stage_fusable(graph, group, conv.name, tuple(conv.meta.shape), conv)
+        split = conv_norm.match(graph, conv, group) if group.rdims is not None and not pools else None
+        why = None if isinstance(split, conv_norm.NormSplit) else \
+            _stage_fusable(graph, group, conv.name, tuple(conv.meta.shape), conv)
         if why:
-            return why
+            return why if split is None else f"{why}; as a split norm: {split}"
     elif any(u.name != pools[0] for u in graph.users(conv.name)):
         return "the convolution's output has consumers besides its pool"
     last = group.outputs[0] if group is not None else conv.name
@@ -373,7 +387,13 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     if isinstance(b, Ref):
         code.append(f"acc = acc + {operand(b.name, tuple(1 if i == 1 else 0 for i in range(len(shape))), shape)}")
     out, meta, row_out, whole_n = conv.name, conv.meta, False, False
-    if group is not None:
+    norm = conv_norm.match(graph, conv, group) if group is not None and group.rdims is not None and not pools else None
+    if isinstance(norm, conv_norm.NormSplit):
+        code += _norm_prefix(graph, conv, norm, shape, operand)
+        out = group.outputs[0]
+        meta = graph.meta(out)
+    elif group is not None:
+        norm = None
         row_out = _stage(graph, group, conv.name, shape, code, operand)
         whole_n = group.rdims is not None
         out = group.outputs[0]
@@ -408,13 +428,47 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     w = conv.args[1].name
     widen = cast and graph.meta(w).dtype == "bfloat16"
     pre = Epilogue(tuple(ops[:pre_n]), "\n".join(code)) if code or ops[:pre_n] else IDENTITY
-    layouts = {v: (tuple(graph.meta(v).shape), tuple(graph.meta(v).stride)) for v in [*values, *pro_values]}
+    norm_values = [] if norm is None else [s.operand.value for s in norm.post if s.kind == "load"]
+    layouts = {v: (tuple(graph.meta(v).shape), tuple(graph.meta(v).stride))
+               for v in [*values, *pro_values, *norm_values]}
     into = placed_slot(graph, out) is not None and not row_out
     channels_last = meta.channels_last or (into and len(meta.shape) in (4, 5) and meta.stride[1] == 1)
     return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, channels_last, cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,
                         Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape),
-                        prologue, pro_values, pro_views, layouts, into, in_pool)
+                        prologue, pro_values, pro_views, layouts, into, in_pool, norm, tuple(meta.stride))
+
+
+def _norm_prefix(graph: Graph, conv: OpNode, norm: conv_norm.NormSplit, shape: tuple, operand) -> list[str]:
+    """The statements computing the value a split norm normalizes (conv_norm.match) on the
+    accumulator, its operands through `operand(value, strides over the output, shape)`."""
+    domain, C = norm.domain, shape[1]
+    split = len(domain) >= 3 and domain[1] * domain[2] == C and domain[1] not in (1, C)
+
+    def over_output(strides: tuple) -> tuple:
+        if split:  # [N, G, C / G, ...] -> [N, C, ...]
+            s_g, s_k = strides[1], strides[2]
+            if s_g == s_k * domain[2]:
+                s_c = s_k
+            elif s_g == 0 and s_k == 0:
+                s_c = 0
+            else:
+                raise Unsupported("an operand that varies along the channel groups unlike along the channels")
+            return output_view((strides[0], s_c, *strides[3:]), (domain[0], C, *domain[3:]), shape)
+        return output_view(tuple(strides), domain, shape)
+
+    own = over_output(norm.own.operand.strides)
+    if own != output_view(tuple(conv.meta.stride), shape, shape):
+        raise Unsupported("the group reads the convolution's output through a view")
+    lines = []
+    for st in norm.pre:
+        if st is norm.own:
+            lines.append(f"{st.var} = acc")
+        elif st.kind == "load":
+            lines.append(f"{st.var} = {operand(st.operand.value, over_output(st.operand.strides), shape)}")
+        else:
+            lines.append(f"{st.var} = {st.code}")
+    return lines + [f"acc = {norm.t}"]
 
 
 def _stage(graph: Graph, group: Group, value: str, shape: tuple, code: list[str], operand) -> bool:
@@ -489,7 +543,7 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
     """Module text whose `launch(*inputs)` runs the fused convolution with `config`; its inputs."""
     text = render_conv(fused.epilogue, name=name, transposed=fused.transposed, pool=fused.pool,
                        post=fused.post_epilogue, row_out=fused.row_out, whole_n=fused.whole_n, prologue=fused.prologue,
-                       in_pool=fused.in_pool)
+                       in_pool=fused.in_pool, stats=fused.norm is not None)
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS + SPLIT_KEYS if config.get(k)}
@@ -506,7 +560,8 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
                      + [f"{k}={v!r}" for k, v in fused.args.items()]
                      + ([f"pool_window={fused.pool_window!r}"] if fused.pool else [])
                      + ([f"prologue_operands=({''.join(p + ', ' for p in prologue)})"] if prologue else [])
-                     + [f"out_dtype=torch.{fused.out_dtype}", f"out_channels_last={fused.out_channels_last}"]
+                     + [f"out_dtype=torch.{fused.conv.meta.dtype if fused.norm is not None else fused.out_dtype}",
+                        f"out_channels_last={fused.out_channels_last}"]
                      + (["out=out0"] if fused.into else [])
                      + [f"{k}={v!r}" for k, v in kw.items()])
     out_shape = tuple(fused.out_meta_shape)
@@ -525,6 +580,8 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
         f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed"
         + (f"; {fused.absorbed[0]} as the prologue of its loads)" if prologue else ")"))
     into = "; out0= writes it into that tensor (a concatenation's slice)" if fused.into else ""
+    if fused.norm is not None:
+        return with_helpers(text + _norm_wrapper(fused, name, arg, call, expects, absorbed)), ins
     wrapper = f'''
 
 _conv_launch = launch
@@ -537,3 +594,38 @@ def launch({", ".join([arg[v] for v in ins] + (["out0=None"] if fused.into else 
 {expects}    return (_conv_launch({call}){reshape},)
 '''
     return with_helpers(text + wrapper), ins
+
+
+def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects: str, absorbed: str) -> str:
+    """launch() of a convolution whose normalization group is split around its statistics: the
+    convolution with the group's statements before them as its epilogue (writing the normalized
+    value t and its partial statistics), the rows' statistics from the partials, the statements
+    after them on t (codegen/conv_norm.py)."""
+    norm, out = fused.norm, fused.out
+    meta_shape, N = tuple(fused.out_meta_shape), fused.out_shape[0]
+    rows = N * norm.groups
+    loads = [s for s in norm.post if s.kind == "load"]
+    numel = math.prod(meta_shape)
+    kernels = conv_norm.kernels(norm, name)
+    return f'''
+{kernels}
+
+_conv_launch = launch
+
+
+def launch({", ".join(arg[v] for v in fused.inputs)}):
+    """{fused.conv.name}: convolution {list(fused.out_shape)} with group {fused.group.id}'s statements before its
+    statistics as the epilogue, which also keeps each tile's partial statistics; then the {rows} rows'
+    statistics ({norm.groups} per image of {norm.per_row} channel(s), {norm.count} values each) and the
+    statements after them in one pass{absorbed}.
+
+    Inputs: {", ".join(fused.inputs)}. Returns ({out},)."""
+{expects}    t, cnt, mean, m2 = _conv_launch({call})
+    row_mean = torch.empty({rows}, device=t.device, dtype=torch.float32)
+    row_m2 = torch.empty_like(row_mean)
+    {name}_stats[({rows},)](cnt, mean, m2, row_mean, row_m2, cnt.shape[1], cnt.shape[2], GROUPS={norm.groups},
+                PER_ROW={norm.per_row}, BLOCK=min(1024, triton.next_power_of_2(cnt.shape[1] * {norm.per_row})))
+    out = _alloc({meta_shape!r}, torch.{fused.out_dtype}, t.device, {tuple(fused.out_meta_stride)!r})
+    {name}_apply[(triton.cdiv({numel}, 1024),)](t, row_mean, row_m2, {"".join(arg[s.operand.value] + ", " for s in loads)}out, BLOCK=1024)
+    return (out,)
+'''

@@ -40,7 +40,7 @@ _KIND_DOC = {
 def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transposed: bool = False,
                 pool: str | None = None, post: Epilogue = IDENTITY, row_out: bool = False,
                 whole_n: bool = False, prologue: Epilogue = IDENTITY,
-                in_pool: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> str:
+                in_pool: tuple[tuple[int, ...], tuple[int, ...]] | None = None, stats: bool = False) -> str:
     """Module text of the convolution template (``transposed``: a transposed convolution, weight
     [Cin, Cout / groups, *kernel]) with `epilogue` fused; ``{name}_kernel`` and ``launch``.
 
@@ -59,7 +59,10 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
     in_pool: ((kd, kh, kw), (pd, ph, pw)): the input is max-pooled with that window and padding at
     stride 1 (a pooled tensor of the input's shape: an Inception module's pool branch) as it is
     loaded, in the per-tap channel-block loads (launch refuses boxes, rows and folded taps); not
-    with a prologue."""
+    with a prologue.
+    stats: launch also returns the per-(image, channel) statistics of the values y holds, as
+    partials (a normalization after the convolution then needs no pass of its own over y to get
+    them; codegen/conv_norm.py); convolutions without a pool or a channel reduction only."""
     if not name.isidentifier():
         raise ValueError(f"kernel name {name!r} is not a Python identifier")
     if pool not in (None, "max", "avg"):
@@ -76,6 +79,8 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
         (kd, kh, kw), (pd, ph, pw) = in_pool
         if any(k % 2 == 0 or p != (k - 1) // 2 for k, p in zip((kd, kh, kw), (pd, ph, pw))):
             raise ValueError(f"input pool {in_pool}: odd windows padded by half (the input's shape kept)")
+    if stats and (transposed or pool or row_out):
+        raise ValueError("statistics come from convolutions without a pool or a channel reduction only")
     if any(o.kind not in ("col", "scalar") for o in prologue.operands):
         raise ValueError("a prologue takes col (per input channel) and scalar operands only")
     rows = [o.name for o in both.operands if o.kind == "row"]
@@ -108,6 +113,7 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
             f"\n    then {pool}-pooled, then:\n" + render_code(post, indent=" " * 4) if not post.empty else
             (f"\n    then {pool}-pooled" if pool else "")),
         kind_doc=_KIND_DOC,
+        stats=bool(stats),
     )
     text = with_helpers(triton_template(TEMPLATE).render(**ctx))
     compile(text, f"<{name}>", "exec")  # fail here, with the text at hand, on a syntax error

@@ -501,13 +501,17 @@ class ConvTuner(KernelTuner):
                                  channels=1 << (cin.bit_length() - 1) if f.in_pool and cin >= 16 else cin, groups=groups,
                                  min_block_m=2 << (math.prod(f.pool_window) - 1).bit_length() if f.pool else 1, whole_n=f.whole_n,
                                  box_out=box_out, box_window=f.box_window)]
+        if f.norm is not None:  # (a tile of rows, not a box, may span two images at most)
+            pixels = math.prod(f.out_shape[2:])
+            self.space = [c for c in self.space if c.as_dict().get("BOX_W") or c.as_dict()["BLOCK_M"] <= pixels]
         if not self.space:
-            raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over")
+            raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over" if f.norm is None else
+                              "no tile of at most one image's pixels")
         self.seeds = self.space[:4]
         self.default = self.space[0]
         # cuDNN's own bias (+ residual) + ReLU epilogue, when the group is just that (batch norm folded):
         # one more candidate, first, on a GPU
-        self.chain = "no group" if f.group is None or f.pool else \
+        self.chain = "no group" if f.group is None or f.pool else "a split norm" if f.norm is not None else \
             cudnn_epilogue.match(graph, f.conv, f.group.nodes, f.group.outputs)
         if not isinstance(self.chain, str) and timed and torch.device(device).type == "cuda":
             lib = cudnn_epilogue.config()
@@ -515,13 +519,14 @@ class ConvTuner(KernelTuner):
         self.features = {"log2_M": math.log2(max(M, 1)), "log2_N": math.log2(max(N, 1)), "log2_K": math.log2(max(K, 1)),
                          "log2_groups": math.log2(groups), "n_operands": len(f.operands),
                          "transposed": float(f.transposed), "spatial": len(f.out_shape) - 2,
-                         "kind": "conv_pool" if f.pool else "conv_epilogue" if f.group is not None else "conv",
+                         "kind": "conv_pool" if f.pool else "conv_norm" if f.norm is not None
+                         else "conv_epilogue" if f.group is not None else "conv",
                          "pool_window": float(math.prod(f.pool_window)) if f.pool else 1.0,
                          "box": box_out is not None, "prologue": float(not f.prologue.empty)}
         self.task = (f"conv{len(f.out_shape) - 2}d{'T' if f.transposed else ''}/{M}x{N}x{K}/g{groups}"
                      + (f"/{f.group.id}" if f.group is not None else "")
                      + (f"/{f.pool}{list(f.pool_window)}" + (f"/{f.post.id}" if f.post else "") if f.pool else "")
-                     + ("/prologue" if not f.prologue.empty else ""))
+                     + ("/prologue" if not f.prologue.empty else "") + ("/norm_stats" if f.norm is not None else ""))
 
     def library_fn(self):
         return self._run_library if self.impls is None else chained(self.env, self.unit_inputs, self.impls)

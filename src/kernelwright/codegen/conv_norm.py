@@ -1,0 +1,203 @@
+"""A convolution and the normalization group after it (an instance, group or layer norm over the
+channels' spatial extent, with pointwise ops before and after it) as three kernels that pass over
+the convolution's output once more only:
+
+1. the convolution template (templates/triton/conv.py.j2, `stats`) computes the group's statements
+   before the norm (the value it normalizes, t) as its epilogue, writes t, and stores each tile's
+   partial statistics of t per (image, channel): count, mean and squared deviations about that
+   mean;
+2. `{name}_stats` combines the partials of each normalized row (an image's channel group) with
+   Chan's formula into its mean and squared deviations' sum: what the group's Welford pass would
+   compute, without reading t;
+3. `{name}_apply` reads t once and runs the group's statements after the norm on it (the mean and
+   sum per row loaded), writing the group's result; the convolution writes t in the result's
+   layout, so both walk memory in order.
+
+Against the convolution followed by the normalization kernel, t is read once instead of twice (a
+row too long for one pass: its statistics, then the normalization), and the normalization is a
+pointwise kernel walking memory in order.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kernelwright.capture.graph import Graph, OpNode
+from kernelwright.codegen.triton_group import Stmt, Unsupported, lower
+from kernelwright.plan.concat import placed_slot
+from kernelwright.plan.fusion import Group
+
+_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass
+class NormSplit:
+    """Where a normalization group splits around its statistics: `stmts` (its lowered statements),
+    `welford` (the statistics statement: var the squared deviations' sum, code the mean), `t` (the
+    variable it reads), `pre` (the statements computing t, the convolution's epilogue), and the
+    rows it normalizes: per image, `groups` rows of `per_row` channels each, `count` values a row."""
+
+    stmts: list[Stmt]
+    welford: Stmt
+    t: str
+    pre: list[Stmt]
+    post: list[Stmt]
+    own: Stmt  # the load of the convolution's output
+    groups: int
+    per_row: int
+    count: int
+    domain: tuple[int, ...]  # the group's domain, which its operands' strides run over
+
+
+def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
+    """The split of `group` (module docstring) as the normalization after `conv`, or why not: the
+    group normalizes rows of one image's channels (one channel, a channel group, or all of them)
+    over every spatial position with one Welford pass over a value it computes pointwise from the
+    convolution's output alone, writes one value of the output's shape, and the statements after
+    the statistics read no value before them but that one; a dense (groups 1), untransposed
+    convolution whose output the group alone reads."""
+    if group.rdims is None or len(group.outputs) != 1:
+        return "not a normalization group of one result"
+    if bool(conv.args[6]) or int(conv.args[8]) != 1:
+        return "statistics from dense, untransposed convolutions only"
+    shape = tuple(conv.meta.shape)
+    out = graph.meta(group.outputs[0])
+    if tuple(out.shape) != shape or out.dtype not in _DTYPES or conv.meta.dtype not in _DTYPES:
+        return "the group's result is not a float32 / bf16 value of the convolution's shape"
+    if placed_slot(graph, group.outputs[0]) is not None:
+        return "the group's result lies in a concatenation's buffer"
+    if any(u.name not in set(group.nodes) for u in graph.users(conv.name)) or conv.name in graph.outputs:
+        return "the convolution's output is read outside the group"
+    rows = _rows(tuple(group.domain), tuple(group.rdims), shape)
+    if isinstance(rows, str):
+        return rows
+    groups, per_row = rows
+    try:
+        stmts = list(lower(graph, group).stmts)
+    except Unsupported as e:
+        return str(e)
+    reduces = [s for s in stmts if s.kind == "reduce"]
+    if len(reduces) != 1 or reduces[0].op != "welford":
+        return "the group's statistics are not one Welford pass"
+    welford = reduces[0]
+    t = welford.deps[0]
+    by_var = {s.var: s for s in stmts}
+    need, todo = set(), [t]
+    while todo:
+        v = todo.pop()
+        if v in need or v not in by_var:
+            continue
+        need.add(v)
+        todo += list(by_var[v].deps)
+    pre = [s for s in stmts if s.var in need]
+    if any(s.kind not in ("load", "expr") or s.level != "full" and s.kind == "expr" for s in pre):
+        return "the value normalized is not computed pointwise"
+    owns = [s for s in pre if s.kind == "load" and s.operand.value == conv.name]
+    if len(owns) != 1:
+        return "the value normalized is not computed from the convolution's output"
+    i = stmts.index(welford)
+    post = [s for s in stmts[i + 1:] if s.var not in need]
+    if any(s.kind == "reduce" for s in post) or [s.kind for s in stmts[:i] if s.var not in need]:
+        return "statements before the statistics that the normalized value does not need"
+    early = need - {t}
+    if any(set(s.deps) & early for s in post):
+        return "a statement after the statistics reads a value computed before them besides the normalized one"
+    stores = [s for s in post if s.kind == "store"]
+    if len(stores) != 1 or stores[0].level != "full":
+        return "the group stores more than its normalized result"
+    spatial = math.prod(shape[2:])
+    return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, per_row * spatial, tuple(group.domain))
+
+
+def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int] | str:
+    """(rows per image, channels per row) for a group over
+    `domain` reducing `rdims` after a convolution of output `shape` [N, C, *spatial]: the domain is
+    [N, C or (G, C / G), spatial...] (spatial dims merged or not), N kept, every spatial dim
+    reduced, the channels kept (one per row), reduced (all of them a row) or split (G rows of C / G)."""
+    N, C, spatial = shape[0], shape[1], math.prod(shape[2:])
+    if not domain or domain[0] != N or 0 in rdims or math.prod(domain) != N * C * spatial:
+        return "the group's rows are not one image's channels"
+    split = len(domain) >= 3 and domain[1] * domain[2] == C and domain[1] not in (1, C)
+    rest = domain[3:] if split else domain[2:]
+    if math.prod(rest) != spatial or any(d not in rdims for d in range(len(domain) - len(rest), len(domain))):
+        return "the group does not normalize over every spatial position"
+    if split:
+        if 1 in rdims or 2 not in rdims:
+            return "a channel split whose groups are not the rows"
+        return domain[1], domain[2]
+    return (1, C) if 1 in rdims else (C, 1)
+
+
+def kernels(split: NormSplit, name: str) -> str:
+    """The source of `{name}_stats` and `{name}_apply` (module docstring) for `split`; the
+    module's launch() calls them (conv_epilogue.render)."""
+    post_loads = [s for s in split.post if s.kind == "load"]
+    store = next(s for s in split.post if s.kind == "store")
+    domain = split.domain
+    order = sorted(range(len(domain)), key=lambda d: (-store.operand.strides[d], d))
+    lines = [f"    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
+             f"    mask = o < {math.prod(domain)}"]
+    inner = 1
+    idx = {}
+    for d in reversed(order):  # the domain's indices, walked in the result's memory order
+        idx[d] = f"i{d}"
+        lines.append(f"    i{d} = (o // {inner}) % {domain[d]}" if inner > 1 else f"    i{d} = o % {domain[d]}")
+        inner *= domain[d]
+
+    def offset(strides) -> str:
+        return " + ".join(f"{idx[d]} * {s}" if s != 1 else idx[d] for d, s in enumerate(strides) if s) or "0"
+
+    lines.append("    row = i0" if split.groups == 1 else f"    row = i0 * {split.groups} + i1")
+    lines.append(f"    {split.welford.code} = tl.load(mean_ptr + row, mask=mask, other=0.0)")
+    lines.append(f"    {split.welford.var} = tl.load(m2_ptr + row, mask=mask, other=0.0)")
+    # (t lies in the result's layout: the convolution writes it so)
+    lines.append(f"    {split.t} = tl.load(t_ptr + {offset(store.operand.strides)}, mask=mask, other=0.0)"
+                 ".to(tl.float32)")
+    params = ["t_ptr", "mean_ptr", "m2_ptr"] + [f"{s.var}_ptr" for s in post_loads] + ["out_ptr"]
+    for s in split.post:
+        if s.kind == "load":
+            lines.append(f"    {s.var} = tl.load({s.var}_ptr + {offset(s.operand.strides)}, mask=mask, other=0.0)"
+                         ".to(tl.float32)")
+        elif s.kind == "expr":
+            lines.append(f"    {s.var} = {s.code}")
+        elif s.kind == "store":
+            lines.append(f"    tl.store(out_ptr + {offset(s.operand.strides)}, kw_cast_out({s.deps[0]}, out_ptr), "
+                         "mask=mask)")
+    return f'''
+
+@triton.jit
+def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, row_mean_ptr, row_m2_ptr, SLOTS, C,
+                 GROUPS: tl.constexpr, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """One normalized row (an image's channel group): its partials [image, slot, channel] of the
+    convolution's tiles combined (Chan): the mean and the squared deviations' sum of the row."""
+    r = tl.program_id(0)
+    n = r // GROUPS
+    c0 = (r % GROUPS) * PER_ROW
+    parts = SLOTS * PER_ROW
+    total = tl.zeros((BLOCK,), tl.float32)
+    weighted = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, parts, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        at = (n.to(tl.int64) * SLOTS + i % SLOTS) * C + c0 + i // SLOTS
+        cnt = tl.load(cnt_ptr + at, mask=i < parts, other=0.0)
+        total += cnt
+        weighted += cnt * tl.load(mean_ptr + at, mask=cnt > 0, other=0.0)
+    mean = tl.sum(weighted, axis=0) / tl.sum(total, axis=0)
+    dev = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, parts, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        at = (n.to(tl.int64) * SLOTS + i % SLOTS) * C + c0 + i // SLOTS
+        cnt = tl.load(cnt_ptr + at, mask=i < parts, other=0.0)
+        d = tl.load(mean_ptr + at, mask=cnt > 0, other=0.0) - mean
+        dev += tl.where(cnt > 0, tl.load(m2_ptr + at, mask=cnt > 0, other=0.0) + cnt * d * d, 0.0)
+    tl.store(row_mean_ptr + r, mean)
+    tl.store(row_m2_ptr + r, tl.sum(dev, axis=0))
+
+
+@triton.jit
+def {name}_apply({", ".join(params)}, BLOCK: tl.constexpr):
+    """The group's statements after its statistics, on t (the convolution's epilogue result),
+    walked in the memory order of the result."""
+{chr(10).join(lines)}
+'''
+

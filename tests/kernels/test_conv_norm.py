@@ -1,0 +1,181 @@
+"""A convolution with the normalization group after it split around its statistics
+(codegen/conv_norm.py): the template's partial statistics against torch's, which groups split and
+which do not, and the three kernels against the model in the Triton interpreter (instance, group
+and layer norms; 2- and 3-D; row tiles spanning two images and box tiles; fp32, tf32 and bf16)."""
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kernelwright.build.pyload import load_module_from_source
+from kernelwright.capture import capture
+from kernelwright.capture.execute import run_graph
+from kernelwright.codegen import conv_epilogue, conv_norm
+from kernelwright.codegen.triton_conv import render_conv
+from kernelwright.plan import plan_graph
+from kernelwright.plan.rewrites import rewrite
+from kernelwright.problem import from_module
+
+pytestmark = pytest.mark.interpreter
+CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), ".pytest_kw_cache")
+
+
+def _combined(cnt, mean, m2):
+    """Per (image, channel): count, mean and squared deviations' sum of the partials [N, slots, C] (Chan)."""
+    total = cnt.sum(1)
+    mu = (cnt * torch.where(cnt > 0, mean, 0.0)).sum(1) / total
+    return total, mu, torch.where(cnt > 0, m2 + cnt * (mean - mu[:, None]) ** 2, 0.0).sum(1)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, kw, tile, layout", [
+    # 63 pixels per image in tiles of 32: tiles span two images
+    ((3, 8, 7, 9), (16, 8, 3, 3), dict(padding=1), dict(BLOCK_M=32), "nchw"),
+    ((2, 16, 6, 5), (16, 16, 1, 1), {}, dict(BLOCK_M=16), "cl"),
+    ((2, 16, 4, 5, 6), (8, 16, 3, 3, 3), dict(padding=1), dict(BLOCK_M=64), "cl"),
+    # boxes (tensor descriptors): one image per tile
+    ((2, 16, 6, 8), (16, 16, 3, 3), dict(padding=1), dict(BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8), "cl"),
+    ((2, 16, 6, 8), (16, 16, 3, 3), dict(padding=1), dict(BLOCK_M=16, BOX_D=1, BOX_H=1, BOX_W=16), "cl"),
+], ids=["rows-span-images", "1x1", "3d", "box-2x8", "box-wider-than-row"])
+def test_the_template_keeps_each_tiles_statistics_per_image_and_channel(x_shape, w_shape, kw, tile, layout):
+    torch.manual_seed(0)
+    mod = load_module_from_source(render_conv(name="kw_conv_stats", stats=True), "kw_conv_stats", CACHE)
+    x, w = torch.randn(*x_shape), torch.randn(*w_shape)
+    if layout == "cl":
+        x = x.to(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    box = "BOX_W" in tile
+    y, cnt, mean, m2 = mod.launch(x, w, **kw, BLOCK_N=16, BLOCK_K=16, **tile, **({"INPUT_PRECISION": "tf32"} if box else {}))
+    ref = (F.conv2d if x.dim() == 4 else F.conv3d)(x, w, **kw)
+    torch.testing.assert_close(y, ref, rtol=3e-2 if box else 1e-4, atol=3e-2 if box else 1e-4)
+    total, mu, dev = _combined(cnt, mean, m2)
+    flat = y.flatten(2)  # (the statistics are those of the values y holds)
+    assert torch.all(total == flat.shape[2])
+    torch.testing.assert_close(mu, flat.mean(2), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dev, flat.var(2, unbiased=False) * flat.shape[2], rtol=1e-4, atol=1e-3)
+
+
+def test_a_row_tile_wider_than_one_image_is_refused():
+    mod = load_module_from_source(render_conv(name="kw_conv_stats", stats=True), "kw_conv_stats", CACHE)
+    with pytest.raises(ValueError, match="more than two images"):
+        mod.launch(torch.randn(4, 8, 4, 4), torch.randn(16, 8, 1, 1), BLOCK_M=32, BLOCK_N=16, BLOCK_K=16)
+
+
+class ConvNorm(nn.Module):
+    """A convolution, pointwise ops, a norm over each image's channels (group, instance or layer
+    norm), pointwise ops after it."""
+
+    def __init__(self, norm="group", nd=2, cin=8, cout=16, pre=True, groups=4):
+        super().__init__()
+        conv = nn.Conv2d if nd == 2 else nn.Conv3d
+        self.conv = conv(cin, cout, 3)
+        self.bias = nn.Parameter(torch.randn(cout, *([1] * nd)))
+        self.norm = {"group": lambda: nn.GroupNorm(groups, cout),
+                     "instance": lambda: (nn.InstanceNorm2d if nd == 2 else nn.InstanceNorm3d)(cout)}[norm]() \
+            if norm != "layer" else None
+        self.pre = pre
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.pre:
+            y = torch.sigmoid(y + self.bias) * 3.0
+        y = self.norm(y) if self.norm is not None else F.layer_norm(y, y.shape[1:])
+        return torch.tanh(y) / 2.0
+
+
+def _split_pair(model, x, policy):
+    g = rewrite(capture(from_module(model.eval(), [x])), policy)[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.kind == "conv"]
+    return g, plan, pair
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("name, model, shape, tile", [
+    ("group", lambda: ConvNorm("group"), (2, 8, 10, 12), dict(BLOCK_M=32)),
+    ("instance", lambda: ConvNorm("instance", pre=False), (3, 8, 9, 7), dict(BLOCK_M=16)),
+    ("layer", lambda: ConvNorm("layer"), (2, 8, 6, 7), dict(BLOCK_M=16)),
+    ("group3d", lambda: ConvNorm("group", nd=3, groups=2), (2, 8, 5, 6, 7), dict(BLOCK_M=32)),
+    ("instance-box", lambda: ConvNorm("instance", cin=16), (2, 16, 8, 10), dict(BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)),
+    ("residual", lambda: Residual(of_y=True), (2, 4, 7, 9), dict(BLOCK_M=16)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_convolution_the_rows_statistics_and_the_apply_compute_the_group(name, model, shape, tile, policy):
+    torch.manual_seed(1)
+    model, x = model(), torch.randn(*shape)
+    g, plan, pair = _split_pair(model, x, policy)
+    node = g.node(pair.anchor)
+    assert conv_epilogue.fusable(g, node, pair.group) is None
+    fused = conv_epilogue.build(g, node, pair.group, plan.groups)
+    split = fused.norm
+    assert split is not None and split.count * split.groups == fused.out_shape[1] * (fused.gemm[0] // fused.out_shape[0])
+    text, ins = conv_epilogue.render(fused, dict(BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, **tile), policy,
+                                     f"kw_norm_{name}_{policy}".replace("-", "_"))
+    mod = load_module_from_source(text, f"kw_norm_{name}_{policy}".replace("-", "_"), CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        (res,) = mod.launch(*[env[v] for v in ins])
+        want = run_graph(g, model, [x])[0]
+    assert res.stride() == tuple(g.meta(fused.out).stride)  # (the layout the plan gave the result)
+    tol = {"fp32": 1e-4, "tf32": 3e-3, "bf16": 3e-2}[policy]
+    torch.testing.assert_close(res.float(), want.float(), rtol=tol, atol=tol)
+
+
+class Residual(nn.Module):
+    """The convolution's output read again after the norm of a value computed from it: not a
+    split (the apply reads the normalized value only; the norm of y itself plus y is one)."""
+
+    def __init__(self, of_y=False):
+        super().__init__()
+        self.conv, self.norm, self.of_y = nn.Conv2d(4, 8, 3), nn.GroupNorm(2, 8), of_y
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.norm(y if self.of_y else torch.relu(y)) + y
+
+
+class Tapped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(4, 8, 3), nn.GroupNorm(2, 8)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.norm(y), y.mean()
+
+
+@pytest.mark.parametrize("model, why", [
+    (lambda: nn.Sequential(nn.ConvTranspose2d(4, 8, 3), nn.GroupNorm(2, 8)), "untransposed"),
+    (lambda: nn.Sequential(nn.Conv2d(4, 8, 3, groups=2), nn.GroupNorm(2, 8)), "dense"),
+    (Residual, "reads a value computed before them"),
+    (Tapped, "one result"),  # (the planner puts the mean of y and the norm in one group)
+    (lambda: nn.Sequential(nn.Conv2d(4, 8, 3), nn.GroupNorm(1, 8)), "every spatial position"),
+], ids=["transposed", "grouped", "residual", "tapped", "one-group"])
+def test_what_does_not_split(model, why):
+    model, x = model().eval(), torch.randn(2, 4, 7, 7)
+    g = rewrite(capture(from_module(model, [x])), "fp32")[0]
+    plan = plan_graph(g)
+    conv = next(n for n in g.nodes if n.target == "aten.convolution.default")
+    group = next(gr for gr in plan.groups if gr.rdims is not None and any("norm" in n for n in gr.nodes))
+    got = conv_norm.match(g, conv, group)
+    assert isinstance(got, str) and why in got, got
+
+
+def test_the_emitted_forward_runs_the_convolution_and_its_norm_as_one_unit(tmp_path):
+    """optimize with every generated kernel (--no-library): the convolution and the group norm
+    group are one launch whose module holds the statistics and apply kernels; verified."""
+    from kernelwright.pipeline import Options, optimize_problem
+
+    torch.manual_seed(2)
+    model, x = ConvNorm("group").eval(), torch.randn(2, 8, 10, 12)
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(model, [x]), out, Options(
+        device="cpu", budget_trials=2, no_library=True, precision="tf32", db_path=str(tmp_path / "db.jsonl"),
+        log=lambda s: None))
+    assert result["verify"]["passed"] and not result.get("verify_fallback")
+    body = (out / "model_new.py").read_text().split("def _kw_forward_any", 1)[1].split("\n\n\n", 1)[0]
+    launches = [line for line in body.splitlines() if ".launch(" in line]
+    assert len([line for line in launches if "_conv.launch(" in line]) == 1, body
+    assert "native_group_norm" not in body and "torch.convolution" not in body
+    kernel = next(p for p in (out / "kernels").glob("*_conv.py"))
+    text = kernel.read_text()
+    assert "_stats[" in text and "_apply[" in text
