@@ -98,6 +98,8 @@ def _split_pair(model, x, policy):
     ("group3d", lambda: ConvNorm("group", nd=3, groups=2), (2, 8, 5, 6, 7), dict(BLOCK_M=32)),
     ("instance-box", lambda: ConvNorm("instance", cin=16), (2, 16, 8, 10), dict(BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)),
     ("residual", lambda: Residual(of_y=True), (2, 4, 7, 9), dict(BLOCK_M=16)),
+    ("scaled-both-sides", lambda: ScaledBothSides(), (2, 4, 5, 6, 7), dict(BLOCK_M=32)),
+    ("group-of-one-channel", lambda: ConvNorm("group", cout=12, groups=12), (2, 8, 7, 7), dict(BLOCK_M=16)),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_the_convolution_the_rows_statistics_and_the_apply_compute_the_group(name, model, shape, tile, policy):
     torch.manual_seed(1)
@@ -118,6 +120,20 @@ def test_the_convolution_the_rows_statistics_and_the_apply_compute_the_group(nam
     assert res.stride() == tuple(g.meta(fused.out).stride)  # (the layout the plan gave the result)
     tol = {"fp32": 1e-4, "tf32": 3e-3, "bf16": 3e-2}[policy]
     torch.testing.assert_close(res.float(), want.float(), rtol=tol, atol=tol)
+
+
+class ScaledBothSides(nn.Module):
+    """One per-channel scale before and after an instance norm (KernelBench's conv - multiply -
+    instance norm - clamp - multiply): the apply loads the scale again."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv3d(4, 8, 3), nn.InstanceNorm3d(8)
+        self.m = nn.Parameter(torch.rand(8, 1, 1, 1) + 0.5)
+
+    def forward(self, x):
+        y = self.norm(self.conv(x) * self.m)
+        return torch.clamp(y, -1.0, 1.0) * self.m
 
 
 class Residual(nn.Module):

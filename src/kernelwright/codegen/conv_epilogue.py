@@ -454,8 +454,12 @@ def _norm_prefix(graph: Graph, conv: OpNode, norm: conv_norm.NormSplit, shape: t
                 s_c = 0
             else:
                 raise Unsupported("an operand that varies along the channel groups unlike along the channels")
-            return output_view((strides[0], s_c, *strides[3:]), (domain[0], C, *domain[3:]), shape)
-        return output_view(tuple(strides), domain, shape)
+            strides, dims = (strides[0], s_c, *strides[3:]), (domain[0], C, *domain[3:])
+        else:
+            dims = domain
+        # (size-1 dims dropped: a group norm of one channel per group has a [N, C, 1, spatial] domain)
+        kept = [(n, st) for n, st in zip(dims, strides) if n != 1] or [(1, 0)]
+        return output_view(tuple(st for _, st in kept), tuple(n for n, _ in kept), shape)
 
     own = over_output(norm.own.operand.strides)
     if own != output_view(tuple(conv.meta.stride), shape, shape):

@@ -34,7 +34,8 @@ _DTYPES = ("float32", "bfloat16")
 class NormSplit:
     """Where a normalization group splits around its statistics: `stmts` (its lowered statements),
     `welford` (the statistics statement: var the squared deviations' sum, code the mean), `t` (the
-    variable it reads), `pre` (the statements computing t, the convolution's epilogue), and the
+    variable it reads), `pre` (the statements computing t, the convolution's epilogue), `post`
+    (the statements after the statistics, with the loads they share with `pre` first), and the
     rows it normalizes: per image, `groups` rows of `per_row` channels each, `count` values a row."""
 
     stmts: list[Stmt]
@@ -99,9 +100,14 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     post = [s for s in stmts[i + 1:] if s.var not in need]
     if any(s.kind == "reduce" for s in post) or [s.kind for s in stmts[:i] if s.var not in need]:
         return "statements before the statistics that the normalized value does not need"
-    early = need - {t}
+    # an operand loaded before the statistics and read after them too (a scale applied on both
+    # sides of the norm) is loaded again by the apply
+    again = {d for s in post for d in s.deps}
+    reloads = [s for s in pre if s.kind == "load" and s is not owns[0] and s.var in again]
+    early = need - {t} - {s.var for s in reloads}
     if any(set(s.deps) & early for s in post):
         return "a statement after the statistics reads a value computed before them besides the normalized one"
+    post = reloads + post
     stores = [s for s in post if s.kind == "store"]
     if len(stores) != 1 or stores[0].level != "full":
         return "the group stores more than its normalized result"
@@ -135,7 +141,11 @@ def kernels(split: NormSplit, name: str) -> str:
     store = next(s for s in split.post if s.kind == "store")
     domain = split.domain
     order = sorted(range(len(domain)), key=lambda d: (-store.operand.strides[d], d))
-    lines = [f"    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
+    # int32 index arithmetic (divisions by constants become multiplies) unless an offset passes 2**31
+    reach = max([math.prod(domain) + 1024] + [sum((n - 1) * abs(st) for n, st in zip(domain, s.operand.strides))
+                                              for s in post_loads + [store]])
+    pid = "tl.program_id(0).to(tl.int64)" if reach >= 2**31 else "tl.program_id(0)"
+    lines = [f"    o = {pid} * BLOCK + tl.arange(0, BLOCK)",
              f"    mask = o < {math.prod(domain)}"]
     inner = 1
     idx = {}

@@ -501,9 +501,12 @@ class ConvTuner(KernelTuner):
                                  channels=1 << (cin.bit_length() - 1) if f.in_pool and cin >= 16 else cin, groups=groups,
                                  min_block_m=2 << (math.prod(f.pool_window) - 1).bit_length() if f.pool else 1, whole_n=f.whole_n,
                                  box_out=box_out, box_window=f.box_window)]
-        if f.norm is not None:  # (a tile of rows, not a box, may span two images at most)
-            pixels = math.prod(f.out_shape[2:])
-            self.space = [c for c in self.space if c.as_dict().get("BOX_W") or c.as_dict()["BLOCK_M"] <= pixels]
+        if f.norm is not None:  # (a tile of rows, not a box, may span two images at most: narrower tiles)
+            fit = 1 << (math.prod(f.out_shape[2:]).bit_length() - 1)
+            self.space = list(dict.fromkeys(
+                c if c.as_dict().get("BOX_W") or c.as_dict()["BLOCK_M"] <= fit else
+                Config.make(c.template, **{**c.as_dict(), "BLOCK_M": fit}) for c in self.space
+                if c.as_dict().get("BOX_W") or fit >= 16))
         if not self.space:
             raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over" if f.norm is None else
                               "no tile of at most one image's pixels")
