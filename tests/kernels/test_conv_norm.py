@@ -100,6 +100,7 @@ def _split_pair(model, x, policy):
     ("residual", lambda: Residual(of_y=True), (2, 4, 7, 9), dict(BLOCK_M=16)),
     ("scaled-both-sides", lambda: ScaledBothSides(), (2, 4, 5, 6, 7), dict(BLOCK_M=32)),
     ("group-of-one-channel", lambda: ConvNorm("group", cout=12, groups=12), (2, 8, 7, 7), dict(BLOCK_M=16)),
+    ("min-of-tensor", lambda: MinOfTensor(), (2, 4, 5, 6, 7), dict(BLOCK_M=32)),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_the_convolution_the_rows_statistics_and_the_apply_compute_the_group(name, model, shape, tile, policy):
     torch.manual_seed(1)
@@ -134,6 +135,18 @@ class ScaledBothSides(nn.Module):
     def forward(self, x):
         y = self.norm(self.conv(x) * self.m)
         return torch.clamp(y, -1.0, 1.0) * self.m
+
+
+class MinOfTensor(nn.Module):
+    """A 0-d tensor read after the norm (KernelBench's conv - group norm - torch.min with a tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv3d(4, 8, 3), nn.GroupNorm(8, 8)
+
+    def forward(self, x):
+        y = self.norm(self.conv(x))
+        return torch.clamp(torch.min(y, torch.tensor(0.25, device=x.device)), min=-0.5)
 
 
 class Residual(nn.Module):

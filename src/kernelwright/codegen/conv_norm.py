@@ -165,7 +165,9 @@ def kernels(split: NormSplit, name: str) -> str:
                  ".to(tl.float32)")
     params = ["t_ptr", "mean_ptr", "m2_ptr"] + [f"{s.var}_ptr" for s in post_loads] + ["out_ptr"]
     for s in split.post:
-        if s.kind == "load":
+        if s.kind == "load" and not any(s.operand.strides):  # (a 0-d operand: one value)
+            lines.append(f"    {s.var} = tl.load({s.var}_ptr).to(tl.float32)")
+        elif s.kind == "load":
             lines.append(f"    {s.var} = tl.load({s.var}_ptr + {offset(s.operand.strides)}, mask=mask, other=0.0)"
                          ".to(tl.float32)")
         elif s.kind == "expr":
