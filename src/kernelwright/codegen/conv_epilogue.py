@@ -443,10 +443,9 @@ def _norm_prefix(graph: Graph, conv: OpNode, norm: conv_norm.NormSplit, shape: t
     """The statements computing the value a split norm normalizes (conv_norm.match) on the
     accumulator, its operands through `operand(value, strides over the output, shape)`."""
     domain, C = norm.domain, shape[1]
-    split = len(domain) >= 3 and domain[1] * domain[2] == C and domain[1] not in (1, C)
 
     def over_output(strides: tuple) -> tuple:
-        if split:  # [N, G, C / G, ...] -> [N, C, ...]
+        if norm.channel_split:  # [N, G, C / G, ...] -> [N, C, ...]
             s_g, s_k = strides[1], strides[2]
             if s_g == s_k * domain[2]:
                 s_c = s_k

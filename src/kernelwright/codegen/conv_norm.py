@@ -48,6 +48,7 @@ class NormSplit:
     per_row: int
     count: int
     domain: tuple[int, ...]  # the group's domain, which its operands' strides run over
+    channel_split: bool  # the domain splits the channels as [groups, per_row] (a group norm)
 
 
 def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
@@ -72,7 +73,7 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     rows = _rows(tuple(group.domain), tuple(group.rdims), shape)
     if isinstance(rows, str):
         return rows
-    groups, per_row = rows
+    groups, per_row, channel_split = rows
     try:
         stmts = list(lower(graph, group).stmts)
     except Unsupported as e:
@@ -112,11 +113,12 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     if len(stores) != 1 or stores[0].level != "full":
         return "the group stores more than its normalized result"
     spatial = math.prod(shape[2:])
-    return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, per_row * spatial, tuple(group.domain))
+    return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, per_row * spatial, tuple(group.domain),
+                     channel_split)
 
 
-def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int] | str:
-    """(rows per image, channels per row) for a group over
+def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int, bool] | str:
+    """(rows per image, channels per row, whether the domain splits the channels) for a group over
     `domain` reducing `rdims` after a convolution of output `shape` [N, C, *spatial]: the domain is
     [N, C or (G, C / G), spatial...] (spatial dims merged or not), N kept, every spatial dim
     reduced, the channels kept (one per row), reduced (all of them a row) or split (G rows of C / G)."""
@@ -130,8 +132,8 @@ def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int] | str:
     if split:
         if 1 in rdims or 2 not in rdims:
             return "a channel split whose groups are not the rows"
-        return domain[1], domain[2]
-    return (1, C) if 1 in rdims else (C, 1)
+        return domain[1], domain[2], True
+    return (1, C, False) if 1 in rdims else (C, 1, False)
 
 
 def kernels(split: NormSplit, name: str) -> str:
