@@ -69,6 +69,8 @@ CASES = {
     # each tile's partial statistics for the normalization after it (codegen/conv_norm.py)
     "conv2d-stats-tf32-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "tf32", "cl", True, 3, dict(stats=True)),
     "conv3d-stats-fp32": (False, (16, 3, 24, 32, 32), (24, 3, 3, 3, 3), {}, "fp32", "nchw", False, 2, dict(stats=True)),
+    "convT2d-s2-stats-tf32": (True, (16, 64, 32, 32), (64, 64, 3, 3), dict(stride=2, padding=1, output_padding=1),
+                              "tf32", "cl", True, 2, dict(stats=True)),
 }
 PROLOGUE = Epilogue((EpilogueOperand("p0", "col"), EpilogueOperand("p1", "col")), "acc = tl.maximum(acc * p0 + p1, 0.0)")
 

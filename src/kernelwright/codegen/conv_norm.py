@@ -56,12 +56,12 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     group normalizes rows of one image's channels (one channel, a channel group, or all of them)
     over every spatial position with one Welford pass over a value it computes pointwise from the
     convolution's output alone, writes one value of the output's shape, and the statements after
-    the statistics read no value before them but that one; a dense (groups 1), untransposed
-    convolution whose output the group alone reads."""
+    the statistics read no value before them but that one (or operands); a dense (groups 1)
+    convolution or transposed convolution whose output the group alone reads."""
     if group.rdims is None or len(group.outputs) != 1:
         return "not a normalization group of one result"
-    if bool(conv.args[6]) or int(conv.args[8]) != 1:
-        return "statistics from dense, untransposed convolutions only"
+    if int(conv.args[8]) != 1:
+        return "statistics from dense (groups 1) convolutions only"
     shape = tuple(conv.meta.shape)
     out = graph.meta(group.outputs[0])
     if tuple(out.shape) != shape or out.dtype not in _DTYPES or conv.meta.dtype not in _DTYPES:

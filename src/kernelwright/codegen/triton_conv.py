@@ -62,7 +62,7 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
     with a prologue.
     stats: launch also returns the per-(image, channel) statistics of the values y holds, as
     partials (a normalization after the convolution then needs no pass of its own over y to get
-    them; codegen/conv_norm.py); convolutions without a pool or a channel reduction only."""
+    them; codegen/conv_norm.py); (transposed) convolutions without a pool or a channel reduction only."""
     if not name.isidentifier():
         raise ValueError(f"kernel name {name!r} is not a Python identifier")
     if pool not in (None, "max", "avg"):
@@ -79,7 +79,7 @@ def render_conv(epilogue: Epilogue = IDENTITY, *, name: str = "kw_conv", transpo
         (kd, kh, kw), (pd, ph, pw) = in_pool
         if any(k % 2 == 0 or p != (k - 1) // 2 for k, p in zip((kd, kh, kw), (pd, ph, pw))):
             raise ValueError(f"input pool {in_pool}: odd windows padded by half (the input's shape kept)")
-    if stats and (transposed or pool or row_out):
+    if stats and (pool or row_out):
         raise ValueError("statistics come from convolutions without a pool or a channel reduction only")
     if any(o.kind not in ("col", "scalar") for o in prologue.operands):
         raise ValueError("a prologue takes col (per input channel) and scalar operands only")

@@ -502,7 +502,9 @@ class ConvTuner(KernelTuner):
                                  min_block_m=2 << (math.prod(f.pool_window) - 1).bit_length() if f.pool else 1, whole_n=f.whole_n,
                                  box_out=box_out, box_window=f.box_window)]
         if f.norm is not None:  # (a tile of rows, not a box, may span two images at most: narrower tiles)
-            fit = 1 << (math.prod(f.out_shape[2:]).bit_length() - 1)
+            least = math.prod(max(1, o // s) for o, s in zip(f.out_shape[2:], f.args["stride"])) if f.transposed \
+                else math.prod(f.out_shape[2:])  # (an image's pixels in its smallest phase class)
+            fit = 1 << (least.bit_length() - 1)
             self.space = list(dict.fromkeys(
                 c if c.as_dict().get("BOX_W") or c.as_dict()["BLOCK_M"] <= fit else
                 Config.make(c.template, **{**c.as_dict(), "BLOCK_M": fit}) for c in self.space
