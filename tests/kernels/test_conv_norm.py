@@ -227,3 +227,49 @@ def test_the_emitted_forward_runs_the_convolution_and_its_norm_as_one_unit(tmp_p
     kernel = next(p for p in (out / "kernels").glob("*_conv.py"))
     text = kernel.read_text()
     assert "_stats[" in text and "_apply[" in text
+
+
+class ConvBatchNorm(nn.Module):
+    """A convolution, a batch norm and a scale (KernelBench's conv - batch norm - scaling), timed in
+    training mode: the norm's rows are channels over every image, and it updates its running
+    statistics."""
+
+    def __init__(self, nd=2, transposed=False):
+        super().__init__()
+        conv = {(2, False): nn.Conv2d, (3, False): nn.Conv3d, (2, True): nn.ConvTranspose2d}[(nd, transposed)]
+        self.conv = conv(8, 16, 3, **({"stride": 2} if transposed else {}))
+        self.bn = (nn.BatchNorm2d if nd == 2 else nn.BatchNorm3d)(16, momentum=0.3)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)) * 2.0
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+@pytest.mark.parametrize("name, model, shape", [
+    ("2d", lambda: ConvBatchNorm(), (3, 8, 9, 7)),
+    ("3d", lambda: ConvBatchNorm(nd=3), (2, 8, 4, 5, 6)),
+    ("transposed", lambda: ConvBatchNorm(transposed=True), (2, 8, 4, 5)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_training_batch_norm_takes_its_rows_over_every_image_and_updates_its_running_statistics(
+        name, model, shape, policy):
+    torch.manual_seed(3)
+    model, x = model().train(), torch.randn(*shape)
+    g = rewrite(capture(from_module(model, [x])), policy)[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.kind == "conv"]
+    node = g.node(pair.anchor)
+    assert conv_epilogue.fusable(g, node, pair.group) is None
+    fused = conv_epilogue.build(g, node, pair.group, plan.groups)
+    assert fused.norm.over_batch and len(fused.outputs) == 3  # (the result and the two running statistics)
+    text, ins = conv_epilogue.render(fused, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1), policy,
+                                     f"kw_bn_{name}_{policy}")
+    mod = load_module_from_source(text, f"kw_bn_{name}_{policy}", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        got = mod.launch(*[env[v] for v in ins])
+    tol = 1e-4 if policy == "fp32" else 3e-3
+    for v, res in zip(fused.outputs, got):
+        torch.testing.assert_close(res, env[v].to(res.dtype), rtol=tol, atol=tol, msg=lambda m, v=v: f"{v}: {m}")

@@ -79,6 +79,8 @@ class ConvEpilogue:
     # epilogue computes the value it normalizes, the kernels after the convolution the rest
     norm: conv_norm.NormSplit | None = None
     out_meta_stride: tuple[int, ...] = ()  # the strides of `out`
+    # a split norm's values of one per row (new running statistics): (shape, strides, dtype) each
+    row_metas: dict[str, tuple] = field(default_factory=dict)
 
     @property
     def args(self) -> dict:
@@ -135,6 +137,11 @@ class ConvEpilogue:
         """The graph values the statements after a split norm's statistics load."""
         return [] if self.norm is None else list(dict.fromkeys(
             s.operand.value for s in self.norm.post if s.kind == "load"))
+
+    @property
+    def outputs(self) -> list[str]:
+        """The graph values launch() returns, in order."""
+        return list(self.norm.outputs) if self.norm is not None else [self.out]
 
     @property
     def gemm(self) -> tuple[int, int, int]:
@@ -305,6 +312,7 @@ def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, .
         return "the convolution's output itself is a model output"
     if group is None and not pools:
         return "nothing to fuse"
+    split = None
     if group is not None:
         split = conv_norm.match(graph, conv, group) if group.rdims is not None and not pools else None
         why = None if isinstance(split, conv_norm.NormSplit) else \
@@ -313,7 +321,7 @@ def fusable(graph: Graph, conv: OpNode, group: Group | None, pools: tuple[str, .
             return why if split is None else f"{why}; as a split norm: {split}"
     elif any(u.name != pools[0] for u in graph.users(conv.name)):
         return "the convolution's output has consumers besides its pool"
-    last = group.outputs[0] if group is not None else conv.name
+    last = conv.name if group is None else split.out if isinstance(split, conv_norm.NormSplit) else group.outputs[0]
     if pools:
         if bool(conv.args[6]):
             return "pooling is fused into convolutions only (a transposed one's programs own one stride phase class)"
@@ -390,7 +398,7 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     norm = conv_norm.match(graph, conv, group) if group is not None and group.rdims is not None and not pools else None
     if isinstance(norm, conv_norm.NormSplit):
         code += _norm_prefix(graph, conv, norm, shape, operand)
-        out = group.outputs[0]
+        out = norm.out
         meta = graph.meta(out)
     elif group is not None:
         norm = None
@@ -436,7 +444,9 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     return ConvEpilogue(conv, group, pre, x, w, values, views, out, shape, meta.dtype, channels_last, cast,
                         tuple(graph.meta(w).shape), absorbed, absorbed_nodes, widen, pool, window, tuple(pools), post,
                         Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape),
-                        prologue, pro_values, pro_views, layouts, into, in_pool, norm, tuple(meta.stride))
+                        prologue, pro_values, pro_views, layouts, into, in_pool, norm, tuple(meta.stride),
+                        {} if norm is None else {v: (tuple(graph.meta(v).shape), tuple(graph.meta(v).stride),
+                                                     graph.meta(v).dtype) for v in norm.outputs if v != out})
 
 
 def _norm_prefix(graph: Graph, conv: OpNode, norm: conv_norm.NormSplit, shape: tuple, operand) -> list[str]:
@@ -602,33 +612,43 @@ def launch({", ".join([arg[v] for v in ins] + (["out0=None"] if fused.into else 
 def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects: str, absorbed: str) -> str:
     """launch() of a convolution whose normalization group is split around its statistics: the
     convolution with the group's statements before them as its epilogue (writing the normalized
-    value t and its partial statistics), the rows' statistics from the partials, the statements
-    after them on t (codegen/conv_norm.py)."""
+    value t and its partial statistics), the rows' statistics from the partials (and the group's
+    values of one per row), the statements after them on t (codegen/conv_norm.py)."""
     norm, out = fused.norm, fused.out
     meta_shape, N = tuple(fused.out_meta_shape), fused.out_shape[0]
-    rows = N * norm.groups
-    loads = [s for s in norm.post if s.kind == "load"]
+    rows = norm.groups if norm.over_batch else N * norm.groups
     numel = math.prod(meta_shape)
-    kernels = conv_norm.kernels(norm, name)
+    graph_meta = fused.row_metas
+    row_args = []  # the statistics kernel's operands and outputs of one per row, in its order
+    for st in conv_norm.row_statements(norm):
+        if st.kind == "load":
+            row_args.append(arg[st.operand.value])
+        elif st.kind == "store":
+            row_args.append(f"out_{st.operand.value}")
+    allocs = "".join(f"    out_{v} = _alloc({shape!r}, torch.{dtype}, t.device, {stride!r})\n"
+                     for v, (shape, stride, dtype) in graph_meta.items())
+    results = ", ".join("out" if v == out else f"out_{v}" for v in norm.outputs)
+    rows_doc = (f"{rows} rows' statistics (a channel over all {N} images" if norm.over_batch else
+                f"{rows} rows' statistics ({norm.groups} per image of {norm.per_row} channel(s)")
     return f'''
-{kernels}
+{conv_norm.kernels(norm, name)}
 
 _conv_launch = launch
 
 
 def launch({", ".join(arg[v] for v in fused.inputs)}):
     """{fused.conv.name}: convolution {list(fused.out_shape)} with group {fused.group.id}'s statements before its
-    statistics as the epilogue, which also keeps each tile's partial statistics; then the {rows} rows'
-    statistics ({norm.groups} per image of {norm.per_row} channel(s), {norm.count} values each) and the
-    statements after them in one pass{absorbed}.
+    statistics as the epilogue, which also keeps each tile's partial statistics; then the
+    {rows_doc}, {norm.count} values each) and the statements after them in one pass{absorbed}.
 
-    Inputs: {", ".join(fused.inputs)}. Returns ({out},)."""
+    Inputs: {", ".join(fused.inputs)}. Returns ({", ".join(norm.outputs)},)."""
 {expects}    t, cnt, mean, m2 = _conv_launch({call})
     row_mean = torch.empty({rows}, device=t.device, dtype=torch.float32)
     row_m2 = torch.empty_like(row_mean)
-    {name}_stats[({rows},)](cnt, mean, m2, row_mean, row_m2, cnt.shape[1], cnt.shape[2], GROUPS={norm.groups},
-                PER_ROW={norm.per_row}, BLOCK=min(1024, triton.next_power_of_2(cnt.shape[1] * {norm.per_row})))
+{allocs}    {name}_stats[({rows},)](cnt, mean, m2, row_mean, row_m2, {"".join(a + ", " for a in row_args)}cnt.shape[1], cnt.shape[2], {N},
+                GROUPS={norm.groups}, PER_ROW={norm.per_row},
+                BLOCK=min(1024, triton.next_power_of_2(cnt.shape[1] * {norm.per_row}{f" * {N}" if norm.over_batch else ""})))
     out = _alloc({meta_shape!r}, torch.{fused.out_dtype}, t.device, {tuple(fused.out_meta_stride)!r})
-    {name}_apply[(triton.cdiv({numel}, 1024),)](t, row_mean, row_m2, {"".join(arg[s.operand.value] + ", " for s in loads)}out, BLOCK=1024)
-    return (out,)
+    {name}_apply[(triton.cdiv({numel}, 1024),)](t, row_mean, row_m2, {"".join(arg[s.operand.value] + ", " for s in conv_norm.apply_loads(norm))}out, BLOCK=1024)
+    return ({results},)
 '''

@@ -36,7 +36,8 @@ class NormSplit:
     `welford` (the statistics statement: var the squared deviations' sum, code the mean), `t` (the
     variable it reads), `pre` (the statements computing t, the convolution's epilogue), `post`
     (the statements after the statistics, with the loads they share with `pre` first), and the
-    rows it normalizes: per image, `groups` rows of `per_row` channels each, `count` values a row."""
+    rows it normalizes: per image (or, `over_batch`, over all images), `groups` rows of `per_row`
+    channels each, `count` values a row."""
 
     stmts: list[Stmt]
     welford: Stmt
@@ -49,6 +50,9 @@ class NormSplit:
     count: int
     domain: tuple[int, ...]  # the group's domain, which its operands' strides run over
     channel_split: bool  # the domain splits the channels as [groups, per_row] (a group norm)
+    over_batch: bool  # a row spans every image (a training batch norm: one row per channel)
+    out: str  # the group's result of the convolution's shape
+    outputs: list[str]  # every value the group stores, in its order (the others are one per row)
 
 
 def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
@@ -58,22 +62,25 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     convolution's output alone, writes one value of the output's shape, and the statements after
     the statistics read no value before them but that one (or operands); a dense (groups 1)
     convolution or transposed convolution whose output the group alone reads."""
-    if group.rdims is None or len(group.outputs) != 1:
-        return "not a normalization group of one result"
+    if group.rdims is None:
+        return "not a normalization group"
     if int(conv.args[8]) != 1:
         return "statistics from dense (groups 1) convolutions only"
     shape = tuple(conv.meta.shape)
-    out = graph.meta(group.outputs[0])
-    if tuple(out.shape) != shape or out.dtype not in _DTYPES or conv.meta.dtype not in _DTYPES:
-        return "the group's result is not a float32 / bf16 value of the convolution's shape"
-    if placed_slot(graph, group.outputs[0]) is not None:
+    full = [v for v in group.outputs if tuple(graph.meta(v).shape) == shape]
+    if len(full) != 1:
+        return "the group has no one result of the convolution's shape"
+    out = graph.meta(full[0])
+    if out.dtype not in _DTYPES or conv.meta.dtype not in _DTYPES:
+        return "the group's result is not a float32 / bf16 value"
+    if any(placed_slot(graph, v) is not None for v in group.outputs):
         return "the group's result lies in a concatenation's buffer"
     if any(u.name not in set(group.nodes) for u in graph.users(conv.name)) or conv.name in graph.outputs:
         return "the convolution's output is read outside the group"
     rows = _rows(tuple(group.domain), tuple(group.rdims), shape)
     if isinstance(rows, str):
         return rows
-    groups, per_row, channel_split = rows
+    groups, per_row, channel_split, over_batch = rows
     try:
         stmts = list(lower(graph, group).stmts)
     except Unsupported as e:
@@ -110,21 +117,31 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
         return "a statement after the statistics reads a value computed before them besides the normalized one"
     post = reloads + post
     stores = [s for s in post if s.kind == "store"]
-    if len(stores) != 1 or stores[0].level != "full":
-        return "the group stores more than its normalized result"
+    if [s.operand.value for s in stores if s.level == "full"] != full or \
+            any(s.level != "row" for s in stores if s.operand.value != full[0]):
+        return "the group stores values other than its result and values one per row"
     spatial = math.prod(shape[2:])
-    return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, per_row * spatial, tuple(group.domain),
-                     channel_split)
+    count = per_row * spatial * (shape[0] if over_batch else 1)
+    return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, count, tuple(group.domain),
+                     channel_split, over_batch, full[0], [s.operand.value for s in stores])
 
 
-def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int, bool] | str:
-    """(rows per image, channels per row, whether the domain splits the channels) for a group over
-    `domain` reducing `rdims` after a convolution of output `shape` [N, C, *spatial]: the domain is
-    [N, C or (G, C / G), spatial...] (spatial dims merged or not), N kept, every spatial dim
-    reduced, the channels kept (one per row), reduced (all of them a row) or split (G rows of C / G)."""
+def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int, bool, bool] | str:
+    """(rows per image, channels per row, whether the domain splits the channels, whether a row
+    spans every image) for a group over `domain` reducing `rdims` after a convolution of output
+    `shape` [N, C, *spatial]: the domain is [N, C or (G, C / G), spatial...] (spatial dims merged
+    or not), every spatial dim reduced, N kept and the channels kept (one per row), reduced (all of
+    them a row) or split (G rows of C / G); or N reduced too and the channels kept (a row per
+    channel over the batch)."""
     N, C, spatial = shape[0], shape[1], math.prod(shape[2:])
-    if not domain or domain[0] != N or 0 in rdims or math.prod(domain) != N * C * spatial:
+    if not domain or domain[0] != N or math.prod(domain) != N * C * spatial:
         return "the group's rows are not one image's channels"
+    if 0 in rdims:  # one row per channel over every image (a training batch norm)
+        rest = domain[2:]
+        if len(domain) < 2 or domain[1] != C or 1 in rdims or math.prod(rest) != spatial \
+                or any(d not in rdims for d in range(2, len(domain))):
+            return "the group's rows are not one image's channels, nor one channel of every image"
+        return C, 1, False, True
     split = len(domain) >= 3 and domain[1] * domain[2] == C and domain[1] not in (1, C)
     rest = domain[3:] if split else domain[2:]
     if math.prod(rest) != spatial or any(d not in rdims for d in range(len(domain) - len(rest), len(domain))):
@@ -132,15 +149,44 @@ def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int, bool] | 
     if split:
         if 1 in rdims or 2 not in rdims:
             return "a channel split whose groups are not the rows"
-        return domain[1], domain[2], True
-    return (1, C, False) if 1 in rdims else (C, 1, False)
+        return domain[1], domain[2], True, False
+    return (1, C, False, False) if 1 in rdims else (C, 1, False, False)
+
+
+def _closure(stmts: list[Stmt], roots: list[Stmt]) -> list[Stmt]:
+    """The statements of `stmts` that `roots` need (themselves included), in order."""
+    by_var = {st.var: st for st in stmts}
+    need, todo = set(), [st.var for st in roots]
+    while todo:
+        v = todo.pop()
+        if v in need or v not in by_var:
+            continue
+        need.add(v)
+        todo += list(by_var[v].deps)
+    return [st for st in stmts if st.var in need]
+
+
+def apply_loads(split: NormSplit) -> list[Stmt]:
+    """The loads of the apply kernel (its pointer arguments after t and the statistics)."""
+    return [st for st in _closure(split.post, [_store(split)]) if st.kind == "load"]
+
+
+def row_statements(split: NormSplit) -> list[Stmt]:
+    """The statements computing the group's values of one per row (new running statistics), run by
+    the statistics kernel."""
+    return _closure(split.post, [st for st in split.post if st.kind == "store" and st.level == "row"])
+
+
+def _store(split: NormSplit) -> Stmt:
+    return next(st for st in split.post if st.kind == "store" and st.operand.value == split.out)
 
 
 def kernels(split: NormSplit, name: str) -> str:
     """The source of `{name}_stats` and `{name}_apply` (module docstring) for `split`; the
     module's launch() calls them (conv_epilogue.render)."""
-    post_loads = [s for s in split.post if s.kind == "load"]
-    store = next(s for s in split.post if s.kind == "store")
+    store = _store(split)
+    applied = [st for st in _closure(split.post, [store])]
+    post_loads = [st for st in applied if st.kind == "load"]
     domain = split.domain
     order = sorted(range(len(domain)), key=lambda d: (-store.operand.strides[d], d))
     # int32 index arithmetic (divisions by constants become multiplies) unless an offset passes 2**31
@@ -156,17 +202,20 @@ def kernels(split: NormSplit, name: str) -> str:
         lines.append(f"    i{d} = (o // {inner}) % {domain[d]}" if inner > 1 else f"    i{d} = o % {domain[d]}")
         inner *= domain[d]
 
-    def offset(strides) -> str:
-        return " + ".join(f"{idx[d]} * {s}" if s != 1 else idx[d] for d, s in enumerate(strides) if s) or "0"
+    def offset(strides, index=idx) -> str:
+        return " + ".join(f"{index[d]} * {s}" if s != 1 else index[d] for d, s in enumerate(strides) if s) or "0"
 
-    lines.append("    row = i0" if split.groups == 1 else f"    row = i0 * {split.groups} + i1")
+    if split.over_batch:
+        lines.append("    row = i1")
+    else:
+        lines.append("    row = i0" if split.groups == 1 else f"    row = i0 * {split.groups} + i1")
     lines.append(f"    {split.welford.code} = tl.load(mean_ptr + row, mask=mask, other=0.0)")
     lines.append(f"    {split.welford.var} = tl.load(m2_ptr + row, mask=mask, other=0.0)")
     # (t lies in the result's layout: the convolution writes it so)
     lines.append(f"    {split.t} = tl.load(t_ptr + {offset(store.operand.strides)}, mask=mask, other=0.0)"
                  ".to(tl.float32)")
     params = ["t_ptr", "mean_ptr", "m2_ptr"] + [f"{s.var}_ptr" for s in post_loads] + ["out_ptr"]
-    for s in split.post:
+    for s in applied:
         if s.kind == "load" and not any(s.operand.strides):  # (a 0-d operand: one value)
             lines.append(f"    {s.var} = tl.load({s.var}_ptr).to(tl.float32)")
         elif s.kind == "load":
@@ -177,22 +226,46 @@ def kernels(split: NormSplit, name: str) -> str:
         elif s.kind == "store":
             lines.append(f"    tl.store(out_ptr + {offset(s.operand.strides)}, kw_cast_out({s.deps[0]}, out_ptr), "
                          "mask=mask)")
+    # the values of one per row, in the statistics kernel: the row's domain indices (kept dims)
+    rows = row_statements(split)
+    kept = [d for d in range(len(domain)) if d not in _reduced(split)]
+    row_index, rest, row_lines = {}, "r", []
+    for k, d in enumerate(reversed(kept)):
+        row_index[d] = f"k{d}"
+        row_lines.append(f"    k{d} = {rest} % {domain[d]}")
+        rest = f"({rest} // {domain[d]})"
+    row_params = []
+    for st in rows:
+        if st.kind == "load":
+            row_params.append(f"{st.var}_ptr")
+            row_lines.append(f"    {st.var} = tl.load({st.var}_ptr + {offset(st.operand.strides, row_index)}).to(tl.float32)")
+        elif st.kind == "expr":
+            row_lines.append(f"    {st.var} = {st.code}")
+        elif st.kind == "store":
+            row_params.append(f"{st.var}_ptr")
+            row_lines.append(f"    tl.store({st.var}_ptr + {offset(st.operand.strides, row_index)}, "
+                             f"kw_cast_out({st.deps[0]}, {st.var}_ptr))")
+    row_code = ("\n    # the group's values of one per row\n"
+                + f"    {split.welford.code} = mean\n    {split.welford.var} = tl.sum(dev, axis=0)\n"
+                + "\n".join(row_lines)) if rows else ""
+    images = "IMAGES" if split.over_batch else "1"
     return f'''
 
 @triton.jit
-def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, row_mean_ptr, row_m2_ptr, SLOTS, C,
-                 GROUPS: tl.constexpr, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
-    """One normalized row (an image's channel group): its partials [image, slot, channel] of the
-    convolution's tiles combined (Chan): the mean and the squared deviations' sum of the row."""
+def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, row_mean_ptr, row_m2_ptr, {"".join(p + ", " for p in row_params)}SLOTS, C,
+                 IMAGES, GROUPS: tl.constexpr, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
+    """One normalized row ({"a channel over every image" if split.over_batch else "an image's channel group"}): its partials [image, slot, channel] of
+    the convolution's tiles combined (Chan): the mean and the squared deviations' sum of the row."""
     r = tl.program_id(0)
-    n = r // GROUPS
+    n0 = {"0" if split.over_batch else "r // GROUPS"}
     c0 = (r % GROUPS) * PER_ROW
-    parts = SLOTS * PER_ROW
+    per_image = SLOTS * PER_ROW
+    parts = {images} * per_image
     total = tl.zeros((BLOCK,), tl.float32)
     weighted = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, parts, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        at = (n.to(tl.int64) * SLOTS + i % SLOTS) * C + c0 + i // SLOTS
+        at = ((n0 + i // per_image).to(tl.int64) * SLOTS + i % SLOTS) * C + c0 + (i % per_image) // SLOTS
         cnt = tl.load(cnt_ptr + at, mask=i < parts, other=0.0)
         total += cnt
         weighted += cnt * tl.load(mean_ptr + at, mask=cnt > 0, other=0.0)
@@ -200,12 +273,12 @@ def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, row_mean_ptr, row_m2_ptr, SLOTS, C,
     dev = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, parts, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        at = (n.to(tl.int64) * SLOTS + i % SLOTS) * C + c0 + i // SLOTS
+        at = ((n0 + i // per_image).to(tl.int64) * SLOTS + i % SLOTS) * C + c0 + (i % per_image) // SLOTS
         cnt = tl.load(cnt_ptr + at, mask=i < parts, other=0.0)
         d = tl.load(mean_ptr + at, mask=cnt > 0, other=0.0) - mean
         dev += tl.where(cnt > 0, tl.load(m2_ptr + at, mask=cnt > 0, other=0.0) + cnt * d * d, 0.0)
     tl.store(row_mean_ptr + r, mean)
-    tl.store(row_m2_ptr + r, tl.sum(dev, axis=0))
+    tl.store(row_m2_ptr + r, tl.sum(dev, axis=0)){row_code}
 
 
 @triton.jit
@@ -215,3 +288,11 @@ def {name}_apply({", ".join(params)}, BLOCK: tl.constexpr):
 {chr(10).join(lines)}
 '''
 
+
+def _reduced(split: NormSplit) -> set[int]:
+    """The domain dims a row spans."""
+    d = split.domain
+    if split.over_batch:
+        return {0} | set(range(2, len(d)))
+    first = 1 if (split.groups == 1 and not split.channel_split) else 2
+    return set(range(first, len(d)))

@@ -452,7 +452,7 @@ def _tune_pair(job: _Job, plan, pair, per_trials, per_s) -> None:
         row.ops = [graph.node(n).op for u in absorbed for n in _unit_nodes(plan, u)] + row.ops
     row.eager_excess = tuner.eager_excess
     last = pair.units[-1]  # the unit whose result the pair produces
-    outputs = list(group.outputs) if pair.kind == "gemm" else [fused.out]
+    outputs = list(group.outputs) if pair.kind == "gemm" else fused.outputs
     row.bytes = sum(_nbytes(graph, v) for v in tuner.unit_inputs + outputs)
     row.flops = _flops(graph, tuner.nodes)
     if not job.timed and not job.no_library:

@@ -486,7 +486,7 @@ class ConvTuner(KernelTuner):
         inner = set(nodes)
         ins = [v for v in dict.fromkeys([f.x, f.w] + f.conv.inputs + [v for s in stages for v in s.inputs]
                                         + list(f.prologue_operands)) if v not in inner]
-        super().__init__(graph, nodes, ins, [(f.out, None)], env, policy, device, cache_dir, timed)
+        super().__init__(graph, nodes, ins, [(v, None) for v in f.outputs], env, policy, device, cache_dir, timed)
         self.absorbs, self.result = list(f.absorbed_nodes), f.out
         M, N, K = f.gemm
         groups = int(f.conv.args[8])
