@@ -1,14 +1,16 @@
-"""A convolution and the normalization group after it (an instance, group or layer norm over the
-channels' spatial extent, with pointwise ops before and after it) as three kernels that pass over
-the convolution's output once more only:
+"""A convolution and the normalization group after it (an instance, group or layer norm over an
+image's channels and spatial extent, or a training batch norm over a channel of every image, with
+pointwise ops before and after it) as three kernels that pass over the convolution's output once
+more only:
 
 1. the convolution template (templates/triton/conv.py.j2, `stats`) computes the group's statements
    before the norm (the value it normalizes, t) as its epilogue, writes t, and stores each tile's
    partial statistics of t per (image, channel): count, mean and squared deviations about that
    mean;
-2. `{name}_stats` combines the partials of each normalized row (an image's channel group) with
-   Chan's formula into its mean and squared deviations' sum: what the group's Welford pass would
-   compute, without reading t;
+2. `{name}_stats` combines the partials of each normalized row (an image's channel group, or a
+   channel of every image) with Chan's formula into its mean and squared deviations' sum: what the
+   group's Welford pass would compute, without reading t; and the group's values of one per row
+   (a batch norm's new running statistics);
 3. `{name}_apply` reads t once and runs the group's statements after the norm on it (the mean and
    sum per row loaded), writing the group's result; the convolution writes t in the result's
    layout, so both walk memory in order.
