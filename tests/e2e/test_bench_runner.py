@@ -86,7 +86,9 @@ def test_ctrl_c_ends_the_workers_without_a_traceback(tmp_path):
     import signal
     import subprocess
 
-    bench, _ = _slow_bench(tmp_path, interrupted_exit=True, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # (SIGINT as a terminal leaves it: a test runner's worker may ignore it, and a child inherits that)
+    bench, _ = _slow_bench(tmp_path, interrupted_exit=True, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.killpg(bench.pid, signal.SIGINT)
     _, err = bench.communicate(timeout=90)  # (a bound for a hang: a loaded 2-core machine is slow to unwind)
     assert bench.returncode == 1 and err.strip().splitlines()[-1] == "interrupted"
