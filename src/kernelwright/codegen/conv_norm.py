@@ -187,7 +187,7 @@ def kernels(split: NormSplit, name: str) -> str:
     """The source of `{name}_stats` and `{name}_apply` (module docstring) for `split`; the
     module's launch() calls them (conv_epilogue.render)."""
     store = _store(split)
-    applied = [st for st in _closure(split.post, [store])]
+    applied = _closure(split.post, [store])
     post_loads = [st for st in applied if st.kind == "load"]
     domain = split.domain
     order = sorted(range(len(domain)), key=lambda d: (-store.operand.strides[d], d))
@@ -232,7 +232,7 @@ def kernels(split: NormSplit, name: str) -> str:
     rows = row_statements(split)
     kept = [d for d in range(len(domain)) if d not in _reduced(split)]
     row_index, rest, row_lines = {}, "r", []
-    for k, d in enumerate(reversed(kept)):
+    for d in reversed(kept):
         row_index[d] = f"k{d}"
         row_lines.append(f"    k{d} = {rest} % {domain[d]}")
         rest = f"({rest} // {domain[d]})"
