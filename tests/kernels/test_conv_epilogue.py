@@ -200,18 +200,24 @@ def test_a_max_pool_before_the_convolution_is_pooled_as_it_loads(name, pool, con
         torch.testing.assert_close(res, model(x), rtol=1e-4, atol=1e-4)
 
 
+def emitted_forward(model, x, tmp_path, precision="tf32"):
+    """optimize `model` on `x` with every generated kernel (--no-library) on the CPU, verified
+    against eager and kept: (its output folder, the body of its generated forward)."""
+    from kernelwright.pipeline import Options, optimize_problem
+
+    out = tmp_path / "out"
+    result = optimize_problem(from_module(model, [x]), out, Options(
+        device="cpu", budget_trials=2, no_library=True, precision=precision, db_path=str(tmp_path / "db.jsonl"),
+        log=lambda s: None))
+    assert result["verify"]["passed"] and not result.get("verify_fallback")
+    return out, (out / "model_new.py").read_text().split("def _kw_forward_any", 1)[1].split("\n\n\n", 1)[0]
+
+
 def test_the_emitted_forward_runs_no_pool_where_the_convolution_absorbs_it(tmp_path):
     """optimize with every generated kernel (--no-library): the forward launches the convolution on
     the pool's input and computes neither the pool nor its getitem; verified against eager."""
-    from kernelwright.pipeline import Options, optimize_problem
-
     model, x = PoolConv(nn.MaxPool2d(3, 1, 1), nn.Conv2d(16, 8, 1)).eval(), torch.randn(2, 16, 5, 6)
-    out = tmp_path / "out"
-    result = optimize_problem(from_module(model, [x]), out, Options(
-        device="cpu", budget_trials=2, no_library=True, precision="tf32", db_path=str(tmp_path / "db.jsonl"),
-        log=lambda s: None))
-    assert result["verify"]["passed"] and not result.get("verify_fallback")
-    body = (out / "model_new.py").read_text().split("def _kw_forward_any", 1)[1].split("\n\n\n", 1)[0]
+    _, body = emitted_forward(model, x, tmp_path)
     assert "launch(x, " in body and "max_pool" not in body and "getitem" not in body
 
 
@@ -229,16 +235,9 @@ class PoolBranchCat(nn.Module):
 def test_the_pool_branch_convolution_reads_the_channels_last_copy_the_other_branch_reads(tmp_path):
     """Under tf32 the input's channels-last copy exists for the 1x1 branch: the pool-branch
     convolution pools that copy as it loads it (channels contiguous), not the NCHW input."""
-    from kernelwright.pipeline import Options, optimize_problem
-
     torch.manual_seed(5)
     model, x = PoolBranchCat().eval(), torch.randn(2, 16, 5, 6)
-    out = tmp_path / "out"
-    result = optimize_problem(from_module(model, [x]), out, Options(
-        device="cpu", budget_trials=2, no_library=True, precision="tf32", db_path=str(tmp_path / "db.jsonl"),
-        log=lambda s: None))
-    assert result["verify"]["passed"] and not result.get("verify_fallback")
-    body = (out / "model_new.py").read_text().split("def _kw_forward_any", 1)[1].split("\n\n\n", 1)[0]
+    _, body = emitted_forward(model, x, tmp_path)
     launches = [line for line in body.splitlines() if "_conv.launch(" in line]
     assert len(launches) == 2 and all("launch(x_cl, " in line for line in launches), body
     assert "max_pool" not in body and "getitem" not in body

@@ -211,16 +211,11 @@ def test_what_does_not_split(model, why):
 def test_the_emitted_forward_runs_the_convolution_and_its_norm_as_one_unit(tmp_path):
     """optimize with every generated kernel (--no-library): the convolution and the group norm
     group are one launch whose module holds the statistics and apply kernels; verified."""
-    from kernelwright.pipeline import Options, optimize_problem
+    from test_conv_epilogue import emitted_forward  # (the module beside this one)
 
     torch.manual_seed(2)
     model, x = ConvNorm("group").eval(), torch.randn(2, 8, 10, 12)
-    out = tmp_path / "out"
-    result = optimize_problem(from_module(model, [x]), out, Options(
-        device="cpu", budget_trials=2, no_library=True, precision="tf32", db_path=str(tmp_path / "db.jsonl"),
-        log=lambda s: None))
-    assert result["verify"]["passed"] and not result.get("verify_fallback")
-    body = (out / "model_new.py").read_text().split("def _kw_forward_any", 1)[1].split("\n\n\n", 1)[0]
+    out, body = emitted_forward(model, x, tmp_path)
     launches = [line for line in body.splitlines() if ".launch(" in line]
     assert len([line for line in launches if "_conv.launch(" in line]) == 1, body
     assert "native_group_norm" not in body and "torch.convolution" not in body

@@ -130,13 +130,8 @@ class ConvEpilogue:
     @property
     def inputs(self) -> list[str]:
         return list(dict.fromkeys([self.x, self.w] + self.operands + list(self.prologue_operands)
-                                  + self.norm_operands))
+                                  + ([] if self.norm is None else self.norm.operands)))
 
-    @property
-    def norm_operands(self) -> list[str]:
-        """The graph values the statements after a split norm's statistics load."""
-        return [] if self.norm is None else list(dict.fromkeys(
-            s.operand.value for s in self.norm.post if s.kind == "load"))
 
     @property
     def outputs(self) -> list[str]:
@@ -436,7 +431,7 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     w = conv.args[1].name
     widen = cast and graph.meta(w).dtype == "bfloat16"
     pre = Epilogue(tuple(ops[:pre_n]), "\n".join(code)) if code or ops[:pre_n] else IDENTITY
-    norm_values = [] if norm is None else [s.operand.value for s in norm.post if s.kind == "load"]
+    norm_values = [] if norm is None else norm.operands
     layouts = {v: (tuple(graph.meta(v).shape), tuple(graph.meta(v).stride))
                for v in [*values, *pro_values, *norm_values]}
     into = placed_slot(graph, out) is not None and not row_out

@@ -52,9 +52,15 @@ class NormSplit:
     count: int
     domain: tuple[int, ...]  # the group's domain, which its operands' strides run over
     channel_split: bool  # the domain splits the channels as [groups, per_row] (a group norm)
+    rdims: tuple[int, ...]  # the domain dims a row spans (the group's reduced dims)
     over_batch: bool  # a row spans every image (a training batch norm: one row per channel)
     out: str  # the group's result of the convolution's shape
     outputs: list[str]  # every value the group stores, in its order (the others are one per row)
+
+    @property
+    def operands(self) -> list[str]:
+        """The graph values the statements after the statistics load (the apply's and the rows')."""
+        return list(dict.fromkeys(s.operand.value for s in self.post if s.kind == "load"))
 
 
 def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
@@ -92,15 +98,8 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
         return "the group's statistics are not one Welford pass"
     welford = reduces[0]
     t = welford.deps[0]
-    by_var = {s.var: s for s in stmts}
-    need, todo = set(), [t]
-    while todo:
-        v = todo.pop()
-        if v in need or v not in by_var:
-            continue
-        need.add(v)
-        todo += list(by_var[v].deps)
-    pre = [s for s in stmts if s.var in need]
+    pre = _closure(stmts, [s for s in stmts if s.var == t])
+    need = {s.var for s in pre}
     if any(s.kind not in ("load", "expr") or s.level != "full" and s.kind == "expr" for s in pre):
         return "the value normalized is not computed pointwise"
     owns = [s for s in pre if s.kind == "load" and s.operand.value == conv.name]
@@ -125,7 +124,7 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     spatial = math.prod(shape[2:])
     count = per_row * spatial * (shape[0] if over_batch else 1)
     return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, count, tuple(group.domain),
-                     channel_split, over_batch, full[0], [s.operand.value for s in stores])
+                     channel_split, tuple(group.rdims), over_batch, full[0], [s.operand.value for s in stores])
 
 
 def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int, bool, bool] | str:
@@ -230,7 +229,7 @@ def kernels(split: NormSplit, name: str) -> str:
                          "mask=mask)")
     # the values of one per row, in the statistics kernel: the row's domain indices (kept dims)
     rows = row_statements(split)
-    kept = [d for d in range(len(domain)) if d not in _reduced(split)]
+    kept = [d for d in range(len(domain)) if d not in split.rdims]
     row_index, rest, row_lines = {}, "r", []
     for d in reversed(kept):
         row_index[d] = f"k{d}"
@@ -290,11 +289,3 @@ def {name}_apply({", ".join(params)}, BLOCK: tl.constexpr):
 {chr(10).join(lines)}
 '''
 
-
-def _reduced(split: NormSplit) -> set[int]:
-    """The domain dims a row spans."""
-    d = split.domain
-    if split.over_batch:
-        return {0} | set(range(2, len(d)))
-    first = 1 if (split.groups == 1 and not split.channel_split) else 2
-    return set(range(first, len(d)))
