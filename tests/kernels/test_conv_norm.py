@@ -268,3 +268,83 @@ def test_a_training_batch_norm_takes_its_rows_over_every_image_and_updates_its_r
     tol = 1e-4 if policy == "fp32" else 3e-3
     for v, res in zip(fused.outputs, got):
         torch.testing.assert_close(res, env[v].to(res.dtype), rtol=tol, atol=tol, msg=lambda m, v=v: f"{v}: {m}")
+
+
+class NormBeforePool(nn.Module):
+    """A convolution, a norm, pointwise ops and a pool (KernelBench's conv - group norm - scale -
+    max pool - clamp; a ResNet stem in training mode): plan.norm_split makes the norm statistics
+    and a pointwise apply that the pool reads, so the statistics group reads the convolution's
+    output beside the apply."""
+
+    def __init__(self, norm="group", nd=2, transposed=False, bias=True):
+        super().__init__()
+        conv = {(2, False): nn.Conv2d, (3, False): nn.Conv3d, (3, True): nn.ConvTranspose3d}[(nd, transposed)]
+        self.conv = conv(8, 16, 3, bias=bias, **({"stride": 2} if transposed else {}))
+        self.norm = nn.GroupNorm(4, 16) if norm == "group" else (nn.BatchNorm2d if nd == 2 else nn.BatchNorm3d)(16)
+        self.scale = nn.Parameter(torch.rand(16, *([1] * nd)) + 0.5)
+        self.pool = (F.max_pool2d if nd == 2 else F.avg_pool3d) if not transposed else F.avg_pool3d
+        self.nd = nd
+
+    def forward(self, x):
+        y = self.norm(self.conv(x)) * self.scale
+        return torch.clamp(self.pool(torch.relu(y), 2), max=0.8)
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+@pytest.mark.parametrize("name, model, shape, shifted", [
+    # the convolution's bias split off and added back by each reader: the statistics move each
+    # channel's mean by it
+    ("group-bias", lambda: NormBeforePool(), (2, 8, 10, 12), True),
+    ("stem-batch-norm", lambda: NormBeforePool("batch", bias=False), (3, 8, 9, 11), False),
+    ("group-3d", lambda: NormBeforePool(nd=3), (2, 8, 5, 6, 7), True),
+    ("transposed-batch-norm", lambda: NormBeforePool("batch", nd=3, transposed=True), (2, 8, 3, 4, 3), False),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_statistics_of_a_norm_before_a_pool_come_from_the_convolutions_tiles(name, model, shape, shifted, policy):
+    torch.manual_seed(4)
+    model, x = model().train(), torch.randn(*shape)
+    g = rewrite(capture(from_module(model, [x])), policy)[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.kind == "conv" and not p.pools]
+    node = g.node(pair.anchor)
+    assert pair.group.rdims is not None and len(g.users(node.name)) > len(set(pair.group.nodes) & {
+        u.name for u in g.users(node.name)})  # (the apply reads the convolution's output too)
+    assert conv_epilogue.fusable(g, node, pair.group) is None
+    fused = conv_epilogue.build(g, node, pair.group, plan.groups)
+    assert fused.norm.stats_only and (fused.norm.shift is not None) == shifted
+    assert fused.outputs[0] == node.name and fused.epilogue.empty
+    text, ins = conv_epilogue.render(fused, dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1), policy,
+                                     f"kw_stats_{name}_{policy}".replace("-", "_"))
+    assert "_apply" not in text
+    mod = load_module_from_source(text, f"kw_stats_{name}_{policy}".replace("-", "_"), CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        got = mod.launch(*[env[v] for v in ins])
+    tol = 1e-4 if policy == "fp32" else 3e-3
+    assert len(got) == len(fused.outputs) > 2
+    for v, res in zip(fused.outputs, got):
+        torch.testing.assert_close(res, env[v].to(res.dtype), rtol=tol, atol=tol, msg=lambda m, v=v: f"{v}: {m}")
+
+
+def test_a_statistics_group_of_another_value_does_not_split():
+    """The statistics of conv(x) + c, c a parameter over (channel, h, w) that each reader of the
+    convolution's output adds again (plan.norm_split): the kernel keeps statistics of what it
+    stores, which is not that sum."""
+
+    class PositionalStats(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm = nn.Conv2d(4, 8, 3, bias=False), nn.GroupNorm(2, 8)
+            self.c = nn.Parameter(torch.randn(8, 7, 7))
+
+        def forward(self, x):
+            return F.max_pool2d(self.norm(self.conv(x) + self.c), 2)
+
+    model, x = PositionalStats(), torch.randn(2, 4, 9, 9)
+    g = rewrite(capture(from_module(model, [x])), "fp32")[0]
+    plan = plan_graph(g)
+    conv = next(n for n in g.nodes if n.target == "aten.convolution.default")
+    (pair,) = [p for p in plan.pairs if p.anchor == conv.name]
+    assert conv.name not in pair.group.outputs and len(g.users(conv.name)) == 2  # (the statistics and the apply)
+    got = conv_norm.match(g, conv, pair.group)
+    assert isinstance(got, str) and "not of the convolution's output" in got, got
+    assert conv_epilogue.fusable(g, conv, pair.group) is not None

@@ -392,7 +392,9 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     out, meta, row_out, whole_n = conv.name, conv.meta, False, False
     norm = conv_norm.match(graph, conv, group) if group is not None and group.rdims is not None and not pools else None
     if isinstance(norm, conv_norm.NormSplit):
-        code += _norm_prefix(graph, conv, norm, shape, operand)
+        prefix = _norm_prefix(graph, conv, norm, shape, operand)
+        if not norm.stats_only:  # (a statistics group's kernel writes the convolution's output itself)
+            code += prefix
         out = norm.out
         meta = graph.meta(out)
     elif group is not None:
@@ -468,6 +470,8 @@ def _norm_prefix(graph: Graph, conv: OpNode, norm: conv_norm.NormSplit, shape: t
     own = over_output(norm.own.operand.strides)
     if own != output_view(tuple(conv.meta.stride), shape, shape):
         raise Unsupported("the group reads the convolution's output through a view")
+    if norm.stats_only:
+        return []
     lines = []
     for st in norm.pre:
         if st is norm.own:
@@ -611,6 +615,7 @@ def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects:
     values of one per row), the statements after them on t (codegen/conv_norm.py)."""
     norm, out = fused.norm, fused.out
     meta_shape, N = tuple(fused.out_meta_shape), fused.out_shape[0]
+    shift = f"{arg[norm.shift.operand.value]}, " if norm.shift is not None else ""
     rows = norm.groups if norm.over_batch else N * norm.groups
     numel = math.prod(meta_shape)
     graph_meta = fused.row_metas
@@ -625,6 +630,17 @@ def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects:
     results = ", ".join("out" if v == out else f"out_{v}" for v in norm.outputs)
     rows_doc = (f"{rows} rows' statistics (a channel over all {N} images" if norm.over_batch else
                 f"{rows} rows' statistics ({norm.groups} per image of {norm.per_row} channel(s)")
+    if norm.stats_only:
+        what = (f"convolution {list(fused.out_shape)}{absorbed}, keeping each tile's partial statistics; then "
+                f"group {fused.group.id}'s\n    {rows_doc}, {norm.count} values each) and its values of one per row")
+        apply = "    out = t\n"
+    else:
+        what = (f"convolution {list(fused.out_shape)} with group {fused.group.id}'s statements before its\n    statistics "
+                f"as the epilogue, which also keeps each tile's partial statistics; then the\n    {rows_doc}, "
+                f"{norm.count} values each) and the statements after them in one pass{absorbed}")
+        apply = (f"    out = _alloc({meta_shape!r}, torch.{fused.out_dtype}, t.device, {tuple(fused.out_meta_stride)!r})\n"
+                 f"    {name}_apply[(triton.cdiv({numel}, 1024),)](t, row_mean, row_m2, "
+                 f"{''.join(arg[s.operand.value] + ', ' for s in conv_norm.apply_loads(norm))}out, BLOCK=1024)\n")
     return f'''
 {conv_norm.kernels(norm, name)}
 
@@ -632,18 +648,14 @@ _conv_launch = launch
 
 
 def launch({", ".join(arg[v] for v in fused.inputs)}):
-    """{fused.conv.name}: convolution {list(fused.out_shape)} with group {fused.group.id}'s statements before its
-    statistics as the epilogue, which also keeps each tile's partial statistics; then the
-    {rows_doc}, {norm.count} values each) and the statements after them in one pass{absorbed}.
+    """{fused.conv.name}: {what}.
 
     Inputs: {", ".join(fused.inputs)}. Returns ({", ".join(norm.outputs)},)."""
 {expects}    t, cnt, mean, m2 = _conv_launch({call})
     row_mean = torch.empty({rows}, device=t.device, dtype=torch.float32)
     row_m2 = torch.empty_like(row_mean)
-{allocs}    {name}_stats[({rows},)](cnt, mean, m2, row_mean, row_m2, {"".join(a + ", " for a in row_args)}cnt.shape[1], cnt.shape[2], {N},
+{allocs}    {name}_stats[({rows},)](cnt, mean, m2, {shift}row_mean, row_m2, {"".join(a + ", " for a in row_args)}cnt.shape[1], cnt.shape[2], {N},
                 GROUPS={norm.groups}, PER_ROW={norm.per_row},
                 BLOCK=min(1024, triton.next_power_of_2(cnt.shape[1] * {norm.per_row}{f" * {N}" if norm.over_batch else ""})))
-    out = _alloc({meta_shape!r}, torch.{fused.out_dtype}, t.device, {tuple(fused.out_meta_stride)!r})
-    {name}_apply[(triton.cdiv({numel}, 1024),)](t, row_mean, row_m2, {"".join(arg[s.operand.value] + ", " for s in conv_norm.apply_loads(norm))}out, BLOCK=1024)
-    return ({results},)
+{apply}    return ({results},)
 '''

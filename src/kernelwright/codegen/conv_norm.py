@@ -18,6 +18,14 @@ more only:
 Against the convolution followed by the normalization kernel, t is read once instead of twice (a
 row too long for one pass: its statistics, then the normalization), and the normalization is a
 pointwise kernel walking memory in order.
+
+A statistics group (plan.norm_split: a norm before a pool, split into its statistics and a
+pointwise apply that the pool reads as its prologue) has no apply here: the convolution writes its
+own output, which the apply reads, and keeps its tiles' partial statistics, so the statistics'
+reduction kernel does not read the output at all (`NormSplit.stats_only`). The value the group
+reduces is the convolution's output, or that plus a value of one per channel (a convolution's
+bias that norm_split adds back as each reader reads the output): the statistics kernel moves each
+channel's partial mean by it, the squared deviations unchanged.
 """
 from __future__ import annotations
 
@@ -54,13 +62,18 @@ class NormSplit:
     channel_split: bool  # the domain splits the channels as [groups, per_row] (a group norm)
     rdims: tuple[int, ...]  # the domain dims a row spans (the group's reduced dims)
     over_batch: bool  # a row spans every image (a training batch norm: one row per channel)
-    out: str  # the group's result of the convolution's shape
-    outputs: list[str]  # every value the group stores, in its order (the others are one per row)
+    out: str  # the group's result of the convolution's shape (stats_only: the convolution's output)
+    outputs: list[str]  # every value the kernels return, in order (the others are one per row)
+    # a statistics group: no apply, the convolution writes its own output (module docstring)
+    stats_only: bool = False
+    shift: Stmt | None = None  # (stats_only) the load of a value of one per channel added before the statistics
 
     @property
     def operands(self) -> list[str]:
-        """The graph values the statements after the statistics load (the apply's and the rows')."""
-        return list(dict.fromkeys(s.operand.value for s in self.post if s.kind == "load"))
+        """The graph values the statements after the statistics load (the apply's and the rows'),
+        and the statistics' shift."""
+        return list(dict.fromkeys([s.operand.value for s in self.post if s.kind == "load"]
+                                  + ([self.shift.operand.value] if self.shift is not None else [])))
 
 
 def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
@@ -76,14 +89,16 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
         return "statistics from dense (groups 1) convolutions only"
     shape = tuple(conv.meta.shape)
     full = [v for v in group.outputs if tuple(graph.meta(v).shape) == shape]
-    if len(full) != 1:
+    stats_only = not full and all(graph.meta(v).numel < conv.meta.numel for v in group.outputs)
+    if len(full) != 1 and not stats_only:
         return "the group has no one result of the convolution's shape"
-    out = graph.meta(full[0])
+    out = graph.meta(full[0]) if full else conv.meta
     if out.dtype not in _DTYPES or conv.meta.dtype not in _DTYPES:
         return "the group's result is not a float32 / bf16 value"
-    if any(placed_slot(graph, v) is not None for v in group.outputs):
+    if any(placed_slot(graph, v) is not None for v in [*group.outputs, conv.name]):
         return "the group's result lies in a concatenation's buffer"
-    if any(u.name not in set(group.nodes) for u in graph.users(conv.name)) or conv.name in graph.outputs:
+    if conv.name in graph.outputs or (not stats_only and any(u.name not in set(group.nodes)
+                                                             for u in graph.users(conv.name))):
         return "the convolution's output is read outside the group"
     rows = _rows(tuple(group.domain), tuple(group.rdims), shape)
     if isinstance(rows, str):
@@ -117,6 +132,8 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     if any(set(s.deps) & early for s in post):
         return "a statement after the statistics reads a value computed before them besides the normalized one"
     post = reloads + post
+    if stats_only:
+        return _statistics(stmts, welford, t, pre, post, owns[0], rows, shape, conv.name, group)
     stores = [s for s in post if s.kind == "store"]
     if [s.operand.value for s in stores if s.level == "full"] != full or \
             any(s.level != "row" for s in stores if s.operand.value != full[0]):
@@ -125,6 +142,29 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     count = per_row * spatial * (shape[0] if over_batch else 1)
     return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, count, tuple(group.domain),
                      channel_split, tuple(group.rdims), over_batch, full[0], [s.operand.value for s in stores])
+
+
+def _statistics(stmts, welford, t, pre, post, own, rows, shape, conv: str, group: Group) -> NormSplit | str:
+    """The split of a statistics group (`NormSplit.stats_only`): it reduces the convolution's output
+    or that plus a value of one per channel, and stores values of one per row only."""
+    groups, per_row, channel_split, over_batch = rows
+    shift = None
+    if len(pre) == 3:  # (load own, load shift, own + shift in either order)
+        shift, add = [s for s in pre if s is not own][0], pre[-1]
+        per_channel = shift.kind == "load" and not shift.operand.strides[0] and not any(
+            shift.operand.strides[3 if channel_split else 2:])
+        if not (per_channel and add.kind == "expr"
+                and add.code in (f"({own.var} + {shift.var})", f"({shift.var} + {own.var})")):
+            shift = None
+    if len(pre) != 1 and shift is None:
+        return "the statistics are not of the convolution's output (or it plus a value of one per channel)"
+    if any(s.kind == "store" and s.level != "row" for s in post):
+        return "the statistics group stores a value not of one per row"
+    spatial = math.prod(shape[2:])
+    count = per_row * spatial * (shape[0] if over_batch else 1)
+    return NormSplit(stmts, welford, t, pre, post, own, groups, per_row, count, tuple(group.domain), channel_split,
+                     tuple(group.rdims), over_batch, conv, [conv] + [s.operand.value for s in post if s.kind == "store"],
+                     True, shift)
 
 
 def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int, bool, bool] | str:
@@ -183,8 +223,11 @@ def _store(split: NormSplit) -> Stmt:
 
 
 def kernels(split: NormSplit, name: str) -> str:
-    """The source of `{name}_stats` and `{name}_apply` (module docstring) for `split`; the
-    module's launch() calls them (conv_epilogue.render)."""
+    """The source of `{name}_stats` and (but for a statistics group) `{name}_apply` (module
+    docstring) for `split`; the module's launch() calls them (conv_epilogue.render)."""
+    stats = _stats_kernel(split, name)
+    if split.stats_only:
+        return stats
     store = _store(split)
     applied = _closure(split.post, [store])
     post_loads = [st for st in applied if st.kind == "load"]
@@ -203,9 +246,6 @@ def kernels(split: NormSplit, name: str) -> str:
         lines.append(f"    i{d} = (o // {inner}) % {domain[d]}" if inner > 1 else f"    i{d} = o % {domain[d]}")
         inner *= domain[d]
 
-    def offset(strides, index=idx) -> str:
-        return " + ".join(f"{index[d]} * {s}" if s != 1 else index[d] for d, s in enumerate(strides) if s) or "0"
-
     if split.over_batch:
         lines.append("    row = i1")
     else:
@@ -213,20 +253,37 @@ def kernels(split: NormSplit, name: str) -> str:
     lines.append(f"    {split.welford.code} = tl.load(mean_ptr + row, mask=mask, other=0.0)")
     lines.append(f"    {split.welford.var} = tl.load(m2_ptr + row, mask=mask, other=0.0)")
     # (t lies in the result's layout: the convolution writes it so)
-    lines.append(f"    {split.t} = tl.load(t_ptr + {offset(store.operand.strides)}, mask=mask, other=0.0)"
+    lines.append(f"    {split.t} = tl.load(t_ptr + {_offset(store.operand.strides, idx)}, mask=mask, other=0.0)"
                  ".to(tl.float32)")
     params = ["t_ptr", "mean_ptr", "m2_ptr"] + [f"{s.var}_ptr" for s in post_loads] + ["out_ptr"]
     for s in applied:
         if s.kind == "load" and not any(s.operand.strides):  # (a 0-d operand: one value)
             lines.append(f"    {s.var} = tl.load({s.var}_ptr).to(tl.float32)")
         elif s.kind == "load":
-            lines.append(f"    {s.var} = tl.load({s.var}_ptr + {offset(s.operand.strides)}, mask=mask, other=0.0)"
+            lines.append(f"    {s.var} = tl.load({s.var}_ptr + {_offset(s.operand.strides, idx)}, mask=mask, other=0.0)"
                          ".to(tl.float32)")
         elif s.kind == "expr":
             lines.append(f"    {s.var} = {s.code}")
         elif s.kind == "store":
-            lines.append(f"    tl.store(out_ptr + {offset(s.operand.strides)}, kw_cast_out({s.deps[0]}, out_ptr), "
+            lines.append(f"    tl.store(out_ptr + {_offset(s.operand.strides, idx)}, kw_cast_out({s.deps[0]}, out_ptr), "
                          "mask=mask)")
+    return stats + f'''
+
+@triton.jit
+def {name}_apply({", ".join(params)}, BLOCK: tl.constexpr):
+    """The group's statements after its statistics, on t (the convolution's epilogue result),
+    walked in the memory order of the result."""
+{chr(10).join(lines)}
+'''
+
+
+def _offset(strides, index) -> str:
+    return " + ".join(f"{index[d]} * {s}" if s != 1 else index[d] for d, s in enumerate(strides) if s) or "0"
+
+
+def _stats_kernel(split: NormSplit, name: str) -> str:
+    """`{name}_stats`: a row's partials combined, and the group's values of one per row."""
+    domain = split.domain
     # the values of one per row, in the statistics kernel: the row's domain indices (kept dims)
     rows = row_statements(split)
     kept = [d for d in range(len(domain)) if d not in split.rdims]
@@ -239,21 +296,28 @@ def kernels(split: NormSplit, name: str) -> str:
     for st in rows:
         if st.kind == "load":
             row_params.append(f"{st.var}_ptr")
-            row_lines.append(f"    {st.var} = tl.load({st.var}_ptr + {offset(st.operand.strides, row_index)}).to(tl.float32)")
+            row_lines.append(f"    {st.var} = tl.load({st.var}_ptr + {_offset(st.operand.strides, row_index)}).to(tl.float32)")
         elif st.kind == "expr":
             row_lines.append(f"    {st.var} = {st.code}")
         elif st.kind == "store":
             row_params.append(f"{st.var}_ptr")
-            row_lines.append(f"    tl.store({st.var}_ptr + {offset(st.operand.strides, row_index)}, "
+            row_lines.append(f"    tl.store({st.var}_ptr + {_offset(st.operand.strides, row_index)}, "
                              f"kw_cast_out({st.deps[0]}, {st.var}_ptr))")
     row_code = ("\n    # the group's values of one per row\n"
                 + f"    {split.welford.code} = mean\n    {split.welford.var} = tl.sum(dev, axis=0)\n"
                 + "\n".join(row_lines)) if rows else ""
     images = "IMAGES" if split.over_batch else "1"
+    shift, shift_param = "", ""
+    if split.shift is not None:  # (a value of one per channel added before the statistics: each mean moves by it)
+        st = split.shift.operand.strides
+        at = f"(ch // {split.per_row}) * {st[1]} + (ch % {split.per_row}) * {st[2]}" if split.channel_split else \
+            f"ch * {st[1]}"
+        shift = f" + tl.load(shift_ptr + {at}, mask=cnt > 0, other=0.0).to(tl.float32)"
+        shift_param = "shift_ptr, "
     return f'''
 
 @triton.jit
-def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, row_mean_ptr, row_m2_ptr, {"".join(p + ", " for p in row_params)}SLOTS, C,
+def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, {shift_param}row_mean_ptr, row_m2_ptr, {"".join(p + ", " for p in row_params)}SLOTS, C,
                  IMAGES, GROUPS: tl.constexpr, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
     """One normalized row ({"a channel over every image" if split.over_batch else "an image's channel group"}): its partials [image, slot, channel] of
     the convolution's tiles combined (Chan): the mean and the squared deviations' sum of the row."""
@@ -266,26 +330,21 @@ def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, row_mean_ptr, row_m2_ptr, {"".join(p
     weighted = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, parts, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        at = ((n0 + i // per_image).to(tl.int64) * SLOTS + i % SLOTS) * C + c0 + (i % per_image) // SLOTS
+        ch = c0 + (i % per_image) // SLOTS
+        at = ((n0 + i // per_image).to(tl.int64) * SLOTS + i % SLOTS) * C + ch
         cnt = tl.load(cnt_ptr + at, mask=i < parts, other=0.0)
         total += cnt
-        weighted += cnt * tl.load(mean_ptr + at, mask=cnt > 0, other=0.0)
+        weighted += cnt * (tl.load(mean_ptr + at, mask=cnt > 0, other=0.0){shift})
     mean = tl.sum(weighted, axis=0) / tl.sum(total, axis=0)
     dev = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, parts, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        at = ((n0 + i // per_image).to(tl.int64) * SLOTS + i % SLOTS) * C + c0 + (i % per_image) // SLOTS
+        ch = c0 + (i % per_image) // SLOTS
+        at = ((n0 + i // per_image).to(tl.int64) * SLOTS + i % SLOTS) * C + ch
         cnt = tl.load(cnt_ptr + at, mask=i < parts, other=0.0)
-        d = tl.load(mean_ptr + at, mask=cnt > 0, other=0.0) - mean
+        d = tl.load(mean_ptr + at, mask=cnt > 0, other=0.0){shift} - mean
         dev += tl.where(cnt > 0, tl.load(m2_ptr + at, mask=cnt > 0, other=0.0) + cnt * d * d, 0.0)
     tl.store(row_mean_ptr + r, mean)
     tl.store(row_m2_ptr + r, tl.sum(dev, axis=0)){row_code}
-
-
-@triton.jit
-def {name}_apply({", ".join(params)}, BLOCK: tl.constexpr):
-    """The group's statements after its statistics, on t (the convolution's epilogue result),
-    walked in the memory order of the result."""
-{chr(10).join(lines)}
 '''
 

@@ -80,7 +80,12 @@ class Pair:
     A convolution pair may go on through pooling: `pools` are the pooling nodes that follow the
     group (or the convolution itself, with no group) one after the other, each read only through its
     first output, and `post` the pointwise group that alone reads the last pool. Such a chain is
-    one more choice: the convolution computes it all and writes the pooled result only."""
+    one more choice: the convolution computes it all and writes the pooled result only.
+
+    A convolution pair's group may also be a reduction that reads its result beside other units (the
+    statistics of a norm that plan.norm_split splits before a pool): the convolution then writes its
+    result for those units and the statistics come from its tiles (codegen/conv_norm.py), the
+    group's unit running before every other reader of the result."""
 
     anchor: str  # the GEMM or convolution node
     group: Group | None  # None: a convolution read by its first pool alone
@@ -163,6 +168,8 @@ def anchor_pairs(graph: Graph, units: list[Unit]) -> list[Pair]:
         group = reader_group(unit.node)
         if group is not None:
             pairs.append(Pair(unit.node, group, "gemm" if target in GEMMS else "conv"))
+        elif target in CONVS and (stats := _statistics_group(graph, unit.node, units)) is not None:
+            pairs.append(Pair(unit.node, stats, "conv"))
         if target in CONVS:
             head = group if group is not None and len(group.outputs) == 1 else None
             value = head.outputs[0] if head is not None else unit.node if group is None else None
@@ -172,6 +179,18 @@ def anchor_pairs(graph: Graph, units: list[Unit]) -> list[Pair]:
                 pairs.append(Pair(unit.node, head, "conv", pools,
                                   post if post is not None and post.rdims is None else None))
     return pairs
+
+
+def _statistics_group(graph: Graph, value: str, units: list[Unit]) -> Group | None:
+    """The one reduction group among the readers of `value` (a convolution's result) whose every
+    output is smaller than it, where its unit comes before the unit of every other reader."""
+    owner = {n: i for i, u in enumerate(units) for n in u.nodes}
+    readers = {owner[u.name] for u in graph.users(value) if u.name in owner}
+    found = [i for i in readers if units[i].group is not None and units[i].group.rdims is not None
+             and all(graph.meta(v).numel < graph.meta(value).numel for v in units[i].group.outputs)]
+    if len(found) != 1 or any(i < found[0] for i in readers):
+        return None
+    return units[found[0]].group
 
 
 def _pool_chain(graph: Graph, value: str) -> tuple[tuple[str, ...], str | None]:
