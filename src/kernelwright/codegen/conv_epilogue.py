@@ -132,7 +132,6 @@ class ConvEpilogue:
         return list(dict.fromkeys([self.x, self.w] + self.operands + list(self.prologue_operands)
                                   + ([] if self.norm is None else self.norm.operands)))
 
-
     @property
     def outputs(self) -> list[str]:
         """The graph values launch() returns, in order."""
@@ -392,9 +391,7 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
     out, meta, row_out, whole_n = conv.name, conv.meta, False, False
     norm = conv_norm.match(graph, conv, group) if group is not None and group.rdims is not None and not pools else None
     if isinstance(norm, conv_norm.NormSplit):
-        prefix = _norm_prefix(graph, conv, norm, shape, operand)
-        if not norm.stats_only:  # (a statistics group's kernel writes the convolution's output itself)
-            code += prefix
+        code += _norm_prefix(graph, conv, norm, shape, operand)
         out = norm.out
         meta = graph.meta(out)
     elif group is not None:
@@ -470,7 +467,7 @@ def _norm_prefix(graph: Graph, conv: OpNode, norm: conv_norm.NormSplit, shape: t
     own = over_output(norm.own.operand.strides)
     if own != output_view(tuple(conv.meta.stride), shape, shape):
         raise Unsupported("the group reads the convolution's output through a view")
-    if norm.stats_only:
+    if norm.stats_only:  # (a statistics group's kernel writes the convolution's output itself: no epilogue)
         return []
     lines = []
     for st in norm.pre:
@@ -618,7 +615,6 @@ def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects:
     shift = f"{arg[norm.shift.operand.value]}, " if norm.shift is not None else ""
     rows = norm.groups if norm.over_batch else N * norm.groups
     numel = math.prod(meta_shape)
-    graph_meta = fused.row_metas
     row_args = []  # the statistics kernel's operands and outputs of one per row, in its order
     for st in conv_norm.row_statements(norm):
         if st.kind == "load":
@@ -626,7 +622,7 @@ def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects:
         elif st.kind == "store":
             row_args.append(f"out_{st.operand.value}")
     allocs = "".join(f"    out_{v} = _alloc({shape!r}, torch.{dtype}, t.device, {stride!r})\n"
-                     for v, (shape, stride, dtype) in graph_meta.items())
+                     for v, (shape, stride, dtype) in fused.row_metas.items())
     results = ", ".join("out" if v == out else f"out_{v}" for v in norm.outputs)
     rows_doc = (f"{rows} rows' statistics (a channel over all {N} images" if norm.over_batch else
                 f"{rows} rows' statistics ({norm.groups} per image of {norm.per_row} channel(s)")

@@ -132,39 +132,36 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     if any(set(s.deps) & early for s in post):
         return "a statement after the statistics reads a value computed before them besides the normalized one"
     post = reloads + post
-    if stats_only:
-        return _statistics(stmts, welford, t, pre, post, owns[0], rows, shape, conv.name, group)
     stores = [s for s in post if s.kind == "store"]
-    if [s.operand.value for s in stores if s.level == "full"] != full or \
+    shift = None
+    if stats_only:
+        shift = _shift(pre, owns[0], channel_split)
+        if len(pre) != 1 and shift is None:
+            return "the statistics are not of the convolution's output (or it plus a value of one per channel)"
+        if any(s.level != "row" for s in stores):
+            return "the statistics group stores a value not of one per row"
+    elif [s.operand.value for s in stores if s.level == "full"] != full or \
             any(s.level != "row" for s in stores if s.operand.value != full[0]):
         return "the group stores values other than its result and values one per row"
     spatial = math.prod(shape[2:])
     count = per_row * spatial * (shape[0] if over_batch else 1)
+    out_value = conv.name if stats_only else full[0]  # (the kernels' one result of the convolution's shape)
+    outputs = ([conv.name] if stats_only else []) + [s.operand.value for s in stores]
     return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, count, tuple(group.domain),
-                     channel_split, tuple(group.rdims), over_batch, full[0], [s.operand.value for s in stores])
+                     channel_split, tuple(group.rdims), over_batch, out_value, outputs, stats_only, shift)
 
 
-def _statistics(stmts, welford, t, pre, post, own, rows, shape, conv: str, group: Group) -> NormSplit | str:
-    """The split of a statistics group (`NormSplit.stats_only`): it reduces the convolution's output
-    or that plus a value of one per channel, and stores values of one per row only."""
-    groups, per_row, channel_split, over_batch = rows
-    shift = None
-    if len(pre) == 3:  # (load own, load shift, own + shift in either order)
-        shift, add = [s for s in pre if s is not own][0], pre[-1]
-        per_channel = shift.kind == "load" and not shift.operand.strides[0] and not any(
-            shift.operand.strides[3 if channel_split else 2:])
-        if not (per_channel and add.kind == "expr"
-                and add.code in (f"({own.var} + {shift.var})", f"({shift.var} + {own.var})")):
-            shift = None
-    if len(pre) != 1 and shift is None:
-        return "the statistics are not of the convolution's output (or it plus a value of one per channel)"
-    if any(s.kind == "store" and s.level != "row" for s in post):
-        return "the statistics group stores a value not of one per row"
-    spatial = math.prod(shape[2:])
-    count = per_row * spatial * (shape[0] if over_batch else 1)
-    return NormSplit(stmts, welford, t, pre, post, own, groups, per_row, count, tuple(group.domain), channel_split,
-                     tuple(group.rdims), over_batch, conv, [conv] + [s.operand.value for s in post if s.kind == "store"],
-                     True, shift)
+def _shift(pre: list[Stmt], own: Stmt, channel_split: bool) -> Stmt | None:
+    """The load of a value of one per channel that a statistics group adds to the convolution's
+    output before its statistics (`pre`: load own, load it, their sum in either order), or None."""
+    if len(pre) != 3:
+        return None
+    shift, add = [s for s in pre if s is not own][0], pre[-1]
+    per_channel = shift.kind == "load" and not shift.operand.strides[0] and not any(
+        shift.operand.strides[3 if channel_split else 2:])
+    if per_channel and add.kind == "expr" and add.code in (f"({own.var} + {shift.var})", f"({shift.var} + {own.var})"):
+        return shift
+    return None
 
 
 def _rows(domain: tuple, rdims: tuple, shape: tuple) -> tuple[int, int, bool, bool] | str:

@@ -160,6 +160,7 @@ def anchor_pairs(graph: Graph, units: list[Unit]) -> list[Pair]:
         users = {u.name for u in graph.users(value)}
         return next((g for g in groups if users and users <= set(g.nodes)), None)
 
+    owner = {n: i for i, u in enumerate(units) for n in u.nodes}  # node -> its unit's index
     pairs = []
     for unit in units:
         target = graph.node(unit.node).target if unit.node is not None else None
@@ -168,7 +169,7 @@ def anchor_pairs(graph: Graph, units: list[Unit]) -> list[Pair]:
         group = reader_group(unit.node)
         if group is not None:
             pairs.append(Pair(unit.node, group, "gemm" if target in GEMMS else "conv"))
-        elif target in CONVS and (stats := _statistics_group(graph, unit.node, units)) is not None:
+        elif target in CONVS and (stats := _statistics_group(graph, unit.node, units, owner)) is not None:
             pairs.append(Pair(unit.node, stats, "conv"))
         if target in CONVS:
             head = group if group is not None and len(group.outputs) == 1 else None
@@ -181,10 +182,10 @@ def anchor_pairs(graph: Graph, units: list[Unit]) -> list[Pair]:
     return pairs
 
 
-def _statistics_group(graph: Graph, value: str, units: list[Unit]) -> Group | None:
+def _statistics_group(graph: Graph, value: str, units: list[Unit], owner: dict[str, int]) -> Group | None:
     """The one reduction group among the readers of `value` (a convolution's result) whose every
-    output is smaller than it, where its unit comes before the unit of every other reader."""
-    owner = {n: i for i, u in enumerate(units) for n in u.nodes}
+    output is smaller than it, where its unit comes before the unit of every other reader (`owner`:
+    each node's unit index)."""
     readers = {owner[u.name] for u in graph.users(value) if u.name in owner}
     found = [i for i in readers if units[i].group is not None and units[i].group.rdims is not None
              and all(graph.meta(v).numel < graph.meta(value).numel for v in units[i].group.outputs)]
