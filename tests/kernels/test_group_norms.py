@@ -240,3 +240,42 @@ def test_pointwise_group_writes_a_view_of_its_domain():
     for name, out in zip(k.outputs, outs):
         assert out.shape == env[name].shape
         torch.testing.assert_close(out, env[name], rtol=0, atol=0)
+
+
+class _BatchNormBackwardSums(nn.Module):
+    """The shape of a decomposed batch norm backward: two sums per channel of [N, C, H, W] and a
+    per-channel value computed from per-channel parameters alone (invstd * invstd), in three
+    orders: computed before the sums, after them, and read first by the node that combines it
+    with a sum."""
+
+    def __init__(self, order: str):
+        super().__init__()
+        self.order = order
+        self.mean = nn.Parameter(torch.randn(8))
+        self.invstd = nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, g):
+        if self.order == "before":
+            k = self.invstd * self.invstd
+        d = g.relu()
+        s1 = d.sum((0, 2, 3))
+        s2 = (d * (g - self.mean[:, None, None])).sum((0, 2, 3))
+        if self.order != "before":
+            k = self.invstd * self.invstd
+        scaled = k * (s2 * 0.25) if self.order == "first" else (s2 * 0.25) * k
+        return s1 * 0.5, scaled
+
+
+@pytest.mark.parametrize("order", ["before", "after", "first"])
+def test_per_channel_values_of_parameters_are_computed_in_the_reduction_kernel(order):
+    """Values of one per channel made from per-channel operands only join the reduction group over
+    [N, C, H, W] at the row level (one kernel, no launch for eight elements), in every order."""
+    torch.manual_seed(0)
+    plan, checked = _groups_match(_BatchNormBackwardSums(order), torch.randn(2, 8, 3, 5), [ONE, MULTI])
+    assert len(plan.groups) == 1 and plan.groups[0].rdims == (0, 2, 3)
+    grp = plan.groups[0]
+    g = plan.graph
+    prologue = [n for n in grp.nodes if g.node(n).target == "aten.mul.Tensor"
+                and all(i not in grp.nodes for i in g.node(n).inputs)]
+    assert len(prologue) == 1 and grp.levels[prologue[0]] == "row"
+    assert checked == 2 * len(grp.outputs) == 2 * 2

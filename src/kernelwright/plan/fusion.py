@@ -392,6 +392,25 @@ class _Builder:
             return False  # elementwise work after a reduction to one value stays a separate kernel
         return self._acyclic(a, b)
 
+    def _row_prologue(self, a: Group, b: Group) -> bool:
+        """Whether elementwise group `b` computes values of one per row of reduction group `a`
+        from per-row operands only (a batch norm backward's weight * invstd, [C] beside a
+        reduction over [N, C, H, W]): a folds it in at the row level, computing it beside its own
+        row values instead of a kernel launch of its own for a few elements."""
+        if a.rdims is None or b.rdims is not None or any(v != "full" for v in b.levels.values()):
+            return False
+        rows = row_shapes(a.domain, a.rdims)
+        if tuple(b.domain) not in rows or tuple(b.domain) == tuple(a.domain):
+            return False
+        for name in b.nodes:
+            node = self.g.node(name)
+            if not _is_pointwise(node, self.g) or tuple(node.meta.shape) != tuple(b.domain):
+                return False
+            if any(self.owner.get(i) not in (a, b) and tuple(self.g.meta(i).shape) not in rows + ((),)
+                   for i in node.inputs):
+                return False
+        return self._acyclic(a, b)
+
     def _sibling_reduction(self, n: OpNode) -> tuple[Group, str] | None:
         """For a reduction of a value no group computes (a library op's result): the reduction
         group over the same dims that already reduces that value (a mean and a variance of one
@@ -433,11 +452,12 @@ class _Builder:
                         return False
         return True
 
-    def _merge(self, a: Group, b: Group):
-        """Fold group b into group a (node order stays topological)."""
+    def _merge(self, a: Group, b: Group, level: str | None = None):
+        """Fold group b into group a (node order stays topological); `level`: the level b's values
+        take in a (by default the one they had in b)."""
         pos = {n.name: k for k, n in enumerate(self.g.nodes)}
         a.nodes = sorted(a.nodes + b.nodes, key=pos.get)
-        a.levels.update(b.levels)
+        a.levels.update({k: level or v for k, v in b.levels.items()})
         a.normalizes = a.normalizes or b.normalizes
         if a.rdims is None:
             a.rdims = b.rdims
@@ -514,8 +534,15 @@ class _Builder:
         self.deps[n.name] = deps | {g.id}
         for i in n.inputs:  # n joins siblings: fold the other producer groups in where that is safe
             other = self.owner.get(i)
-            if other is not None and other is not g and self._mergeable(g, other):
+            if other is None or other is g:
+                continue
+            if self._mergeable(g, other):
                 self._merge(g, other)
+            elif self._row_prologue(g, other):
+                self._merge(g, other, level="row")
+            elif self._row_prologue(other, g):
+                self._merge(other, g, level="row")
+                g = other
 
 
 def plan_graph(graph: Graph) -> Plan:
