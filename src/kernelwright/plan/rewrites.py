@@ -21,6 +21,7 @@ from kernelwright.plan.algebra import algebra as exact_algebra
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
 from kernelwright.plan.dead_code import drop_unread
 from kernelwright.plan.norm_split import split_norms_before_pools
+from kernelwright.plan.recompute import recompute_reads
 from kernelwright.plan.instance_norm import instance_norm_rows
 from kernelwright.plan.weights import pure, weight_roots
 
@@ -922,7 +923,9 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
     bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
     tensor-core policies (tf32, bf16) channels-last convolutions. Last, training batch norms, layer
-    norms and group norms that feed a pool split into statistics and a pointwise apply (plan.norm_split). `out_dtypes` (bf16
+    norms and group norms that feed a pool split into statistics and a pointwise apply (plan.norm_split), and cheap
+    elementwise values a reduction kernel would store for another kernel computed again by that
+    kernel (plan.recompute). `out_dtypes` (bf16
     only): the dtypes eager returns under the policy's autocast (bf16_outputs)."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe] + ([exact_algebra] if algebra else []) + [
@@ -936,6 +939,7 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
     steps.append(split_norms_before_pools)  # (in the layouts chosen above)
+    steps.append(recompute_reads)  # (last: it plans the graph the steps above made)
     for step in steps:
         graph, more = step(graph)
         notes += more
