@@ -16,7 +16,8 @@ then torch's pool, against the template with the pool fused (box configs pool wh
 each box). Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
 
 usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7]
-       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--no-rows] [--pool 2] [--out DIR]
+       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--no-rows] [--pool 2]
+       [--extra-configs '[{"BLOCK_M": 256, ..., "BOX_W": 128}]'] [--out DIR]
 """
 import argparse
 import json
@@ -42,6 +43,7 @@ SHAPES = {
     "s14": (128, 8, 64, (128, 128), 3, 0),  # KernelBench level 2 #85 / #73 (8 input channels: input rows as K steps)
     "s15": (10, 3, 64, (224, 224), 7, 3, 2),  # a ResNet stem at KernelBench level 3's batch 10 (stride 2; RGB rows padded)
     "s16": (10, 3, 32, (224, 224), 3, 1, 2),  # MobileNet-V1's stem (3x3, stride 2)
+    "s17": (128, 64, 128, (128, 128), 3, 0),  # KernelBench level 2 #1 (and #31)
     "t1": (128, 64, 64, (128, 128), 3, 1, (2, 1)),  # KernelBench level 2 #2 (ConvTranspose2d, stride 2)
     "t2": (128, 64, 128, (64, 64), 4, 1, (2, 0)),  # KernelBench level 2 #93 / #91
     "t3": (32, 32, 64, (16, 32, 32), 3, 1, (2, 1)),  # KernelBench level 2 #3 (ConvTranspose3d, stride 2)
@@ -58,6 +60,8 @@ ap.add_argument("--no-pixel-runs", action="store_true",
 ap.add_argument("--no-rows", action="store_true",
                 help="read small-channel inputs as folded (tap, channel) pairs, not input rows (an A/B of ROW_C)")
 ap.add_argument("--pool", type=int, default=0, help="max-pool window (= stride) fused after the convolution")
+ap.add_argument("--extra-configs", default="[]",
+                help="a JSON list of configs (BLOCK_M, BLOCK_N, ..., BOX_*) timed after the space's first ones")
 ap.add_argument("--out", default=".")
 args = ap.parse_args()
 
@@ -142,6 +146,7 @@ for name in args.shapes:
                                  spec=spec, channels=c, box_out=None if box is None else (1,) * (3 - nd) + box,
                                  box_window=(1,) * (3 - nd) + (max(args.pool, 1),) * nd,
                                  min_block_m=2 * args.pool ** nd if pool else 1)[:args.configs]
+            configs += [c for c in json.loads(args.extra_configs) if c not in configs]
             for cfg in configs:
                 kw = dict(cfg, padding=p, **extra, out_channels_last=layout == "channels-last",
                           INPUT_PRECISION="tf32" if prec == "tf32" else "ieee")

@@ -213,12 +213,51 @@ def test_box_tiles_with_an_epilogue_and_bf16(mods):
     _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, CAST_BF16=True, **tile), refb, tol=1e-3)
 
 
+# boxes of two rows: (batch, Cin, Cout, spatial, kernel, conv args, box, transposed)
+TWO_ROW_BOXES = {
+    "2d-ragged": (2, 16, 20, (9, 11), (3, 3), dict(padding=1), (1, 2, 16), False),
+    "2d-two-channel-blocks": (2, 32, 16, (5, 17), (3, 5), dict(padding=(1, 2)), (1, 2, 16), False),
+    "3d-rows-along-d": (1, 16, 16, (5, 4, 7), (3, 3, 3), dict(padding=1), (2, 1, 16), False),
+    "2d-transposed-s2": (2, 16, 16, (5, 6), (3, 3), dict(stride=2, padding=1, output_padding=1), (1, 2, 16), True),
+}
+
+
+@pytest.mark.parametrize("case", list(TWO_ROW_BOXES), ids=str)
+def test_two_row_boxes_read_each_row_into_its_own_accumulator(mods, case):
+    """TWO_ROWS: a box of two rows (along h, or along d) read as two one-row descriptor boxes into
+    two accumulators sharing each weight tile, joined back into the box's pixel order for the
+    stores; channels-last and NCHW x, an NCHW and a channels-last output, and a transposed
+    convolution's phase classes."""
+    *spec, transposed = TWO_ROW_BOXES[case]
+    mod = mods(transposed)
+    x, w, args, tile, ref = _box_case(mod, transposed, case, spec)
+    two = dict(tile, TWO_ROWS=1)
+    xcl = _channels_last(x)
+    _close(mod.launch(xcl, w, **args, **two), ref)
+    _close(mod.launch(x, w, **args, **two, out_channels_last=True), ref)
+
+
+def test_two_row_boxes_with_an_epilogue_and_bf16(mods):
+    mod = mods(False, EPI, name="kw_conv_box_epi")
+    x, w = _case(False, 2, 16, 16, (6, 7), (3, 3), 1, seed=7)
+    g = _gen(8)
+    e0, e1, e2 = _rand(16, g=g), _rand(2, 16, 6, 7, g=g), torch.tensor(0.5)
+    tile = dict(TILE, BLOCK_M=32, BOX_D=1, BOX_H=2, BOX_W=16, TWO_ROWS=1)
+    xb, wb = _bf16(x), _bf16(w)
+    refb = torch.relu((_ref(xb, wb, False, padding=1) + e0[:, None, None].double()) * e2.double() + e1.double())
+    _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, CAST_BF16=True, **tile), refb, tol=1e-3)
+
+
 def test_box_config_errors_and_ineligible_convolutions(mods):
     mod = mods(False)
     x, w = _case(False, 1, 16, 16, (6, 6), (3, 3), 1, seed=3)
     xcl = _channels_last(x)
     with pytest.raises(ValueError, match="must hold BLOCK_M"):
         mod.launch(xcl, w, padding=1, **dict(TILE, BOX_D=1, BOX_H=2, BOX_W=16))
+    with pytest.raises(ValueError, match="TWO_ROWS needs a box of two rows"):
+        mod.launch(xcl, w, padding=1, **dict(TILE, BOX_D=1, BOX_H=1, BOX_W=16, TWO_ROWS=1))
+    with pytest.raises(ValueError, match="TWO_ROWS needs a box of two rows"):  # rows below tl.dot's 16
+        mod.launch(xcl, w, padding=1, **dict(TILE, BOX_D=1, BOX_H=2, BOX_W=8, TWO_ROWS=1))
     assert mod.tma_box_ok(xcl, 2, (1, 1)) is None and mod.tma_box_ok(xcl, 1, (2, 1)) is None
     assert mod.tma_box_ok(_channels_last(x[:, :6]), 1, (1, 1)) is None  # 24-byte channel rows
     tile = dict(TILE, BOX_D=1, BOX_H=2, BOX_W=8)  # a stride-2 convolution with a box config: gathered

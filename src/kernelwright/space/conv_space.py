@@ -23,6 +23,9 @@ CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_sta
 # a box config's extra keys: the tile's output pixels as a BOX_D x BOX_H x BOX_W box of one image,
 # read through tensor descriptors (the template's TMA path)
 BOX_KEYS = ("BOX_D", "BOX_H", "BOX_W")
+# a two-row box's extra key: its rows read as two one-row boxes into two accumulators (the template's
+# TWO_ROWS), for the 256-pixel boxes of TWO_ROW_SEEDS
+ROW_KEYS = ("TWO_ROWS",)
 # a split-K config's extra key: each tile's K steps shared among SPLIT_K programs (`split_k`)
 SPLIT_KEYS = ("SPLIT_K",)
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the box configs, per precision, BLOCK_N shrunk to
@@ -31,6 +34,17 @@ SPLIT_KEYS = ("SPLIT_K",)
 BOX_SEEDS = {
     "tf32": tiles("128x128x32/8/3 128x64x32/4/3 128x128x32/8/4 64x128x32/4/3"),
     "bf16": tiles("128x128x64/8/3 128x64x64/4/3 128x128x64/4/3 64x128x64/4/3"),
+}
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the two-row box configs, per precision, where the
+# output's rows are wide enough for a 256-pixel box of two rows. Each K step of a 128 x 128 tile loads
+# (128 + 128) x BLOCK_K operands for 2 x 128 x 128 x BLOCK_K FLOPs (32 per byte under tf32), of a
+# 256 x 128 tile 42.7 per byte: where the operands' trips from L2 bound the main loop (the 128 x 128
+# box ran 3x3 convolutions 1.31-1.42x slower than cuDNN, docs/benchmarks.md "KernelBench level-2
+# convolutions, all 63 files"), the larger tile raises that bound by a third
+TWO_ROW_SEEDS = {
+    "tf32": tiles("256x128x32/8/3"),
+    "bf16": tiles("256x128x64/8/3"),
 }
 
 AXES = dict(
@@ -233,7 +247,8 @@ def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: in
     """The box configs of `BOX_SEEDS[precision]` for an output of (D, H, W) pixels per image, each
     with the box of its BLOCK_M that pads the output least and holds whole `window`s. bf16
     multi-row boxes stay at 4 warps: on Triton 3.6 their 8-warp kernels computed wrong results in
-    the probe (the same docs section)."""
+    the probe (the same docs section). Then `TWO_ROW_SEEDS`' configs, second, where the best box
+    of their BLOCK_M is two rows of at least 64 pixels (TWO_ROWS: no two-row box's reshape)."""
     seeds = []
     for bm, bn, bk, w, s in BOX_SEEDS[precision]:
         bn, bk = cap_n if whole_n else min(bn, cap_n), min(bk, cap_k)
@@ -246,8 +261,18 @@ def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: in
                  BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
         if c not in seeds and smem_bytes(c, elem_bytes) <= spec.smem_per_block:
             seeds.append(c)
-    return _distinct_tiles_first(seeds)
+    seeds = _distinct_tiles_first(seeds)
+    for bm, bn, bk, w, s in TWO_ROW_SEEDS.get(precision, ()):
+        bn, bk = cap_n if whole_n else min(bn, cap_n), min(bk, cap_k)
+        box = best_box(out, bm, window)
+        if box is None or box[0] * box[1] != 2 or box[2] < 64 or bm * bn < 128 * 128:
+            continue  # (rows narrower than 64 pixels: a warp group's tile of the dot)
+        c = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=AXES["GROUP_M"][0], num_warps=w, num_stages=s,
+                 BOX_D=box[0], BOX_H=box[1], BOX_W=box[2], TWO_ROWS=1)
+        if smem_bytes(c, elem_bytes) <= spec.smem_per_block:
+            seeds.insert(min(1, len(seeds)), c)  # second: after the fastest box of the probe
+    return seeds
 
 
-__all__ = ["CONFIG_KEYS", "BOX_KEYS", "SPLIT_KEYS", "split_k", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
+__all__ = ["CONFIG_KEYS", "BOX_KEYS", "ROW_KEYS", "SPLIT_KEYS", "TWO_ROW_SEEDS", "split_k", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
            "block_k_cap", "smem_bytes", "programs"]
