@@ -394,8 +394,8 @@ class _Builder:
 
     def _row_prologue(self, a: Group, b: Group) -> bool:
         """Whether elementwise group `b` computes values of one per row of reduction group `a`
-        from per-row operands only (a batch norm backward's weight * invstd, [C] beside a
-        reduction over [N, C, H, W]): a folds it in at the row level, computing it beside its own
+        from per-row operands only (a batch norm backward's invstd * invstd, [C] beside its sums
+        over [N, C, H, W]): a folds it in at the row level, computing it beside its own
         row values instead of a kernel launch of its own for a few elements."""
         if a.rdims is None or b.rdims is not None or any(v != "full" for v in b.levels.values()):
             return False

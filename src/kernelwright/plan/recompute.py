@@ -11,9 +11,12 @@ the reader loads the operands, at most a few bytes more per element than the val
 
 `recompute_reads(graph)` plans the graph once (plan.fusion), and for each such value gives every
 reading group a copy of the value's elementwise closure (nodes named ``{name}_re{k}``, placed just
-before the reader's first node), so the plan made afterwards fuses each copy into its reader.
+before the group's first node that reads the value), so the plan made afterwards fuses each copy into
+its reader.
 """
 from __future__ import annotations
+
+import math
 
 from kernelwright.capture.graph import Graph, OpNode, reading
 from kernelwright.plan.fusion import Group, _is_pointwise, plan_graph
@@ -47,15 +50,8 @@ def _operands(graph: Graph, closure: list[str]) -> set[str]:
 
 def _per_element(graph: Graph, names, domain) -> float:
     """Bytes per domain element of loading `names` (a broadcast operand costs almost nothing)."""
-    n = 1
-    for d in domain:
-        n *= d
-    total = 0.0
-    for name in names:
-        meta = graph.meta(name)
-        if meta is not None:
-            total += meta.numel * meta.itemsize / max(n, 1)
-    return total
+    n = max(math.prod(domain), 1)
+    return sum(m.numel * m.itemsize / n for m in map(graph.meta, names) if m is not None)
 
 
 def recompute_reads(graph: Graph) -> tuple[Graph, list[str]]:
@@ -99,7 +95,7 @@ def recompute_reads(graph: Graph) -> tuple[Graph, list[str]]:
         return graph, []
     pos = {n.name: i for i, n in enumerate(graph.nodes)}
     before: dict[str, list[OpNode]] = {}  # a node -> the copies placed just before it
-    renames: dict[str, dict[str, str]] = {}  # reader group id -> value -> its copy
+    renames: dict[str, dict[str, str]] = {}  # reader group id -> closure node -> its copy
     k = 0
     for g in plan.groups:
         if g.id not in copies:
@@ -117,7 +113,7 @@ def recompute_reads(graph: Graph) -> tuple[Graph, list[str]]:
                 mapping[name] = f"{name}_re{k}"
                 node = graph.node(name)
                 before.setdefault(at, []).append(
-                    reading(OpNode(mapping[name], node.target, node.args, node.kwargs, node.outs), mapping))
+                    reading(OpNode(mapping[name], node.target, node.args, node.kwargs, list(node.outs)), mapping))
         renames[g.id] = mapping
     reader_of = {n: g.id for g in plan.groups if g.id in renames for n in g.nodes}
     nodes: list[OpNode] = []
