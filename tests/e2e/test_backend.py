@@ -89,6 +89,8 @@ def test_training_graphs_go_through_aot_autograd_forward_and_backward_optimised(
     assert any("_native_batch_norm_legit_functional" in g["ops"] for g in groups)  # forward: norm + ReLU
     # backward: ReLU's gradient (threshold_backward, decomposed to where) fused with the batch norm's
     assert any("where" in g["ops"] and "sum" in g["ops"] for g in groups)
+    # and the gradient after the per-channel sums computes where(mask, 0, grad) again (plan.recompute)
+    assert any(n.startswith("where") and "computed again where it is read" in n for r in results for n in r["rewrites"])
 
 
 def test_a_failure_runs_the_graph_as_captured_and_a_verified_result_is_reused(net, tmp_path, monkeypatch):
