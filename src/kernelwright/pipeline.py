@@ -64,6 +64,9 @@ class Options:
     # tests and for KernelBench-style comparisons without library kernels (search/plan_search.py reads it)
     no_library: bool = False
     no_rewrites: bool = False  # leave out the exact algebra rules of plan/algebra.py (they change what is computed)
+    # plan/recompute.py's copies of cheap values into the kernels that read them; off: with them, a
+    # training step of level3/resnet_basic_block through the backend crashed the process (SIGSEGV) on an H100
+    recompute: bool = False
     retune: bool = False  # search units the trial database measured before here (else their stored best runs alone)
     # "model": the expert seeds in order, then the cost model's picks; "random": every unit's seeds, then
     # its other configs in a uniformly random order, the seeds marked in the trial records (the samples
@@ -189,7 +192,8 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
     try:
         graph = captured if captured is not None else capture(problem)
         record["captured_cost"] = captured_cost(graph)
-        graph, record["rewrites"] = rewrite(graph, policy.name, eager.dtypes, algebra=not opts.no_rewrites)
+        graph, record["rewrites"] = rewrite(graph, policy.name, eager.dtypes, algebra=not opts.no_rewrites,
+                                            recompute=opts.recompute)
         record["calibrated"] = _calibrated(graph, problem, policy, device)
         keep_output_layouts(graph, eager.strides)
         record["rewrites"] += place_concats(graph)

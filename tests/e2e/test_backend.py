@@ -89,7 +89,22 @@ def test_training_graphs_go_through_aot_autograd_forward_and_backward_optimised(
     assert any("_native_batch_norm_legit_functional" in g["ops"] for g in groups)  # forward: norm + ReLU
     # backward: ReLU's gradient (threshold_backward, decomposed to where) fused with the batch norm's
     assert any("where" in g["ops"] and "sum" in g["ops"] for g in groups)
-    # and the gradient after the per-channel sums computes where(mask, 0, grad) again (plan.recompute)
+
+
+def test_with_recompute_the_gradient_kernel_computes_the_relu_mask_again(net, tmp_path):
+    """Options.recompute (off by default): the backward's gradient after the per-channel sums computes
+    where(mask, 0, grad) again (plan.recompute) instead of reading it from the reduction kernel,
+    and the gradients still equal eager's."""
+    net.train()
+    ref = Net().train()
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    torch.compile(net, backend=kwb.backend(recompute=True))(x).sum().backward()
+    ref(x).sum().backward()
+    for a, b in ((net.conv.weight.grad, ref.conv.weight.grad), (net.bn.weight.grad, ref.bn.weight.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    results = _results(tmp_path)
+    assert all(r["verify"]["passed"] for r in results)
     assert any(n.startswith("where") and "computed again where it is read" in n for r in results for n in r["rewrites"])
 
 

@@ -9,6 +9,9 @@ ops on tensors the reader can load itself, the reader computes it again from the
 Inductor does): the reduction kernel then writes per-row values only (and may split its rows), and
 the reader loads the operands, at most a few bytes more per element than the value itself.
 
+Off by default (pipeline.Options.recompute): with it, a training step of level3/resnet_basic_block
+through the backend crashed the process (SIGSEGV) on an H100, not yet diagnosed.
+
 `recompute_reads(graph)` plans the graph once (plan.fusion), and for each such value gives every
 reading group a copy of the value's elementwise closure (nodes named ``{name}_re{k}``, placed just
 before the group's first node that reads the value), so the plan made afterwards fuses each copy into

@@ -913,7 +913,7 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 
 
 def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None,
-            algebra: bool = True) -> tuple[Graph, list[str]]:
+            algebra: bool = True, recompute: bool = False) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
     folded, repeated subexpressions merged, the algebra rules of plan.algebra (reductions over
     size-1 dims, through affine ops, of matrix products and of convolutions; `algebra=False`, the
@@ -923,9 +923,9 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
     bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
     tensor-core policies (tf32, bf16) channels-last convolutions. Last, training batch norms, layer
-    norms and group norms that feed a pool split into statistics and a pointwise apply (plan.norm_split), and cheap
-    elementwise values a reduction kernel would store for another kernel computed again by that
-    kernel (plan.recompute). `out_dtypes` (bf16
+    norms and group norms that feed a pool split into statistics and a pointwise apply (plan.norm_split), and with
+    `recompute`, cheap elementwise values a reduction kernel would store for another kernel computed
+    again by that kernel (plan.recompute). `out_dtypes` (bf16
     only): the dtypes eager returns under the policy's autocast (bf16_outputs)."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe] + ([exact_algebra] if algebra else []) + [
@@ -939,7 +939,8 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     if policy in ("tf32", "bf16"):
         steps.append(channels_last_convs)
     steps.append(split_norms_before_pools)  # (in the layouts chosen above)
-    steps.append(recompute_reads)  # (last: it plans the graph the steps above made)
+    if recompute:
+        steps.append(recompute_reads)  # (last: it plans the graph the steps above made)
     for step in steps:
         graph, more = step(graph)
         notes += more
