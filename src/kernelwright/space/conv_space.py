@@ -37,13 +37,12 @@ BOX_SEEDS = {
 }
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the two-row box configs, per precision, where the
-# output's rows are wide enough for a 256-pixel box of two rows. Each K step of a 128 x 128 tile loads
-# (128 + 128) x BLOCK_K operands for 2 x 128 x 128 x BLOCK_K FLOPs (32 per byte under tf32), of a
-# 256 x 128 tile 42.7 per byte: where the operands' trips from L2 bound the main loop (the 128 x 128
-# box ran 3x3 convolutions 1.31-1.42x slower than cuDNN, docs/benchmarks.md "KernelBench level-2
-# convolutions, all 63 files"), the larger tile raises that bound by a third
+# output's rows are wide enough for a 256-pixel box of two rows: a third fewer operand bytes per FLOP
+# than a 128 x 128 tile. On an H100 (`fc7cd46`, docs/benchmarks.md "The batch-norm backward and
+# two-row boxes") the 4-stage one ran KernelBench level-2 #1's convolution 4% faster than the 128-pixel
+# box and the 3-stage one #54's 5% slower: tried after the probe's fastest box and a gather config
 TWO_ROW_SEEDS = {
-    "tf32": tiles("256x128x32/8/3"),
+    "tf32": tiles("256x128x32/8/4"),
     "bf16": tiles("256x128x64/8/3"),
 }
 
