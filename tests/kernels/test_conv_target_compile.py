@@ -42,3 +42,8 @@ def test_conv_configs_compile_for_sm90(results, case):
     assert not failures, "\n".join(failures)
     for r in rows:
         assert r["shared"] is not None and r["shared"] <= H200.smem_per_block, r
+
+
+def test_the_two_row_cases_compile_two_row_boxes(results):
+    for case in ("conv2d-two-rows-tf32-epi", "conv2d-two-rows-maxpool2-bf16"):
+        assert [r["config"].get("TWO_ROWS") for r in results[case]] == [1]
