@@ -406,7 +406,7 @@ class _Builder:
             node = self.g.node(name)
             if not _is_pointwise(node, self.g) or tuple(node.meta.shape) != tuple(b.domain):
                 return False
-            if any(self.owner.get(i) not in (a, b) and tuple(self.g.meta(i).shape) not in rows + ((),)
+            if any(self.owner.get(i) not in (a, b) and ((m := self.g.meta(i)) is None or tuple(m.shape) not in rows + ((),))
                    for i in node.inputs):
                 return False
         return self._acyclic(a, b)

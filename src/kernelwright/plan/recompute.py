@@ -73,7 +73,7 @@ def recompute_reads(graph: Graph) -> tuple[Graph, list[str]]:
             continue
         for value in [n for n in a.nodes if a.levels.get(n) == "full"]:
             outside = [r for r in readers.get(value, []) if owner.get(r.name) is not a]
-            if not outside or value in keep or graph.slots.get(value) is not None:
+            if not outside or value in keep:
                 continue
             groups = list({id(g): g for g in (owner.get(r.name) for r in outside)}.values())
             if None in groups or any(g.rdims is not None or tuple(g.domain) != tuple(a.domain) for g in groups):
@@ -124,6 +124,4 @@ def recompute_reads(graph: Graph) -> tuple[Graph, list[str]]:
         nodes += before.get(n.name, [])
         gid = reader_of.get(n.name)
         nodes.append(reading(n, renames[gid]) if gid is not None else n)
-    out = Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported)
-    out.slots = dict(graph.slots)
-    return out, notes
+    return Graph(graph.name, graph.inputs, nodes, list(graph.outputs), dict(graph.mutations), graph.exported), notes
