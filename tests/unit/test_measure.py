@@ -78,6 +78,19 @@ def test_make_baselines_eager_only_on_cpu():
     assert base["eager"](torch.randn(2, 4)).shape == (2, 3)
 
 
+def test_no_compile_baseline_inside_a_torch_compile_backend():
+    # a torch.compile of the baseline there would reset Dynamo under the outer compile
+    problem = from_module(nn.Linear(4, 3), [torch.randn(2, 4)])
+    seen = {}
+
+    def backend(gm, example_inputs):
+        seen["base"] = make_baselines(problem, get_policy("fp32"), "cpu")
+        return gm.forward
+
+    torch.compile(lambda x: x.sin() + 1, backend=backend)(torch.randn(3))
+    assert list(seen["base"]) == ["eager"] and "torch.compile backend" in seen["base"].errors["compile"]
+
+
 def test_bf16_baselines_run_in_bf16_autocast():
     problem = from_module(nn.Linear(4, 3), [torch.randn(2, 4)])
     x = torch.randn(2, 4)

@@ -96,6 +96,11 @@ def make_baselines(
     if not include_compile:
         return out
     key = "compile"  # whatever the mode: callers know which one they asked for
+    if torch._guards.CompileContext.try_get() is not None:
+        # called from a torch.compile backend (kernelwright's): a nested compile's reset frees the
+        # outer compile's frame caches while it still writes to them (a segfault in Dynamo)
+        out.errors[key] = "not compiled inside a torch.compile backend"
+        return out
     try:
         torch._dynamo.reset()  # fresh caches: earlier problems' graphs and recompile counts
         with policy.active():  # inductor reads the TF32 switches while compiling
