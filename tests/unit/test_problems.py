@@ -118,7 +118,11 @@ def test_full_size_is_realistic_and_fits(path):
     # full size really is bigger than the small one
     small_total = sum(x.numel() for x in load_problem(path, small=True).make_inputs(0, "meta"))
     assert sum(x.numel() for x in inputs) > 100 * small_total
-    # the model builds and runs on the meta device at full size (shapes only)
+    # the model builds and runs on the meta device at full size (shapes only); a recurrent one
+    # only builds there: the meta LSTM/GRU runs its decomposition once per step (half a minute
+    # for a 6-layer bidirectional stack), and its SMALL run checks the forward
+    if any(isinstance(m, torch.nn.RNNBase) for m in problem.make_model("meta").modules()):
+        return
     outs = problem.check("meta")
     assert outs
 
