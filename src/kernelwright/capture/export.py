@@ -15,6 +15,7 @@ from torch.export import ExportGraphSignature
 from torch.export.graph_signature import ConstantArgument, InputKind
 
 from kernelwright.capture import cumulative_bn
+from kernelwright.capture.recurrent_shapes import shapes_only
 from kernelwright.capture.graph import Graph, Input, OpNode, Ref, TensorMeta
 from kernelwright.problem import Problem
 from kernelwright.problem.load import quiet_torch_logs
@@ -90,10 +91,11 @@ def capture_module(model: torch.nn.Module, inputs: list, name: str = "model", de
         try:
             # (tensors made in forward land beside the inputs; momentum=None batch norms trace with a
             # tensor factor: capture.cumulative_bn)
-            with torch.device(_device_of(inputs, model)), cumulative_bn.traceable(model):
-                ep = torch.export.export(model, tuple(inputs))
-            if decompose:
-                ep = ep.run_decompositions(_decompositions())
+            with shapes_only():  # (recurrent ops: capture.recurrent_shapes)
+                with torch.device(_device_of(inputs, model)), cumulative_bn.traceable(model):
+                    ep = torch.export.export(model, tuple(inputs))
+                if decompose:
+                    ep = ep.run_decompositions(_decompositions())
         except Exception as e:  # noqa: BLE001 - export raises many types
             raise _export_error(e, "torch.export failed") from e
     try:
