@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import operator
+import re
 import warnings
 
 import torch
@@ -68,10 +69,13 @@ def capture(problem: Problem, device: str = "meta", decompose: bool = True) -> G
     try:
         graph = capture_module(model, inputs, problem.name, decompose)
     except CaptureError as e:
-        if device == "meta" and ("meta tensor" in str(e) or "devices, meta and cpu" in str(e)):
+        if device == "meta" and ("meta tensor" in str(e) or ("devices" in str(e) and "meta" in str(e))):
             # the forward reads a value (.item()) the meta device does not have, or a tensor a
-            # module holds as a plain attribute stays on the CPU when the module moves: trace with data
-            return capture(problem, "cpu", decompose)
+            # module holds as a plain attribute stays where it was made when the module moves
+            # (the CPU, or the GPU for a live module's graph: an AOTAutograd backward's constant):
+            # trace with data, on that GPU where the error names one
+            gpu = re.search(r"\bcuda(?::\d+)?", str(e))
+            return capture(problem, gpu.group(0) if gpu else "cpu", decompose)
         raise
     if any(getattr(graph.exported.constants.get(i.fqn), "is_meta", False) for i in graph.inputs if i.kind == "constant"):
         # a tensor the forward makes from Python data (torch.tensor(0.5)) has no value on the meta
