@@ -104,3 +104,24 @@ def test_on_a_gpu_each_implementation_reports_the_kernels_of_a_step():
     assert kernels and all(len(k) == 3 and k[1] >= 0 and k[2] > 0 for k in kernels)
     assert any("gemm" in k[0].lower() or "sgemm" in k[0].lower() or "cutlass" in k[0].lower() for k in kernels)
     assert [k[1] for k in kernels] == sorted((k[1] for k in kernels), reverse=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_backends_training_graphs_are_both_captured(fresh_dynamo, tmp_path):
+    # AOTAutograd's backward of a batch norm + ReLU makes a scalar tensor on the GPU: the capture's
+    # meta-device trace fails on it and traces again on that GPU, so the graph is optimised
+    problem = load_problem(ROOT / "problems" / "level3" / "resnet_basic_block.py", small=True)
+    model = problem.make_model("cuda")
+    x = problem.make_inputs(0, "cuda")[0]
+    loss_of(_kernelwright_cuda(model)(x)).backward()
+    results = [json.loads(p.read_text()) for p in (tmp_path / "kernelwright" / "compiled").glob("*/result.json")]
+    assert len(results) == 2  # forward and backward
+    assert all(m["capture"] == "ok" for r in results for m in r["modes"].values()), [r["modes"] for r in results]
+
+
+def _kernelwright_cuda(model):
+    from kernelwright.backend import backend
+
+    torch._dynamo.reset()
+    return torch.compile(model, backend=backend(budget_trials=1), dynamic=False)
