@@ -29,7 +29,8 @@ EPI = Epilogue(
 
 # name: (transposed, x shape, weight shape, conv args, policy, layout, epilogue, configs[, options])
 # options: pool=(kind, window) fuses a pool; prologue=True applies PROLOGUE to the input's loads;
-# only=i compiles the i-th of the first configs alone
+# only=i compiles the i-th of the first configs alone; with=dict compiles that config's variant
+# with these keys changed instead
 # policy: fp32 / tf32 / bf16 (float32 tensors rounded in the kernel) / bf16-tensors
 CASES = {
     "resnet3x3-cl-tf32": (False, (32, 256, 56, 56), (256, 256, 3, 3), dict(padding=1), "tf32", "cl", False, 4),
@@ -37,6 +38,9 @@ CASES = {
     "conv2d-bf16-cast-epi": (False, (32, 64, 224, 224), (128, 64, 3, 3), dict(padding=1), "bf16", "cl", True, 2),
     # KernelBench level-2 #1's rows: the third config is a two-row box (TWO_ROWS) of 2 x 128 pixels
     "conv2d-two-rows-tf32-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "tf32", "cl", True, 3, dict(only=2)),
+    # its first config (a 128-pixel box) with the K loop warp-specialised: 4 warps, the pass adds its own
+    "conv2d-warp-spec-tf32-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "tf32", "cl", True, 1,
+                                  dict(only=0, **{"with": dict(WARP_SPEC=1, num_warps=4)})),
     "conv2d-two-rows-maxpool2-bf16": (False, (16, 64, 130, 130), (128, 64, 3, 3), {}, "bf16-tensors", "nchw", False, 3,
                                       dict(pool=("max", (2, 2)), only=2)),
     "conv2d-bf16-tensors": (False, (8, 128, 64, 64), (128, 128, 1, 1), {}, "bf16-tensors", "cl", False, 2),
@@ -123,6 +127,8 @@ def check(case, cache):
                          min_block_m=2 * math.prod(window) if pool else 1)[:n_configs]
     if "only" in options:
         configs = configs[options["only"]:options["only"] + 1]
+    if "with" in options:
+        configs = [dict(c, **options["with"]) for c in configs]
     text = render_conv(EPI if epi else Epilogue(), name=f"kw_conv_{case.replace('-', '_')}", transposed=transposed,
                        pool=pool, prologue=PROLOGUE if prologue else Epilogue(), stats=options.get("stats", False))
     x = meta_tensor(xs, _strides(xs, layout), dtype)
@@ -144,7 +150,8 @@ def check(case, cache):
             continue
         if not builds:
             rows.append(dict(config=cfg, kernel=None, error="the launcher launched no kernel", shared=None))
-        rows += [dict(config=cfg, kernel=b.kernel, error=b.error, shared=b.shared_bytes) for b in builds]
+        rows += [dict(config=cfg, kernel=b.kernel, error=b.error, shared=b.shared_bytes, warp_specialized=b.warp_specialized)
+                 for b in builds]
     return rows
 
 

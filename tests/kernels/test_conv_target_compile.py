@@ -47,3 +47,10 @@ def test_conv_configs_compile_for_sm90(results, case):
 def test_the_two_row_cases_compile_two_row_boxes(results):
     for case in ("conv2d-two-rows-tf32-epi", "conv2d-two-rows-maxpool2-bf16"):
         assert [r["config"].get("TWO_ROWS") for r in results[case]] == [1]
+
+
+def test_the_warp_specialised_box_loop_compiles_into_producer_and_consumer_warps(results):
+    (row,) = results["conv2d-warp-spec-tf32-epi"]
+    assert row["config"]["WARP_SPEC"] == 1 and row["config"].get("BOX_W") and row["warp_specialized"] is True
+    # the space's own configs stay unspecialised
+    assert all(r["warp_specialized"] is False for r in results["conv2d-two-rows-tf32-epi"])

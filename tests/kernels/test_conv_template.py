@@ -248,6 +248,28 @@ def test_two_row_boxes_with_an_epilogue_and_bf16(mods):
     _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, CAST_BF16=True, **tile), refb, tol=1e-3)
 
 
+def test_a_warp_specialised_box_loop_computes_the_same_values(mods):
+    """WARP_SPEC (Hopper's producer / consumer warps: the sm_90 compile test shows them; the
+    interpreter runs the loop as written) with an epilogue, NCHW and channels-last outputs; refused
+    with two-row boxes, split K and for transposed convolutions."""
+    mod = mods(False, EPI, name="kw_conv_box_epi")
+    x, w = _case(False, 2, 16, 16, (6, 7), (3, 3), 1, seed=11)
+    g = _gen(12)
+    e0, e1, e2 = _rand(16, g=g), _rand(2, 16, 6, 7, g=g), torch.tensor(0.5)
+    ref = torch.relu((_ref(x, w, False, padding=1) + e0[:, None, None].double()) * e2.double() + e1.double())
+    tile = dict(TILE, BLOCK_M=16, BOX_D=1, BOX_H=1, BOX_W=16, WARP_SPEC=1, num_warps=4)
+    _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, **tile), ref)
+    _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, out_channels_last=True, **tile), ref)
+    with pytest.raises(ValueError, match="WARP_SPEC is for the one-box loop"):
+        mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, **dict(tile, BLOCK_M=32, BOX_H=2, TWO_ROWS=1))
+    with pytest.raises(ValueError, match="WARP_SPEC is for the one-box loop"):
+        mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, **dict(tile, SPLIT_K=2))
+    xt, wt = _case(True, 1, 16, 16, (4, 4), (3, 3), 1, seed=13)
+    with pytest.raises(ValueError, match="not a transposed convolution"):
+        mods(True).launch(_channels_last(xt), wt, stride=2, padding=1, **dict(TILE, BLOCK_M=16, BOX_D=1, BOX_H=1, BOX_W=16,
+                                                                             WARP_SPEC=1))
+
+
 def test_box_config_errors_and_ineligible_convolutions(mods):
     mod = mods(False)
     x, w = _case(False, 1, 16, 16, (6, 6), (3, 3), 1, seed=3)

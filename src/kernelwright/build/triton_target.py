@@ -37,6 +37,12 @@ class TargetBuild:
     kernel: str
     error: str | None
     shared_bytes: int | None = None
+    warp_specialized: bool | None = None  # whether the TTGIR holds a warp-specialised region
+
+
+def _built(name: str, k) -> TargetBuild:
+    return TargetBuild(name, None, getattr(k.metadata, "shared", None),
+                       "ttg.warp_specialize" in (getattr(k, "asm", None) or {}).get("ttgir", ""))
 
 
 class _Recorder:
@@ -121,7 +127,7 @@ def compile_launch(launch: Launch, arch: int = 90) -> TargetBuild:
         except Exception as e:  # noqa: BLE001 - a compile error is the result
             msg = " ".join(str(e).split())
             return TargetBuild(name, f"{type(e).__name__}: {msg[:300]}")
-        return TargetBuild(name, None, getattr(k.metadata, "shared", None))
+        return _built(name, k)
     options = {k: launch.kwargs[k] for k in ("num_warps", "num_stages") if k in launch.kwargs}
     values = dict(zip(fn.arg_names, launch.args))
     values.update({k: v for k, v in launch.kwargs.items() if k in fn.arg_names})
@@ -143,7 +149,7 @@ def compile_launch(launch: Launch, arch: int = 90) -> TargetBuild:
     except Exception as e:  # noqa: BLE001 - a compile error is the result
         msg = " ".join(str(e).split())
         return TargetBuild(name, f"{type(e).__name__}: {msg[:300]}")
-    return TargetBuild(name, None, getattr(k.metadata, "shared", None))
+    return _built(name, k)
 
 
 def meta_tensor(shape, stride, dtype) -> torch.Tensor:

@@ -36,7 +36,7 @@ from kernelwright.ops import POOLS, layout_clone
 from kernelwright.plan.concat import placed_slot
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
-from kernelwright.space.conv_space import BOX_KEYS, CONFIG_KEYS, ROW_KEYS, SPLIT_KEYS
+from kernelwright.space.conv_space import BOX_KEYS, CONFIG_KEYS, ROW_KEYS, SPLIT_KEYS, WARP_KEYS
 
 
 @dataclass
@@ -555,7 +555,7 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
                        in_pool=fused.in_pool, stats=fused.norm is not None)
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
-    kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS + ROW_KEYS + SPLIT_KEYS if config.get(k)}
+    kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS + ROW_KEYS + SPLIT_KEYS + WARP_KEYS if config.get(k)}
     if fused.cast_bf16:
         kw["CAST_BF16"] = True
     elif precision == "tf32":
