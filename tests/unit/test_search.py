@@ -399,3 +399,19 @@ def test_tiling_features_say_how_a_block_splits_the_task():
     assert g["tail.M"] == pytest.approx((40 * 128 - 5000) / (40 * 128)) and g["tiles.N"] == 0.0  # a tile wider than N
     assert task_feature_fn({"log2_M": 12.0, "log2_N": 10.0, "log2_K": 12.0, "kind": "gemm"})(cfg) == f
     assert "tiles.out" not in make_features(Config.make("triton.row", num_warps=4), {"log2_M": 12.0})
+
+
+def test_a_recurrent_units_dependent_steps():
+    import torch
+
+    from kernelwright.capture.export import capture_module
+    from kernelwright.search.plan_search import recurrent_steps
+
+    lstm = capture_module(torch.nn.LSTM(4, 8, 2, batch_first=True), [torch.randn(3, 5, 4)])
+    gru = capture_module(torch.nn.GRU(4, 8, 3, bidirectional=True), [torch.randn(7, 2, 4)])
+    (rnn_lstm,) = [n.name for n in lstm.nodes if n.op == "lstm"]
+    (rnn_gru,) = [n.name for n in gru.nodes if n.op == "gru"]
+    assert recurrent_steps(lstm, [rnn_lstm], None) == 10  # 5 steps x 2 layers
+    assert recurrent_steps(lstm, [rnn_lstm], {"WAVE": True}) == 6  # a wavefront: 5 + 2 - 1
+    assert recurrent_steps(gru, [rnn_gru], {"WAVE": False}) == 21  # directions side by side
+    assert recurrent_steps(lstm, [n.name for n in lstm.nodes if n.op != "lstm"], None) is None

@@ -23,6 +23,7 @@ from kernelwright import __version__
 from kernelwright.analyze.cost import node_flops
 from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.capture.execute import run_graph
+from kernelwright.capture.export import RECURRENT_INPUT
 from kernelwright.codegen import conv_epilogue, cuda_unit, gemm_epilogue, pool_chain
 from kernelwright.codegen.cuda_kernels import runtime_source
 from kernelwright.codegen.node_kernels import absorbed, template_for, templates_for
@@ -321,6 +322,10 @@ def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> 
         cfg, row.note = None, "a generated convolution is only chosen by measurement (no GPU here) or with no_library"
     else:
         cfg = _untimed_choice(job, row, tuner)
+    steps = recurrent_steps(graph, tuner.nodes, row.config if row.strategy != "library" else None)
+    if steps and row.time_ms:  # a recurrent layer: the latency of each dependent step
+        row.note = "; ".join(x for x in (row.note, f"{row.time_ms * 1e3 / steps:.2f} us per dependent step "
+                                                    f"({steps})") if x)
     if row.strategy != "library":
         _ship(job, plan, unit, row, tuner, cfg)
     ms = f"{row.time_ms:.3f} ms" if row.time_ms else "untimed"
@@ -329,6 +334,20 @@ def _tune_unit(job: _Job, plan, unit, template, trials, seconds, once: bool) -> 
             f"{row.failed} failed)")
     job.out.summary.append(f"{row.id} [{row.kind}] {', '.join(row.ops)}: {row.strategy}"
                            + (f" {cfg.key()}" if row.config else ""))
+
+
+def recurrent_steps(graph, nodes: list[str], config: dict | None) -> int | None:
+    """The dependent steps of a recurrent unit (an LSTM / GRU / RNN op over a padded sequence):
+    time steps x layers, or time steps + layers - 1 for a generated stack run as a wavefront
+    (config WAVE); the directions run side by side. None for other units."""
+    for name in nodes:
+        n = graph.node(name)
+        if n.target in RECURRENT_INPUT:
+            x = graph.meta(n.args[0].name)
+            layers, batch_first = int(n.args[4]), bool(n.args[8])
+            steps = x.shape[1] if batch_first and len(x.shape) == 3 else x.shape[0]
+            return steps + layers - 1 if (config or {}).get("WAVE") else steps * layers
+    return None
 
 
 def _timed_choice(job: _Job, row: UnitResult, tuners: list, more: list[Choice], trials, seconds, least: int):
