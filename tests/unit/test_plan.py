@@ -181,3 +181,36 @@ def test_run_graph_keeps_only_the_values_asked_for():
     assert all(i.name in env for i in graph.inputs)
     for name in env:
         torch.testing.assert_close(env[name], full[name])
+
+
+class _BnReluConv(nn.Module):
+    """conv -> training batch norm -> ReLU -> conv; `returns_relu`: the ReLU is returned too (as an
+    AOTAutograd forward saves it for the backward)."""
+
+    def __init__(self, returns_relu):
+        super().__init__()
+        self.returns_relu = returns_relu
+        self.c1, self.bn, self.c2 = nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        r = torch.relu(self.bn(self.c1(x)))
+        return (self.c2(r), r) if self.returns_relu else self.c2(r)
+
+
+def test_a_reduction_group_writing_a_returned_value_leaves_its_channels_last_copy_to_a_unit_of_its_own():
+    from kernelwright.plan.rewrites import rewrite
+
+    for returns_relu in (False, True):
+        graph = capture(from_module(_BnReluConv(returns_relu).train(), [torch.randn(2, 16, 8, 8)]))
+        graph, _ = rewrite(graph, "tf32")  # the convolutions run channels-last
+        plan = plan_graph(graph)
+        _check_order(graph, plan)
+        copies = [n.name for n in graph.nodes if n.target == "aten.clone.default" and n.args[0].name == "relu"]
+        (norm,) = [u.group for u in plan.units if u.group is not None and u.group.rdims is not None]
+        assert "relu" in norm.outputs
+        if returns_relu:  # returned in eager's layout, and copied channels-last for c2 by a unit of its own
+            (copy,) = copies
+            assert graph.meta("relu").stride[1] != 1 and copy not in norm.nodes
+            assert any(u.group is None and u.name == copy for u in plan.units)
+        else:  # the group writes the ReLU channels-last, as c2 reads it: no copy
+            assert copies == [] and graph.meta("relu").stride[1] == 1
