@@ -116,6 +116,27 @@ def _cache_dir(gm: torch.fx.GraphModule, example_inputs, options: dict) -> Path:
     return root / key
 
 
+def kept_original(out: Path) -> str | None:
+    """Why the module optimised into `out` runs its own forward in some mode (its capture failed,
+    or the generated forward failed verification or timed slower than the graph run as captured),
+    or None where a generated forward ships."""
+    try:
+        result = json.loads((out / "result.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for mode, r in (result.get("modes") or {}).items():
+        where = "" if mode == "any" else f"{mode} mode: "
+        if r.get("capture", "ok") != "ok":
+            return where + f"capture: {str(r['capture'])[:200]}"
+        if r.get("verify_fallback"):
+            return where + f"the generated forward failed verification ({(r['verify_fallback'] or {}).get('reason') or '?'})"
+        fallback = r.get("whole_model_fallback")
+        if fallback:
+            return where + (f"the generated forward took {fallback['generated_ms']:.3f} ms, the graph as captured "
+                            f"{fallback['eager_ms']:.3f} ms")
+    return None
+
+
 def _as_captured(gm: torch.fx.GraphModule, why: str) -> Callable:
     warnings.warn(f"kernelwright: {why}; the graph runs as captured", stacklevel=3)
     return gm.forward
@@ -219,6 +240,9 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
         if fast is None:
             with torch.no_grad():
                 fast = optimize(lifted, data, str(out), mode="eval", **options)
+            why = kept_original(out)
+            if why:  # (a correct result, said once: the graph runs as captured, as the user should know)
+                warnings.warn(f"kernelwright: a graph keeps its captured form ({why})", stacklevel=2)
     except Exception as e:  # noqa: BLE001 - any failure runs the captured graph
         return _as_captured(gm, f"optimisation failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
 
