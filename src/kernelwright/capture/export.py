@@ -163,14 +163,19 @@ def output_structure(ep) -> tuple:
 # scores written and read back, a causal mask built from aranges, a guard for fully masked rows),
 # where the library computes it in one fused kernel that never writes the scores; by-hand
 # attention is turned into this op by plan/attention.py.
-KEPT = RECURRENT + ("scaled_dot_product_attention.default",)
+KEPT = RECURRENT + ("scaled_dot_product_attention.default",
+                    # the CPU attention of an AOTAutograd forward graph: torch's decomposition returns
+                    # the attention weights [B, H, L, S] where the op returns its logsumexp [B, H, L]
+                    "_scaled_dot_product_flash_attention_for_cpu.default")
 
 
 def _decompositions():
     table = torch.export.default_decompositions()
     for name in KEPT:
         op, overload = name.split(".")
-        table.pop(getattr(getattr(torch.ops.aten, op), overload), None)
+        packet = getattr(torch.ops.aten, op, None)  # (an op this torch lacks is not in its table either)
+        if packet is not None and hasattr(packet, overload):
+            table.pop(getattr(packet, overload), None)
     return table
 
 
