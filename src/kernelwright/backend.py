@@ -240,9 +240,9 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
         if fast is None:
             with torch.no_grad():
                 fast = optimize(lifted, data, str(out), mode="eval", **options)
-            why = kept_original(out)
-            if why:  # (a correct result, said once: the graph runs as captured, as the user should know)
-                warnings.warn(f"kernelwright: a graph keeps its captured form ({why})", stacklevel=2)
+        why = kept_original(out)  # (optimised now or loaded from the cache)
+        if why:  # a correct result, said once: the graph runs as captured, as the user should know
+            warnings.warn(f"kernelwright: a graph keeps its captured form ({why})", stacklevel=2)
     except Exception as e:  # noqa: BLE001 - any failure runs the captured graph
         return _as_captured(gm, f"optimisation failed ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
 
