@@ -64,8 +64,8 @@ class Options:
     # tests and for KernelBench-style comparisons without library kernels (search/plan_search.py reads it)
     no_library: bool = False
     no_rewrites: bool = False  # leave out the exact algebra rules of plan/algebra.py (they change what is computed)
-    # plan/recompute.py's copies of cheap values into the kernels that read them; off: with them, a
-    # training step of level3/resnet_basic_block through the backend crashed the process (SIGSEGV) on an H100
+    # plan/recompute.py's copies of cheap values into the kernels that read them; off until a GPU
+    # measurement shows them faster (docs/benchmarks.md "Training through the backend": not yet)
     recompute: bool = False
     retune: bool = False  # search units the trial database measured before here (else their stored best runs alone)
     # "model": the expert seeds in order, then the cost model's picks; "random": every unit's seeds, then

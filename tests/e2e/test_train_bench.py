@@ -25,11 +25,11 @@ def fresh_dynamo(tmp_path, monkeypatch):
     torch._dynamo.reset()
 
 
-def _kernelwright(model):
+def _kernelwright(model, device="cpu"):
     from kernelwright.backend import backend
 
     torch._dynamo.reset()
-    return torch.compile(model, backend=backend(budget_trials=1, device="cpu"), dynamic=False)
+    return torch.compile(model, backend=backend(budget_trials=1, device=device), dynamic=False)
 
 
 def _off_by_a_percent(model):
@@ -114,14 +114,7 @@ def test_on_a_gpu_the_backends_training_graphs_are_both_captured(fresh_dynamo, t
     problem = load_problem(ROOT / "problems" / "level3" / "resnet_basic_block.py", small=True)
     model = problem.make_model("cuda")
     x = problem.make_inputs(0, "cuda")[0]
-    loss_of(_kernelwright_cuda(model)(x)).backward()
+    loss_of(_kernelwright(model, "cuda")(x)).backward()
     results = [json.loads(p.read_text()) for p in (tmp_path / "kernelwright" / "compiled").glob("*/result.json")]
     assert len(results) == 2  # forward and backward
     assert all(m["capture"] == "ok" for r in results for m in r["modes"].values()), [r["modes"] for r in results]
-
-
-def _kernelwright_cuda(model):
-    from kernelwright.backend import backend
-
-    torch._dynamo.reset()
-    return torch.compile(model, backend=backend(budget_trials=1), dynamic=False)
