@@ -310,16 +310,21 @@ def backend(partition: str = "recompute", **options) -> Callable:
     # their plain forward.
     joint_options = dict(options, cuda_graphs=False)
 
-    def joint_part(gm: torch.fx.GraphModule, example_inputs):
+    def joint_part(gm: torch.fx.GraphModule, example_inputs, forward: bool = False):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         if symbolic(example_inputs):  # (specialised at run time, on copies of the call's tensors)
             return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], joint_options, copy=True)))
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
             real = [_real(x) for x in example_inputs]
-            return make_boxed_func(_optimised(gm, real, [], joint_options))
+            if not forward:
+                return make_boxed_func(_optimised(gm, real, [], joint_options))
+            run = _optimised(gm, real, [], dict(joint_options, free_layouts=saved_positions(gm)))
+            report_output_strides(run, real)
+            return make_boxed_func(run)
 
-    training = aot_autograd(fw_compiler=joint_part, bw_compiler=joint_part, decompositions=backward_decompositions(),
+    training = aot_autograd(fw_compiler=lambda gm, example_inputs: joint_part(gm, example_inputs, forward=True),
+                            bw_compiler=joint_part, decompositions=backward_decompositions(),
                             partition_fn=min_cut_rematerialization_partition if partition == "recompute"
                             else default_partition)
 
@@ -329,6 +334,34 @@ def backend(partition: str = "recompute", **options) -> Callable:
         return _optimised(gm, example_inputs, state_positions(gm, example_inputs), options)
 
     return compile_graph
+
+
+def saved_positions(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """Positions, among an AOTAutograd forward graph's outputs that are not None (those the
+    optimised module returns), of the tensors it saves for the backward: their layout is the
+    pipeline's choice (Options.free_layouts), as Inductor's layout optimisation chooses it. Empty
+    outside AOTAutograd's compile or where its metadata does not say."""
+    context = torch._guards.TracingContext.try_get()
+    try:
+        saved = context.fw_metadata.tensors_saved_for_backwards_slice
+    except (AttributeError, AssertionError, TypeError):
+        return ()
+    nones, n = none_outputs(gm)
+    kept = [i for i in range(n) if i not in nones]
+    return tuple(k for k, i in enumerate(kept) if i in range(n)[saved])
+
+
+def report_output_strides(run: Callable, inputs: list) -> None:
+    """Tell AOTAutograd the strides `run` (a compiled forward) returns its outputs with, from one
+    run on `inputs`: it compiles the backward for saved tensors in those strides
+    (TracingContext.output_strides, which Inductor fills the same way)."""
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.output_strides is None:
+        return
+    with torch.no_grad():
+        outs = run(*inputs)
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    context.output_strides.extend(tuple(o.stride()) if isinstance(o, torch.Tensor) else None for o in outs)
 
 
 def _load(out: Path, lifted: Lifted):

@@ -64,9 +64,12 @@ class Options:
     # tests and for KernelBench-style comparisons without library kernels (search/plan_search.py reads it)
     no_library: bool = False
     no_rewrites: bool = False  # leave out the exact algebra rules of plan/algebra.py (they change what is computed)
-    # plan/recompute.py's copies of cheap values into the kernels that read them; off until a GPU
-    # measurement shows them faster (docs/benchmarks.md "Training through the backend": not yet)
-    recompute: bool = False
+    # plan/recompute.py's copies of cheap values into the kernels that read them (the ResNet block's
+    # training step 4.017 -> 3.730 ms on the H100 at a5b756d: docs/benchmarks.md "Training layouts")
+    recompute: bool = True
+    # positions of returned values whose memory layout the pipeline chooses instead of eager's (an
+    # AOTAutograd forward's saved tensors, which the backward takes in the strides reported for them)
+    free_layouts: tuple[int, ...] = ()
     retune: bool = False  # search units the trial database measured before here (else their stored best runs alone)
     # "model": the expert seeds in order, then the cost model's picks; "random": every unit's seeds, then
     # its other configs in a uniformly random order, the seeds marked in the trial records (the samples
@@ -193,9 +196,9 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
         graph = captured if captured is not None else capture(problem)
         record["captured_cost"] = captured_cost(graph)
         graph, record["rewrites"] = rewrite(graph, policy.name, eager.dtypes, algebra=not opts.no_rewrites,
-                                            recompute=opts.recompute)
+                                            recompute=opts.recompute, free=opts.free_layouts)
         record["calibrated"] = _calibrated(graph, problem, policy, device)
-        keep_output_layouts(graph, eager.strides)
+        keep_output_layouts(graph, [None if i in opts.free_layouts else s for i, s in enumerate(eager.strides)])
         record["rewrites"] += place_concats(graph)
         plan = plan_graph(graph)
     except CaptureError as e:

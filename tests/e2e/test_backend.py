@@ -92,7 +92,7 @@ def test_training_graphs_go_through_aot_autograd_forward_and_backward_optimised(
 
 
 def test_with_recompute_the_gradient_kernel_computes_the_relu_mask_again(net, tmp_path):
-    """Options.recompute (off by default): the backward's gradient after the per-channel sums computes
+    """Options.recompute (on by default): the backward's gradient after the per-channel sums computes
     where(mask, 0, grad) again (plan.recompute) instead of reading it from the reduction kernel,
     and the gradients still equal eager's."""
     net.train()
@@ -363,3 +363,40 @@ def test_the_recompute_partition_saves_fewer_activations_and_both_give_eagers_gr
 def test_an_unknown_partition_is_refused():
     with pytest.raises(ValueError, match="partition must be one of recompute, save"):
         kwb.backend(partition="none")
+
+
+class TwoConvs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn, self.c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(torch.relu(self.bn(self.c1(x))))
+
+
+def test_saved_tensors_stay_channels_last_between_the_training_graphs(tmp_path, monkeypatch):
+    """Under tf32 the convolutions run channels-last. The forward's saved tensors are free to keep
+    that layout (the backend reports their strides to AOTAutograd, which compiles the backward for
+    them): the second convolution reads the saved ReLU output itself, no channels-last copy of it,
+    and the backward's convolution gradients run channels-last on the saved values as they come.
+    The gradients equal eager's; the parameters' gradients keep eager's layout."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net, ref = TwoConvs().train(), TwoConvs().train()
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(2, 3, 10, 10)
+    torch.compile(net, backend=kwb.backend(precision="tf32", budget_trials=1))(x).sum().backward()
+    ref(x).sum().backward()
+    for a, b in zip(net.parameters(), ref.parameters()):
+        assert a.grad.stride() == b.grad.stride()
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+    results = _results(tmp_path)
+    assert len(results) == 2 and all(r["verify"]["passed"] for r in results)
+    notes = [n for r in results for n in r["rewrites"]]
+    assert any(n.startswith("convolution_1") and "run channels-last (relu," in n for n in notes), notes
+    grads = [n for n in notes if "convolution gradients run channels-last" in n]
+    assert len(grads) == 2
+    # the saved ReLU output (the second convolution's input) is read by its gradient without a copy
+    assert any(n.startswith("convolution_backward:") and "_cl" not in n.split("(")[1].split(",")[1] for n in grads), grads
+    torch._dynamo.reset()

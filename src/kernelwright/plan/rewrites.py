@@ -637,11 +637,14 @@ def _random_over_eager_layout(graph: Graph, n: OpNode, names: set[str], nodes: l
     return OpNode(n.name, n.target, (Ref(back.name), *n.args[1:]), dict(n.kwargs), n.outs, n.fx)
 
 
-def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
-    """Run float32 (or bf16) 2-D/3-D dense (groups=1) convolutions channels-last and keep their results in
-    that layout through the elementwise, eval batch-norm and pooling ops that follow (as
-    torch.compile's layout optimisation does), and through the norms after them; group kernels
-    walk such tensors in memory order (a reduction group in its input's order).
+def channels_last_convs(graph: Graph, free: frozenset[str] = frozenset()) -> tuple[Graph, list[str]]:
+    """Run float32 (or bf16) 2-D/3-D dense (groups=1) convolutions and their gradients
+    (convolution_backward) channels-last and keep their results in that layout through the
+    elementwise, eval batch-norm and pooling ops that follow (as torch.compile's layout optimisation
+    does), and through the norms after them; group kernels walk such tensors in memory order (a
+    reduction group in its input's order). `free`: returned values whose layout is this rewrite's
+    choice (an AOTAutograd forward's saved tensors: the backward takes them in the strides the
+    forward reports), kept channels-last like values the graph does not return.
 
     On the H200 cuDNN's TF32 tensor-core convolutions are ~1.7x faster on NHWC operands
     (conv_layout_probe in docs/benchmarks.md). The input and weight get one explicit
@@ -666,6 +669,13 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
                 and all(graph.meta(a.name) is not None and len(graph.meta(a.name).shape) == len(n.meta.shape)
                         for a in n.args[:2]))
 
+    def dense_conv_grad(n: OpNode) -> bool:
+        return (n.target == "aten.convolution_backward.default" and len(n.args) > 9 and n.args[9] == 1
+                and all(isinstance(a, Ref) and graph.meta(a.name) is not None
+                        and graph.meta(a.name).dtype in ("float32", "bfloat16")
+                        and len(graph.meta(a.name).shape) in fmt for a in n.args[:3]))
+
+    returned = set(graph.outputs) - set(free)  # values that keep eager's layout
     # values some convolution will read through a channels-last copy of its own making
     copied = {n.args[0].name for n in graph.nodes if dense_conv(n) and _viewed_as_nchw(graph, n) is None}
 
@@ -680,7 +690,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
 
     for n in graph.nodes:
         if n.target in _CL_POOLS and n.args and isinstance(n.args[0], Ref) and n.args[0].name in copied \
-                and n.args[0].name not in cl and n.name not in graph.outputs and n.meta is not None \
+                and n.args[0].name not in cl and n.name not in returned and n.meta is not None \
                 and len(n.meta.shape) in fmt:
             # a pool of a value convolutions read channels-last too (an Inception module's pool
             # branch beside the convolutions of its input) reads that copy: the same values, and
@@ -722,6 +732,20 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
             n_conv += 1
             notes.append(f"{n.name}: convolution run channels-last ({', '.join(a.name for a in args[:2])})")
             continue
+        if dense_conv_grad(n):
+            # grad_output, input and weight channels-last (cuDNN's NHWC kernels, as the forward's);
+            # the input and weight gradients come in that layout, the getitems after keep it
+            args = list(n.args)
+            for k in (0, 1, 2):
+                src = args[k].name
+                if src not in cl and _eager_format(graph.meta(src)) is torch.contiguous_format:
+                    args[k] = Ref(copy_of(src))
+            outs = [_channels_last(m) if m is not None and len(m.shape) in fmt else m for m in n.outs]
+            nodes.append(OpNode(n.name, n.target, tuple(args), dict(n.kwargs), outs, n.fx))
+            cl.add(n.name)
+            n_conv += 1
+            notes.append(f"{n.name}: convolution gradients run channels-last ({', '.join(a.name for a in args[:3])})")
+            continue
         if n.target in _VIEWS and n.args and isinstance(n.args[0], Ref) and n.args[0].name in cl \
                 and n.meta is not None:
             n = _view_of_channels_last(graph, n, names, nodes, restored, notes)
@@ -745,7 +769,7 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
                           and len(n.meta.shape) in fmt)
         if not keeps and n.target not in _VIEWS and any(i in cl or i in unsure for i in n.inputs):
             unsure.add(n.name)  # computed by the library from a channels-last value: its layout is the library's
-        if keeps and n.name not in graph.mutations and n.name not in graph.outputs:
+        if keeps and n.name not in graph.mutations and n.name not in returned:
             outs = [_channels_last(m) if m is not None and len(m.shape) in fmt
                     else m for m in n.outs]
             n = OpNode(n.name, n.target, n.args, dict(n.kwargs), outs, n.fx)
@@ -757,6 +781,13 @@ def channels_last_convs(graph: Graph) -> tuple[Graph, list[str]]:
     notes.append(f"channels-last layout kept through {len(cl) - n_conv} elementwise and pooling values after the "
                  "convolutions")
     return _with_nodes(graph, nodes), notes
+
+
+def free_names(graph: Graph, free: tuple[int, ...]) -> frozenset[str]:
+    """The values returned only at the positions `free` (a value also returned elsewhere keeps
+    eager's layout there, so everywhere); inputs excluded (returned as they come)."""
+    at = {o for i, o in enumerate(graph.outputs) if i in free and not graph.is_input(o)}
+    return frozenset(at - {o for i, o in enumerate(graph.outputs) if i not in free})
 
 
 # tensor-core ops and the argument positions of their tensor operands
@@ -913,7 +944,7 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 
 
 def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None,
-            algebra: bool = True, recompute: bool = False) -> tuple[Graph, list[str]]:
+            algebra: bool = True, recompute: bool = False, free: tuple[int, ...] = ()) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
     folded, repeated subexpressions merged, the algebra rules of plan.algebra (reductions over
     size-1 dims, through affine ops, of matrix products and of convolutions; `algebra=False`, the
@@ -926,7 +957,8 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     norms and group norms that feed a pool split into statistics and a pointwise apply (plan.norm_split), and with
     `recompute`, cheap elementwise values a reduction kernel would store for another kernel computed
     again by that kernel (plan.recompute). `out_dtypes` (bf16
-    only): the dtypes eager returns under the policy's autocast (bf16_outputs)."""
+    only): the dtypes eager returns under the policy's autocast (bf16_outputs). `free`: positions of
+    the returned values whose layout the rewrites choose (channels_last_convs)."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe] + ([exact_algebra] if algebra else []) + [
         fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites, instance_norm_rows]
@@ -937,7 +969,7 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
         if out_dtypes:
             steps.append(lambda g: bf16_outputs(g, out_dtypes))
     if policy in ("tf32", "bf16"):
-        steps.append(channels_last_convs)
+        steps.append(lambda g: channels_last_convs(g, free_names(g, free)))
     steps.append(split_norms_before_pools)  # (in the layouts chosen above)
     if recompute:
         steps.append(recompute_reads)  # (last: it plans the graph the steps above made)
