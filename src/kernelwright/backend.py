@@ -11,7 +11,9 @@ instead of optimising again).
 
 A graph that needs gradients goes through AOTAutograd: its forward graph (returning what the
 backward saves) and its backward graph are plain ATen graphs, each optimised and verified like an
-inference graph. A graph with symbolic sizes (``dynamic=True``, or Dynamo's default after a second
+inference graph. The saved tensors keep the layout the forward's rewrites choose (a convolution's
+channels-last result is not copied back to NCHW): the backend reports the strides the optimised
+forward returns them with, and AOTAutograd compiles the backward for those strides. A graph with symbolic sizes (``dynamic=True``, or Dynamo's default after a second
 shape) runs as a bounded set of specialisations (`Specialisations`): the generated kernels are
 specialised, so each call's concrete sizes pick a graph optimised for them on first use (and cached
 on disk like any other), up to MAX_SPECIALISATIONS per graph; calls at further sizes run the graph
@@ -184,7 +186,12 @@ class Specialisations:
                     warnings.warn(f"kernelwright: a graph with symbolic sizes met more than {self.limit} sizes; "
                                   "calls at further sizes run the graph as captured", stacklevel=2)
                 return self.gm(*inputs)
-            run = self.made[key] = self.specialise(inputs)
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            # (optimised outside the caller's dispatch modes: AOTAutograd runs a training graph's
+            # first call under one of its own, through which torch.export's tensors cannot pass)
+            with _disable_current_modes():
+                run = self.made[key] = self.specialise(inputs)
         return run(*inputs)
 
 

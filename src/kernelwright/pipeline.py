@@ -64,9 +64,9 @@ class Options:
     # tests and for KernelBench-style comparisons without library kernels (search/plan_search.py reads it)
     no_library: bool = False
     no_rewrites: bool = False  # leave out the exact algebra rules of plan/algebra.py (they change what is computed)
-    # plan/recompute.py's copies of cheap values into the kernels that read them (the ResNet block's
-    # training step 4.017 -> 3.730 ms on the H100 at a5b756d: docs/benchmarks.md "Training layouts")
-    recompute: bool = True
+    # plan/recompute.py's copies of cheap values into the kernels that read them; off: two A/B runs of
+    # the ResNet block's training step disagree (7% faster, 10% slower; docs/benchmarks.md "Training layouts")
+    recompute: bool = False
     # positions of returned values whose memory layout the pipeline chooses instead of eager's (an
     # AOTAutograd forward's saved tensors, which the backward takes in the strides reported for them)
     free_layouts: tuple[int, ...] = ()

@@ -9,8 +9,8 @@ ops on tensors the reader can load itself, the reader computes it again from the
 Inductor does): the reduction kernel then writes per-row values only (and may split its rows), and
 the reader loads the operands, at most a few bytes more per element than the value itself.
 
-On by default (pipeline.Options.recompute): the ResNet block's training step ran 7% faster with it
-on the H100 (docs/benchmarks.md, "Training layouts").
+Off by default (pipeline.Options.recompute): two A/B runs of the ResNet block's training step on the
+H100 disagree (docs/benchmarks.md, "Training layouts": the steps are bound by host time there).
 
 `recompute_reads(graph)` plans the graph once (plan.fusion), and for each such value gives every
 reading group a copy of the value's elementwise closure (nodes named ``{name}_re{k}``, placed just
