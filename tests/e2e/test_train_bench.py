@@ -118,3 +118,34 @@ def test_on_a_gpu_the_backends_training_graphs_are_both_captured(fresh_dynamo, t
     results = [json.loads(p.read_text()) for p in (tmp_path / "kernelwright" / "compiled").glob("*/result.json")]
     assert len(results) == 2  # forward and backward
     assert all(m["capture"] == "ok" for r in results for m in r["modes"].values()), [r["modes"] for r in results]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_on_a_gpu_tf32_training_saves_channels_last_tensors_and_its_gradients_match(fresh_dynamo, tmp_path, dynamic):
+    """Under tf32 the ResNet block's convolutions run channels-last; with static sizes the forward
+    saves their results in that layout (reported to AOTAutograd), and either way the gradients of
+    two steps match float64 eager within the policy's tolerance."""
+    from kernelwright.backend import backend
+
+    problem = load_problem(ROOT / "problems" / "level3" / "resnet_basic_block.py", small=True)
+    model = problem.make_model("cuda").train()
+    ref = problem.make_model("cuda").train().double()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend=backend(precision="tf32", budget_trials=1), dynamic=dynamic)
+    for step in range(2):
+        x = problem.make_inputs(step, "cuda")[0]
+        for m in (model, ref):
+            m.zero_grad(set_to_none=True)
+        with get_policy("tf32").active():
+            loss_of(compiled(x)).backward()
+        loss_of(ref(x.double())).backward()
+        for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(a.grad.double(), b.grad, rtol=2e-2, atol=2e-3 * b.grad.abs().max().item(), msg=name)
+    results = [json.loads(p.read_text()) for p in (tmp_path / "kernelwright" / "compiled").glob("*/result.json")]
+    assert results and all(r["verify"]["passed"] for r in results)
+    notes = [n for r in results for n in r["rewrites"]]
+    assert any("convolution gradients run channels-last" in n for n in notes)
+    if not dynamic:  # the second convolution reads the saved value itself, no channels-last copy of it
+        assert any(n.startswith("convolution_1") and "run channels-last (relu," in n for n in notes), notes
