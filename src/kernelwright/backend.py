@@ -13,8 +13,9 @@ A graph that needs gradients goes through AOTAutograd: its forward graph (return
 backward saves) and its backward graph are plain ATen graphs, each optimised and verified like an
 inference graph. The saved tensors keep the layout the forward's rewrites choose (a convolution's
 channels-last result is not copied back to NCHW): the backend reports the strides the optimised
-forward returns them with, and AOTAutograd compiles the backward for those strides. A graph with symbolic sizes (``dynamic=True``, or Dynamo's default after a second
-shape) runs as a bounded set of specialisations (`Specialisations`): the generated kernels are
+forward returns them with, and AOTAutograd compiles the backward for those strides. A graph with
+symbolic sizes (``dynamic=True``, or Dynamo's default after a second shape) runs as a bounded set
+of specialisations (`Specialisations`): the generated kernels are
 specialised, so each call's concrete sizes pick a graph optimised for them on first use (and cached
 on disk like any other), up to MAX_SPECIALISATIONS per graph; calls at further sizes run the graph
 as captured, with one warning. What else runs a graph as captured, with one warning line: a graph
@@ -354,8 +355,9 @@ def saved_positions(gm: torch.fx.GraphModule) -> tuple[int, ...]:
     except (AttributeError, AssertionError, TypeError):
         return ()
     nones, n = none_outputs(gm)
+    saved_at = set(range(n)[saved])
     kept = [i for i in range(n) if i not in nones]
-    return tuple(k for k, i in enumerate(kept) if i in range(n)[saved])
+    return tuple(k for k, i in enumerate(kept) if i in saved_at)
 
 
 def report_output_strides(run: Callable, inputs: list) -> None:
