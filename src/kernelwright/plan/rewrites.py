@@ -783,6 +783,25 @@ def channels_last_convs(graph: Graph, free: frozenset[str] = frozenset()) -> tup
     return _with_nodes(graph, nodes), notes
 
 
+def saved_copies(graph: Graph, free: tuple[int, ...]) -> tuple[Graph, list[str]]:
+    """At the positions `free` (returned values whose layout the rewrites choose), an input the graph
+    also copies channels-last for a convolution is returned as that copy: the same values, and
+    whatever reads the returned value (an AOTAutograd backward reading the saved input of a
+    convolution) need not copy it again."""
+    copies = {n.args[0].name: n.name for n in graph.nodes
+              if n.target == "aten.clone.default" and len(n.args) == 1 and isinstance(n.args[0], Ref)
+              and graph.is_input(n.args[0].name) and set(n.kwargs) == {"memory_format"}
+              and n.kwargs["memory_format"] in (torch.channels_last, torch.channels_last_3d)}
+    outputs, notes = list(graph.outputs), []
+    for i in free:
+        if i < len(outputs) and outputs[i] in copies:
+            notes.append(f"output {i}: {outputs[i]} returned as its channels-last copy {copies[outputs[i]]}")
+            outputs[i] = copies[outputs[i]]
+    if not notes:
+        return graph, notes
+    return Graph(graph.name, graph.inputs, graph.nodes, outputs, dict(graph.mutations), graph.exported), notes
+
+
 def free_names(graph: Graph, free: tuple[int, ...]) -> frozenset[str]:
     """The values returned only at the positions `free` (a value also returned elsewhere keeps
     eager's layout there, so everywhere); inputs excluded (returned as they come)."""
@@ -958,7 +977,7 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     `recompute`, cheap elementwise values a reduction kernel would store for another kernel computed
     again by that kernel (plan.recompute). `out_dtypes` (bf16
     only): the dtypes eager returns under the policy's autocast (bf16_outputs). `free`: positions of
-    the returned values whose layout the rewrites choose (channels_last_convs)."""
+    the returned values whose layout the rewrites choose (channels_last_convs, saved_copies)."""
     notes: list[str] = []
     steps = [simplify, fold_scalar_tensors, dedupe] + ([exact_algebra] if algebra else []) + [
         fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites, instance_norm_rows]
@@ -969,7 +988,7 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
         if out_dtypes:
             steps.append(lambda g: bf16_outputs(g, out_dtypes))
     if policy in ("tf32", "bf16"):
-        steps.append(lambda g: channels_last_convs(g, free_names(g, free)))
+        steps += [lambda g: channels_last_convs(g, free_names(g, free)), lambda g: saved_copies(g, free)]
     steps.append(split_norms_before_pools)  # (in the layouts chosen above)
     if recompute:
         steps.append(recompute_reads)  # (last: it plans the graph the steps above made)
