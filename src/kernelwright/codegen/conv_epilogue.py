@@ -635,7 +635,7 @@ def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects:
                 f"as the epilogue, which also keeps each tile's partial statistics; then the\n    {rows_doc}, "
                 f"{norm.count} values each) and the statements after them in one pass{absorbed}")
         apply = (f"    out = _alloc({meta_shape!r}, torch.{fused.out_dtype}, t.device, {tuple(fused.out_meta_stride)!r})\n"
-                 f"    {name}_apply[(triton.cdiv({numel}, 1024),)](t, row_mean, row_m2, "
+                 f"    {name}_apply[(_cdiv({numel}, 1024),)](t, row_mean, row_m2, "
                  f"{''.join(arg[s.operand.value] + ', ' for s in conv_norm.apply_loads(norm))}out, BLOCK=1024)\n")
     return f'''
 {conv_norm.kernels(norm, name)}

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from kernelwright.codegen.templating import template_text
 
-HOST = ("_alloc", "_expect", "_launch", "_scratch", "_epilogue_args", "_tma_descriptors")
+HOST = ("_alloc", "_cdiv", "_expect", "_launch", "_scratch", "_epilogue_args", "_tma_descriptors")
 HOST_MODULE = "_host"  # the copy of codegen/host.py in an emitted kernels/ folder
 
 

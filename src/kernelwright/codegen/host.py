@@ -8,6 +8,12 @@ import torch
 import triton
 
 
+def _cdiv(a, b):
+    """ceil(a / b) for a grid's size: triton.cdiv is a constexpr function, whose call wrapper costs
+    several Python calls per launch."""
+    return -(-a // b)
+
+
 def _alloc(shape, dtype, device, stride=None):
     """Output allocation (contiguous, or with the given strides, e.g. channels-last); verification
     replaces this with a NaN-poisoning allocator."""
@@ -48,9 +54,9 @@ def _launch(kernel, grid, *args, **meta):
         kernel[grid](*args, **meta)
         return
     dev = torch._C._cuda_getDevice()  # the JIT launches on the current device too
-    key = (kernel, dev) + tuple((a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
-                                 else (a == 1, a % 16 == 0) if isinstance(a, int) and not isinstance(a, bool)
-                                 else type(a) for a in args)
+    key = (kernel, dev, *[(a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+                          else (a == 1, a % 16 == 0) if isinstance(a, int) and not isinstance(a, bool)
+                          else type(a) for a in args])
     hit = _COMPILED.get(key)
     if hit is not None and not _hooked(triton.knobs.runtime.launch_enter_hook) \
             and not _hooked(triton.knobs.runtime.launch_exit_hook):

@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 try:
-    from ._host import _launch  # kernels/_host.py beside this file
+    from ._host import _cdiv, _launch  # kernels/_host.py beside this file
 except ImportError:  # imported as kernelwright.codegen.slice_copy
-    from kernelwright.codegen.host import _launch
+    from kernelwright.codegen.host import _cdiv, _launch
 
 
 @triton.jit
@@ -88,7 +88,7 @@ def copy_into(dst, src):
         dst.copy_(src)
         return
     N, C, S, *strides = tiled
-    grid = (triton.cdiv(S, 64), triton.cdiv(C, 32), N)
+    grid = (_cdiv(S, 64), _cdiv(C, 32), N)
     _launch(_nsc_copy_kernel, grid, src, dst, C, S, *strides, BLOCK_C=32, BLOCK_S=64, num_warps=4, num_stages=1)
 
 

@@ -931,7 +931,7 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
             apply += render(st)
     # row values that also feed other row values but come from reductions are available in
     # `finish`; a per-row value needed by the apply pass is re-read from its buffer.
-    apply_index, apply_block, apply_tiles = [], BLOCK_R, f"triton.cdiv({R}, {BLOCK_R})"
+    apply_index, apply_block, apply_tiles = [], BLOCK_R, f"_cdiv({R}, {BLOCK_R})"
     # APPLY_REVERSE: the apply pass walks its tiles last to first, starting on the elements the
     # partial pass read last (its programs run in the same row-fastest order), which may still be in L2
     apply_tile = "(tl.num_programs(1) - 1 - tl.program_id(1))" if config.get("APPLY_REVERSE") else "tl.program_id(1)"
@@ -944,7 +944,7 @@ def _render_split(graph, group, low, config, split, M, R, kept_lines, red_lines,
         # the tile is [APPLY_Q pixels, BLOCK_M * P channels] (APPLY_Q: BLOCK_R // P unless set): a
         # taller tile writes longer runs of an NCHW output, independently of the partial pass's tile
         apply_block = int(config.get("APPLY_Q") or max(1, BLOCK_R // P2))
-        apply_tiles = f"triton.cdiv({Q}, {apply_block})"
+        apply_tiles = f"_cdiv({Q}, {apply_block})"
         _, red = _layout(low)
         q_line = f"q = {apply_tile}.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]"
         if BLOCK_M == 1:

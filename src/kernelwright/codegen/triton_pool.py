@@ -209,10 +209,10 @@ def render_pool(graph: Graph, node: OpNode, config, used: set[int], chain: dict 
     if layout_in != layout_out:  # [block // cb pixels, cb channels] tiles (the template says why)
         cb = min(32, next_pow2(C), block)
         n_cb = -(-C // cb)
-        programs = f"{n_cb} * triton.cdiv({g['total'] // C}, {block // cb})"
+        programs = f"{n_cb} * _cdiv({g['total'] // C}, {block // cb})"
         tile = "[BLOCK // CB, CB]"
     else:
-        cb, n_cb, programs, tile = 0, 1, f"triton.cdiv({g['total']}, {block})", "[BLOCK]"
+        cb, n_cb, programs, tile = 0, 1, f"_cdiv({g['total']}, {block})", "[BLOCK]"
     int64 = max(x.numel, y.numel, (chain or {}).get("numel", 0)) + block > _INT32_LIMIT
     writes = ", ".join((["values"] if store_values else []) + (["indices"] if store_indices else []))
     text = triton_template("pool.py.j2").render(

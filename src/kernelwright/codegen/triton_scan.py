@@ -355,7 +355,7 @@ class ScanTemplate(OneTensorOp):
         if g.layout == "rows":
             BLOCK_M = int(cfg.get("BLOCK_M", 1))
             o_lines, x_outer = _offset("m", g.outer_dims, "mc")
-            ctx.update(BLOCK_M=BLOCK_M, x_outer=x_outer, outer_lines=o_lines, grid=f"triton.cdiv({g.OUTER}, {BLOCK_M})",
+            ctx.update(BLOCK_M=BLOCK_M, x_outer=x_outer, outer_lines=o_lines, grid=f"_cdiv({g.OUTER}, {BLOCK_M})",
                        scan_rows=_scan(op, 1))
         else:
             BLOCK_INNER = int(cfg.get("BLOCK_INNER", 32))

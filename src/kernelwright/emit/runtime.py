@@ -305,7 +305,7 @@ def eager_layout(t, stride):
     """A returned tensor in the strides the original forward returns it with (a kernel or library
     call may have computed it in another memory order, channels-last say): copied only where the
     order differs, so callers' .view(), .is_contiguous() and memory-order reads see eager's layout."""
-    if isinstance(t, torch.Tensor) and t.dim() == len(stride) and any(
+    if isinstance(t, torch.Tensor) and t.stride() != stride and t.dim() == len(stride) and any(
             n > 1 and a != b for n, a, b in zip(t.shape, t.stride(), stride)):
         return torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device).copy_(t)
     return t
