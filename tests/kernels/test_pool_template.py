@@ -236,7 +236,7 @@ def test_source_documents_parameters_and_space():
     assert len(params) > 10
     for ln in params:
         assert re.match(r"\s+\w+(: tl\.constexpr)?,  # \S", ln), ln
-    assert "def launch(x):" in src and "from ._host import _alloc, _expect, _launch" in src
+    assert "def launch(x):" in src and "from ._host import _alloc, _cdiv, _expect, _launch" in src
 
 
 def test_default_heuristic_large():
