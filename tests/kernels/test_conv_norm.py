@@ -348,3 +348,30 @@ def test_a_statistics_group_of_another_value_does_not_split():
     got = conv_norm.match(g, conv, pair.group)
     assert isinstance(got, str) and "not of the convolution's output" in got, got
     assert conv_epilogue.fusable(g, conv, pair.group) is not None
+
+
+@pytest.mark.parametrize("pre, dtype", [(True, torch.float32), (False, torch.bfloat16)], ids=["computed", "widened"])
+def test_under_bf16_the_normalized_value_is_held_in_its_own_dtype(pre, dtype):
+    """Under bf16 the convolution's result is bf16 and what follows computes in float32. The value a
+    split norm normalizes is held between the kernels in the graph's dtype of it: float32 where
+    pointwise ops compute it (a bf16 copy of sigmoid(y + b) * 3 would round it again, and the norm
+    magnifies that), bf16 where it is the (bias-free) convolution's output widened (exact in half
+    the bytes).
+    The result is as close to float64 as the graph run by ATen under the same policy."""
+    torch.manual_seed(3)
+    model = ConvNorm("group", pre=True, groups=8) if pre else nn.Sequential(
+        nn.Conv2d(8, 16, 3, bias=False), nn.GroupNorm(8, 16), nn.Tanh())
+    model, x = model.eval(), torch.randn(2, 8, 10, 12)
+    g, plan, pair = _split_pair(model, x, "bf16")
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+    assert fused.norm is not None and fused.norm_dtype == str(dtype).replace("torch.", "")
+    text, ins = conv_epilogue.render(fused, dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1),
+                                     "bf16", f"kw_norm_dtype_{pre}")
+    assert f"out_dtype=torch.{dtype}".replace("torch.torch.", "torch.") in text
+    mod = load_module_from_source(text, f"kw_norm_dtype_{pre}", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        (res,) = mod.launch(*[env[v] for v in ins])
+        aten = run_graph(g, model, [x])[0]
+        exact = model.double()(x.double())
+    assert (res.double() - exact).abs().max() <= 2 * (aten.double() - exact).abs().max() + 1e-3

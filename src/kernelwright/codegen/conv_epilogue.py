@@ -30,7 +30,7 @@ from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.triton_conv import render_conv
-from kernelwright.codegen.triton_group import Stmt, Unsupported, lower, reduce_tile_lines
+from kernelwright.codegen.triton_group import WELFORD_OPS, Stmt, Unsupported, lower, reduce_tile_lines
 from kernelwright.codegen.triton_pool import pool_params
 from kernelwright.ops import POOLS, layout_clone
 from kernelwright.plan.concat import placed_slot
@@ -81,6 +81,8 @@ class ConvEpilogue:
     out_meta_stride: tuple[int, ...] = ()  # the strides of `out`
     # a split norm's values of one per row (new running statistics): (shape, strides, dtype) each
     row_metas: dict[str, tuple] = field(default_factory=dict)
+    # the dtype the convolution kernel writes a split norm's normalized value in (normalized_dtype)
+    norm_dtype: str = ""
 
     @property
     def args(self) -> dict:
@@ -440,7 +442,25 @@ def build(graph: Graph, conv: OpNode, group: Group | None, groups: list[Group] =
                         Epilogue(tuple(ops[pre_n:]), "\n".join(post_code)), row_out, whole_n, tuple(meta.shape),
                         prologue, pro_values, pro_views, layouts, into, in_pool, norm, tuple(meta.stride),
                         {} if norm is None else {v: (tuple(graph.meta(v).shape), tuple(graph.meta(v).stride),
-                                                     graph.meta(v).dtype) for v in norm.outputs if v != out})
+                                                     graph.meta(v).dtype) for v in norm.outputs if v != out},
+                        "" if norm is None else normalized_dtype(graph, conv, group, norm))
+
+
+def normalized_dtype(graph: Graph, conv: OpNode, group: Group, norm: conv_norm.NormSplit) -> str:
+    """The dtype of the buffer holding the value a split norm normalizes (the convolution kernel
+    writes it, the apply pass reads it): the graph's dtype of that value, or the convolution's
+    where the value is the convolution's output through plain casts alone (a bf16 convolution's
+    result widened: bf16 holds it exactly, in half the bytes), as for a statistics-only split,
+    whose kernel writes the convolution's own output."""
+    if norm.stats_only:
+        return conv.meta.dtype
+    stats = [graph.node(n) for n in group.nodes if graph.node(n).target in WELFORD_OPS]
+    if len(stats) != 1 or not stats[0].args or not isinstance(stats[0].args[0], Ref):
+        return "float32"
+    value = src = stats[0].args[0].name
+    while src != conv.name and not graph.is_input(src) and plain_cast(graph, graph.node(src)):
+        src = graph.node(src).args[0].name
+    return conv.meta.dtype if src == conv.name else graph.meta(value).dtype
 
 
 def _norm_prefix(graph: Graph, conv: OpNode, norm: conv_norm.NormSplit, shape: tuple, operand) -> list[str]:
@@ -569,7 +589,7 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
                      + [f"{k}={v!r}" for k, v in fused.args.items()]
                      + ([f"pool_window={fused.pool_window!r}"] if fused.pool else [])
                      + ([f"prologue_operands=({''.join(p + ', ' for p in prologue)})"] if prologue else [])
-                     + [f"out_dtype=torch.{fused.conv.meta.dtype if fused.norm is not None else fused.out_dtype}",
+                     + [f"out_dtype=torch.{fused.norm_dtype if fused.norm is not None else fused.out_dtype}",
                         f"out_channels_last={fused.out_channels_last}"]
                      + (["out=out0"] if fused.into else [])
                      + [f"{k}={v!r}" for k, v in kw.items()])

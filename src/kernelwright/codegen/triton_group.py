@@ -93,7 +93,7 @@ WELFORD_STEP = "(1.0 / ((r0 - {start}) // BLOCK_R + 1))"
 
 
 # ops the group template lowers to a Welford pass over their first argument
-_WELFORD_OPS = ("aten.var.correction", "aten.native_layer_norm.default", "aten.native_group_norm.default",
+WELFORD_OPS = ("aten.var.correction", "aten.native_layer_norm.default", "aten.native_group_norm.default",
                 "aten._native_batch_norm_legit.no_stats", "aten._native_batch_norm_legit_functional.default")
 
 
@@ -372,7 +372,7 @@ class Lowering:
         """Whether the group takes a variance or a normalization of the value `ref` (a Welford
         pass over it), so that a mean of the same value need not read the data again."""
         return isinstance(ref, Ref) and any(
-            (m := self.g.node(name)).target in _WELFORD_OPS and m.args and isinstance(m.args[0], Ref)
+            (m := self.g.node(name)).target in WELFORD_OPS and m.args and isinstance(m.args[0], Ref)
             and m.args[0].name == ref.name for name in self.grp.nodes)
 
     def _per_channel(self, ref) -> tuple | None:
