@@ -5,13 +5,16 @@ usage: PYTHONPATH=src python3 scripts/cost_model_curve.py [DB.jsonl ...] [--size
        [--precision tf32] [--min-configs 6] [--seed 0]
        PYTHONPATH=src python3 scripts/cost_model_curve.py --replay [DB.jsonl ...] [--precision tf32]
        [--min-configs 20] [--seeds 0,1,2] [--strategies random,model-cold,model-warm,shipped,recorded]
-       [--with-priors]
+       [--with-priors] [--kappa K] [--explore E] [--trials N] [--hard T]
 Without a file it reads the packaged priors (the trials measured on the H200). The curve: a markdown
 table per training size of the held-out tasks, mean Spearman rho, and the geometric-mean regret of
 the predicted-fastest config (and of the best of the predicted three) against the fastest measured
 (kernelwright.search.evaluate). --replay: per strategy, the trials to reach 95% and 99% of each
 unit's fastest measured config, median over units (the spread: one median per seed), and a line per
-unit (kernelwright.search.study; warm models learn from the other problems' records).
+unit (kernelwright.search.study; warm models learn from the other problems' records), then the
+"hard" units (random needs at least --hard trials to 95%, mean over seeds): per strategy its mean
+trials to 95% there and the geometric mean of its trials over random's. --kappa / --explore set
+the model-based strategies' acquisition (default: ModelBased's); --trials caps each replay.
 """
 import argparse
 import sys
@@ -31,6 +34,10 @@ def main() -> int:
     ap.add_argument("--replay", action="store_true", help="replay search strategies on the measured units")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--strategies", default="random,model-cold,model-warm,shipped,recorded")
+    ap.add_argument("--kappa", type=float, help="--replay: ModelBased's kappa (lower confidence bound weight)")
+    ap.add_argument("--explore", type=float, help="--replay: ModelBased's share of random picks")
+    ap.add_argument("--trials", type=int, help="--replay: trials per replay at most (default: every config)")
+    ap.add_argument("--hard", type=float, default=6.0, help="--replay: random's trials to 95%% that make a unit hard")
     ap.add_argument("--with-priors", action="store_true",
                     help="--replay of the files named: warm models also learn from the packaged trials")
     a = ap.parse_args()
@@ -72,7 +79,7 @@ def _records(a):
 
 def replay(a) -> int:
     """--replay: the strategies' trials to 95% / 99% of each unit's best, as markdown."""
-    from kernelwright.search.study import STRATEGIES, study, surfaces
+    from kernelwright.search.study import STRATEGIES, against_random, study, surfaces
 
     names = a.strategies.split(",")
     if not set(names) <= set(STRATEGIES):
@@ -91,7 +98,11 @@ def replay(a) -> int:
     warm = records  # (surfaces come from the files named; --with-priors: warm models learn from the priors too)
     if a.with_priors and a.db:
         warm = records + [r for p in packaged_priors() for r in TrialDB(p)]
-    rows = study(surfs, warm, strategies=names, seeds=seeds)
+    acquisition = {k: v for k, v in (("kappa", a.kappa), ("explore", a.explore)) if v is not None}
+    if a.explore is not None and not 0.0 <= a.explore <= 1.0:
+        print(f"error: --explore must be within [0, 1], got {a.explore}", file=sys.stderr)
+        return 2
+    rows = study(surfs, warm, strategies=names, seeds=seeds, trials=a.trials, acquisition=acquisition)
     sizes = sorted(len(s.times) for s in surfs)
     print(f"{len(records)} records" + (f" (warm models: {len(warm)} with the packaged trials)" if warm is not records else "")
           + f"; precision {a.precision or 'all'}; {len(surfs)} units of {sizes[0]}-{sizes[-1]} "
@@ -103,6 +114,12 @@ def replay(a) -> int:
               f"{r.median99:g} ({', '.join(f'{v:g}' for v in r.to99)}) |")
     print("\nper unit, trials to 95% (median over seeds): " + "; ".join(
         f"{k}: " + ", ".join(f"{r.strategy} {r.per_surface[k]:g}" for r in rows) for k in rows[0].per_surface))
+    if "random" in names:
+        hard = against_random(rows, a.hard)
+        print(f"\nunits where random needs >= {a.hard:g} trials to 95% (mean over seeds): {hard[0].units}")
+        print("| strategy | mean trials to 95% there | x random's (geometric mean) |\n|---|---:|---:|")
+        for h in hard:
+            print(f"| {h.strategy} | {h.mean95:.2f} | {h.ratio:.2f} |")
     return 0
 
 

@@ -87,6 +87,12 @@ def test_surfaces_of_the_packaged_trials():
              for t in (1.0, 3.0, 2.0)]
     (s,) = surfaces(twice, min_configs=1)
     assert s.times[c] == 2.0
+    # the same task measured on two GPUs: two surfaces, never one of mixed times
+    h100 = [{**r, "device": "NVIDIA H100 80GB HBM3", "time_ms": 10 * r["time_ms"]} for r in twice]
+    h200 = [{**r, "device": "NVIDIA H200"} for r in twice]
+    both = surfaces(h100 + h200, min_configs=1)
+    assert sorted((x.device, x.times[c]) for x in both) == [("NVIDIA H100 80GB HBM3", 20.0), ("NVIDIA H200", 2.0)]
+    assert len({x.label for x in both}) == 2
 
 
 def test_seeds_first_then_its_strategy():
@@ -159,3 +165,43 @@ def test_on_sampled_h100_spaces_the_model_needs_a_fraction_of_random_searchs_tri
     rand, cold, warm = (rows[k].median95 for k in ("random", "model-cold", "model-warm"))
     assert cold <= 0.5 * rand, (cold, rand, rows["model-cold"].to95, rows["random"].to95)
     assert warm <= min(8, cold), (warm, cold)
+
+
+def test_against_random_summarises_the_units_random_search_finds_hard():
+    """against_random keeps the surfaces where random's mean trials to 95% reach the threshold and
+    reports each strategy's mean there and its geometric-mean ratio to random's; the flat surface
+    (random within 95% at once) is left out; without a random row it refuses."""
+    from kernelwright.search.study import StudyRow, against_random
+
+    rows = [StudyRow("random", 3, 2, [], [], mean_surface={"a": 12.0, "b": 8.0, "flat": 1.0}),
+            StudyRow("model-cold", 3, 2, [], [], mean_surface={"a": 3.0, "b": 8.0, "flat": 1.0})]
+    rand, cold = against_random(rows, threshold=6)
+    assert (rand.units, rand.mean95, rand.ratio) == (2, 10.0, 1.0)
+    assert cold.units == 2 and cold.mean95 == 5.5 and math.isclose(cold.ratio, (0.25 * 1.0) ** 0.5)
+    assert against_random(rows, threshold=20)[1].units == 0
+    with pytest.raises(ValueError, match="random"):
+        against_random(rows[1:])
+
+
+def test_the_replay_script_takes_the_acquisition_and_reports_the_hard_units(tmp_path):
+    """scripts/cost_model_curve.py --replay with --kappa / --explore / --trials on a small recorded
+    surface: the table, the per-unit line and the hard-unit summary; a bad --explore is one line."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    s = _synthetic()
+    db = tmp_path / "t.jsonl"
+    db.write_text("".join(json.dumps({"task_key": "syn/g0", "precision": "tf32", "config": c.to_dict(), "time_ms": t,
+                                      "error": None if t is not None else "smem", "task_features": {"kind": "x"}}) + "\n"
+                          for c, t in list(s.times.items())[:60]))
+    cmd = [sys.executable, str(root / "scripts" / "cost_model_curve.py"), "--replay", str(db), "--seeds", "0",
+           "--strategies", "random,model-cold", "--trials", "20", "--hard", "1"]
+    env = {"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(cmd + ["--kappa", "0.5", "--explore", "0.3"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "| model-cold |" in out.stdout and "units where random needs >= 1 trials to 95%" in out.stdout
+    bad = subprocess.run(cmd + ["--explore", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--explore" in bad.stderr

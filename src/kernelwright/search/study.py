@@ -42,10 +42,16 @@ class Surface:
     task_features: dict
     times: dict[Config, Optional[float]] = field(default_factory=dict)  # None: the config failed
     seeds: list[Config] = field(default_factory=list)  # the unit's expert seeds in order, where records mark them
+    device: str = ""  # the GPU that measured it (one surface per device: times of two GPUs never mix)
 
     @property
     def best(self) -> float:
         return min(t for t in self.times.values() if t is not None)
+
+    @property
+    def label(self) -> str:
+        """precision:task:template, and @device where the records name one."""
+        return f"{self.precision}:{self.task_key}:{self.template}" + (f"@{self.device}" if self.device else "")
 
     @property
     def problem(self) -> str:
@@ -58,7 +64,7 @@ class Surface:
 
 def surfaces(records: Iterable[Mapping], *, min_configs: int = 20, precision: Optional[str] = None) -> list[Surface]:
     """The surfaces of a trial database's records with at least `min_configs` distinct configs, one
-    of them successful (records of one task, template and precision; `precision` keeps one)."""
+    of them successful (records of one task, template, precision and device; `precision` keeps one)."""
     by: dict[tuple, dict[Config, list[Optional[float]]]] = defaultdict(dict)
     feats: dict[tuple, dict] = {}
     seeds: dict[tuple, dict[Config, int]] = defaultdict(dict)
@@ -69,7 +75,7 @@ def surfaces(records: Iterable[Mapping], *, min_configs: int = 20, precision: Op
             cfg = r["config"] if isinstance(r["config"], Config) else Config.from_json(r["config"])
         except (KeyError, TypeError, ValueError):
             continue
-        key = (str(r.get("task_key", "")), cfg.template, str(r.get("precision")))
+        key = (str(r.get("task_key", "")), cfg.template, str(r.get("precision")), str(r.get("device") or ""))
         t = r.get("time_ms")
         ok = r.get("error") is None and t is not None and float(t) > 0
         by[key].setdefault(cfg, []).append(float(t) if ok else None)
@@ -82,8 +88,8 @@ def surfaces(records: Iterable[Mapping], *, min_configs: int = 20, precision: Op
         times = {c: (statistics.median(ok) if (ok := [t for t in ts if t is not None]) else None)
                  for c, ts in runs.items()}
         if len(times) >= min_configs and any(t is not None for t in times.values()):
-            out.append(Surface(key[0], key[1], key[2], feats[key], times, sorted(seeds[key], key=seeds[key].get)))
-    return sorted(out, key=lambda s: (s.precision, s.task_key, s.template))
+            out.append(Surface(key[0], key[1], key[2], feats[key], times, sorted(seeds[key], key=seeds[key].get), key[3]))
+    return sorted(out, key=lambda s: (s.precision, s.task_key, s.template, s.device))
 
 
 def replay(strategy: Strategy, surface: Surface, trials: Optional[int] = None) -> list[float]:
@@ -112,17 +118,20 @@ def trials_to(curve: Sequence[float], best: float, fraction: float) -> int:
 
 
 def make_strategy(name: str, surface: Surface, records: Sequence[Mapping], seed: int,
-                  model: Callable[[int], CostModel] = lambda seed: CostModel(seed=seed)) -> Strategy:
+                  model: Callable[[int], CostModel] = lambda seed: CostModel(seed=seed),
+                  acquisition: Optional[Mapping[str, float]] = None) -> Strategy:
     """Strategy `name` (one of STRATEGIES) for a replay of `surface`; "model-warm" fits its model
-    on the `records` of other problems with the surface's template and precision."""
+    on the `records` of other problems with the surface's template and precision. `acquisition`:
+    ModelBased's `kappa` and `explore` where they are not its defaults."""
+    acq = dict(acquisition or {})
     if name == "random":
         return RandomSearch(seed=seed)
     if name == "model-cold":
-        return ModelBased(model(seed), seed=seed)
+        return ModelBased(model(seed), seed=seed, **acq)
     if name in ("model-warm", "shipped"):
         prior = [r for r in records if r.get("precision") == surface.precision
                  and _template(r) == surface.template and problem_of(str(r.get("task_key", ""))) != surface.problem]
-        warm = ModelBased(model(seed).fit(prior), seed=seed)
+        warm = ModelBased(model(seed).fit(prior), seed=seed, **acq)
         return warm if name == "model-warm" else SeedsFirst(surface.seeds, warm)
     if name == "recorded":
         return Exhaustive()
@@ -143,7 +152,8 @@ def _template(record: Mapping) -> Optional[str]:
 @dataclass
 class StudyRow:
     """One strategy over every surface: per seed, the median over surfaces of the trials to reach
-    each fraction of the best; `per_surface` the trials to 95% per surface, median over seeds."""
+    each fraction of the best; `per_surface` the trials to 95% per surface, median over seeds, and
+    `mean_surface` their mean over seeds."""
 
     strategy: str
     surfaces: int
@@ -151,6 +161,7 @@ class StudyRow:
     to95: list[float]
     to99: list[float]
     per_surface: dict[str, float] = field(default_factory=dict)
+    mean_surface: dict[str, float] = field(default_factory=dict)
 
     @property
     def median95(self) -> float:
@@ -163,8 +174,10 @@ class StudyRow:
 
 def study(surfs: Sequence[Surface], records: Sequence[Mapping], *, strategies: Sequence[str] = STRATEGIES,
           seeds: Sequence[int] = (0, 1, 2), trials: Optional[int] = None,
-          model: Callable[[int], CostModel] = lambda seed: CostModel(seed=seed)) -> list[StudyRow]:
-    """Replay each strategy on each surface for each seed (a deterministic strategy once)."""
+          model: Callable[[int], CostModel] = lambda seed: CostModel(seed=seed),
+          acquisition: Optional[Mapping[str, float]] = None) -> list[StudyRow]:
+    """Replay each strategy on each surface for each seed (a deterministic strategy once);
+    `acquisition` as make_strategy's."""
     rows = []
     for name in strategies:
         runs = [0] if name == "recorded" else list(seeds)
@@ -173,15 +186,48 @@ def study(surfs: Sequence[Surface], records: Sequence[Mapping], *, strategies: S
         for seed in runs:
             t95, t99 = [], []
             for s in surfs:
-                curve = replay(make_strategy(name, s, records, seed, model), s, trials)
+                curve = replay(make_strategy(name, s, records, seed, model, acquisition), s, trials)
                 t95.append(trials_to(curve, s.best, 0.95))
                 t99.append(trials_to(curve, s.best, 0.99))
-                per[f"{s.precision}:{s.task_key}:{s.template}"].append(t95[-1])
+                per[s.label].append(t95[-1])
             by_seed95.append(statistics.median(t95))
             by_seed99.append(statistics.median(t99))
         rows.append(StudyRow(name, len(surfs), len(runs), by_seed95, by_seed99,
-                             {k: statistics.median(v) for k, v in per.items()}))
+                             {k: statistics.median(v) for k, v in per.items()},
+                             {k: statistics.fmean(v) for k, v in per.items()}))
     return rows
 
 
-__all__ = ["STRATEGIES", "Surface", "surfaces", "replay", "trials_to", "make_strategy", "StudyRow", "study"]
+@dataclass
+class HardSummary:
+    """One strategy on the surfaces where random search needs many trials: their count, the
+    strategy's mean trials to 95% over them (each surface's mean over seeds), and the geometric
+    mean over them of its trials over random's."""
+
+    strategy: str
+    units: int
+    mean95: float
+    ratio: float
+
+
+def against_random(rows: Sequence[StudyRow], threshold: float = 6.0) -> list[HardSummary]:
+    """Per strategy of a study that ran "random": the surfaces where random needed at least
+    `threshold` trials to 95% (mean over seeds) and how the strategy did on them. The medians
+    over all surfaces are dominated by flat ones, where any order is within 95% after a trial
+    or two; these are the surfaces that tell strategies apart."""
+    base = next((r for r in rows if r.strategy == "random"), None)
+    if base is None:
+        raise ValueError("against_random needs the study's 'random' row")
+    hard = [k for k, v in base.mean_surface.items() if v >= threshold]
+    out = []
+    for r in rows:
+        if not hard:
+            out.append(HardSummary(r.strategy, 0, math.nan, math.nan))
+            continue
+        mine = [r.mean_surface[k] for k in hard]
+        out.append(HardSummary(r.strategy, len(hard), statistics.fmean(mine),
+                               statistics.geometric_mean([a / base.mean_surface[k] for a, k in zip(mine, hard)])))
+    return out
+
+
+__all__ = ["STRATEGIES", "Surface", "surfaces", "replay", "trials_to", "make_strategy", "StudyRow", "study", "HardSummary", "against_random"]
