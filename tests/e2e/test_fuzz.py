@@ -1,5 +1,6 @@
 """The differential fuzzer: programs are deterministic per seed and valid in eager; the oracle
 passes correct emitted modules and flags wrong ones; the runner's lines and summary; shrinking."""
+import copy
 import functools
 import math
 import os
@@ -144,7 +145,10 @@ def test_reduced_precision_results_are_held_to_eagers_own_error():
     assert _judge("train", _Quiet(), (exact - 0.04).float(), eager, 1e-2, exact=exact).status == "ok"
     wrong = _judge("train", _Quiet(), (exact + 0.3).float(), eager, 1e-2, exact=exact)
     assert wrong.status == "wrong" and "from float64: 0.3" in wrong.detail
-    assert _judge("train", _Quiet(), (exact - 0.04).float(), eager, 1e-2).status == "wrong"  # fp32: no yardstick
+    assert _judge("train", _Quiet(), (exact - 0.04).float(), eager, 1e-2).status == "wrong"  # no yardstick given
+    made = []
+    lazily = _judge("train", _Quiet(), eager, eager, 1e-2, exact=lambda: made.append(1) or exact)
+    assert lazily.status == "ok" and not made  # the float64 run is made only for a result that is off
 
 
 # --- the oracle, end to end (Triton interpreter) --------------------------------------------------
@@ -368,6 +372,59 @@ def test_a_model_whose_float64_copy_cannot_run_is_judged_against_eager_alone(tmp
     compare with eager alone instead of the oracle failing."""
     outcome = _check_text(tmp_path, CLOSURE, precision="tf32")
     assert outcome.status == "ok", outcome
+
+
+ILL_CONDITIONED = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.bn(x + 1e4)  # float32 keeps ~1e-3 of each value; the norm over two values magnifies it
+
+
+def get_inputs():
+    return [torch.randn(2, 4) * 1e-3]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _in_float64(forward):
+    """A forward computed on a float64 copy of the module (its buffers copied back): more accurate
+    than eager's float32, hence off eager's result by more than fp32's tolerance here."""
+    def exact(self, x):
+        if not self.training:
+            return forward(self, x)
+        twin = copy.deepcopy(self).double()
+        out = forward(twin, x.double())
+        with torch.no_grad():
+            for b, b64 in zip(self.buffers(), twin.buffers()):
+                b.copy_(b64)
+        return out.float()
+    return exact
+
+
+@pytest.mark.interpreter
+def test_under_fp32_an_ill_conditioned_model_is_judged_against_float64(monkeypatch, tmp_path):
+    """fp32, a batch norm over two values of 1e4 + 1e-3 * noise: eager's own float32 result is far
+    from the float64 one, and a module computing in float64 is off eager by far more than the
+    tolerance, yet passes (no farther from float64 than eager); an offset output still fails."""
+    _patched_import(monkeypatch, _in_float64)
+    outcome = _check_text(tmp_path, ILL_CONDITIONED)
+    checks = {c.name: c for c in outcome.checks}
+    assert checks["train"].status == "ok" and "within eager's own error" in checks["train"].detail, checks["train"]
+    assert checks["buffers"].status == "ok"
+    _patched_import(monkeypatch, lambda forward: lambda self, x: _in_float64(forward)(self, x) + 0.5)
+    (tmp_path / "off").mkdir()
+    off = {c.name: c for c in _check_text(tmp_path / "off", ILL_CONDITIONED).checks}
+    assert off["train"].status == "wrong" and "from float64" in off["train"].detail
 
 
 CONV_POOL = """import torch
