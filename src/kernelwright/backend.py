@@ -37,6 +37,9 @@ import torch
 NAME = "kernelwright"
 
 
+WIDENED = (torch.float16, torch.bfloat16, torch.float32)  # dtypes a graph's float64 reference computes in float64
+
+
 class Lifted(torch.nn.Module):
     """A Dynamo graph whose parameter and buffer inputs are this module's own state again; its
     forward takes the other tensor inputs, in order, and returns the graph's outputs but those
@@ -80,6 +83,22 @@ class Lifted(torch.nn.Module):
         if not self.nones:
             return out
         return tuple(o for i, o in enumerate(out) if i not in self.nones)
+
+    def float64_copy(self) -> "Lifted":
+        """A float64 copy whose graph computes in float64 throughout (the verifier's reference):
+        its casts to a floating dtype (an autocast graph's bf16 operands, its float32 results)
+        cast to float64 instead, so the reference is the graph's exact value rather than one
+        rounded wherever the graph rounds, and the graph as captured has an error of its own."""
+        import copy
+
+        twin = copy.deepcopy(self)
+        widen = lambda a: torch.float64 if a in WIDENED else a  # noqa: E731
+        for node in twin.gm.graph.nodes:
+            if node.op == "call_function":
+                node.args = torch.fx.node.map_aggregate(node.args, widen)
+                node.kwargs = torch.fx.node.map_aggregate(node.kwargs, widen)
+        twin.gm.recompile()
+        return twin.double()
 
     def with_nones(self, out):
         """The graph's outputs from forward's (the None outputs put back)."""
@@ -194,6 +213,35 @@ class Specialisations:
             with _disable_current_modes():
                 run = self.made[key] = self.specialise(inputs)
         return run(*inputs)
+
+
+def signature(inputs) -> tuple:
+    """Each tensor input's shape, strides, dtype and device (other inputs: their type)."""
+    return tuple((tuple(x.shape), x.stride(), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else type(x).__name__
+                 for x in inputs)
+
+
+class FirstCall:
+    """A graph optimised for example inputs that AOTAutograd derived from fake tensors: the first
+    real call's signature is checked against theirs, once. Where they differ (a fake kernel that
+    reports another dtype than the real one returns: the CPU batch norm's statistics of a bf16
+    input, bf16 when faked and float32 when run), the graph is optimised again on copies of that
+    call's tensors, instead of every call running it as captured."""
+
+    def __init__(self, gm: torch.fx.GraphModule, run: Callable, examples, options: dict):
+        self.gm, self.run, self.options = gm, run, options
+        self.expected: tuple | None = signature(examples)
+
+    def __call__(self, *inputs):
+        if self.expected is not None:
+            if signature(inputs) != self.expected:
+                from torch.utils._python_dispatch import _disable_current_modes
+
+                with _disable_current_modes():  # (as Specialisations: outside AOTAutograd's modes)
+                    copies = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+                    self.run = _optimised(self.gm, copies, [], self.options)
+            self.expected = None
+        return self.run(*inputs)
 
 
 def _specialised(gm: torch.fx.GraphModule, inputs, state: list[int], options: dict, copy: bool = False) -> Callable:
@@ -325,8 +373,8 @@ def backend(partition: str = "recompute", **options) -> Callable:
             return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], joint_options, copy=True)))
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
             real = [_real(x) for x in example_inputs]
-            if not forward:
-                return make_boxed_func(_optimised(gm, real, [], joint_options))
+            if not forward:  # (the forward reports its outputs' strides now; the backward may wait)
+                return make_boxed_func(FirstCall(gm, _optimised(gm, real, [], joint_options), real, joint_options))
             run = _optimised(gm, real, [], dict(joint_options, free_layouts=saved_positions(gm)))
             report_output_strides(run, real)
             return make_boxed_func(run)

@@ -330,6 +330,34 @@ def test_conv_bias_stays_for_depthwise_convs_only():
         _close(g, s, model, [x])
 
 
+class _Bf16Biases(nn.Module):
+    """An autocast graph's convolution and Linear: bf16 operands and bias, a bf16 result."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(16, 5)
+
+    def forward(self, x):
+        bf = torch.bfloat16
+        c = self.conv
+        y = torch.relu(F.conv2d(x.to(bf), c.weight.to(bf), c.bias.to(bf)))
+        return torch.sigmoid(F.linear(y.flatten(1), self.fc.weight.to(bf), self.fc.bias.to(bf)))
+
+
+def test_a_bf16_convolution_or_linear_keeps_its_bias():
+    """Split off a bf16 result, the bias would be added to the product after it was rounded to bf16,
+    a second rounding the library (cuBLAS's bias epilogue, the CPU's convolution) does not make:
+    both keep their bias; the float32 ones of the same model are split."""
+    model, x = _Bf16Biases(), torch.randn(2, 3, 4, 4)
+    s, notes = rewrite(capture(from_module(model, [x])))
+    assert not any("bias" in n for n in notes), notes
+    assert any(n.target == "aten.addmm.default" for n in s.nodes)
+    assert all(n.args[2] is not None for n in s.nodes if n.target == "aten.convolution.default")
+    full = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16, 5), nn.Sigmoid())
+    notes = rewrite(capture(from_module(full, [x])))[1]
+    assert sum("bias" in n or "plain GEMM" in n for n in notes) == 2, notes
+
+
 def test_a_returned_conv_split_under_tf32_is_written_in_eagers_layout():
     model = nn.Conv2d(3, 8, 3)
     x = torch.randn(2, 3, 7, 7)

@@ -3,7 +3,10 @@
 identical data, in train() mode.
 
 One step is: zero the gradients, forward, the loss (the mean square of every floating output, so
-any model trains without labels), backward, an SGD step. Each implementation reports
+any model trains without labels), backward, an SGD step. Under the bf16 policy every
+implementation's forward and loss run in bf16 autocast (the backward outside it), as a PyTorch
+user trains in mixed precision; the backend then sees graphs whose casts autocast made. Each
+implementation reports
 
 - ``step_ms``: the median device time of one step (CUDA events) over the last `timed` steps,
 - ``first_s``: the wall time of the first step (Dynamo's capture and the backend's optimisation),
@@ -19,6 +22,7 @@ any model trains without labels), backward, an SGD step. Each implementation rep
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from typing import Callable
@@ -71,8 +75,9 @@ def _sync(device) -> None:
 
 
 def train_impl(base: torch.nn.Module, inputs: list, wrap: Callable[[torch.nn.Module], Callable], steps: int,
-               timed: int, device) -> dict:
-    """Train a copy of `base`, called through `wrap(copy)`, for `steps` SGD steps on `inputs`."""
+               timed: int, device, autocast: Callable[[], object] = contextlib.nullcontext) -> dict:
+    """Train a copy of `base`, called through `wrap(copy)`, for `steps` SGD steps on `inputs`; each
+    step's forward and loss inside `autocast()` (a policy's baseline context)."""
     model = copy.deepcopy(base)
     fn = wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -88,7 +93,8 @@ def train_impl(base: torch.nn.Module, inputs: list, wrap: Callable[[torch.nn.Mod
         if timing:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        loss = loss_of(fn(*inputs))
+        with autocast():
+            loss = loss_of(fn(*inputs))
         loss.backward()
         if i == 0:
             grads = [p.grad.detach().clone() if p.grad is not None else None for p in model.parameters()]
@@ -106,7 +112,9 @@ def train_impl(base: torch.nn.Module, inputs: list, wrap: Callable[[torch.nn.Mod
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss_of(fn(*inputs)).backward()
+        with autocast():
+            loss = loss_of(fn(*inputs))
+        loss.backward()
         opt.step()
 
     return {"losses": [float(x) for x in losses], "first_loss": losses[0], "grads": grads,
@@ -133,8 +141,6 @@ def train_problem(problem: Problem, policy, impls: dict[str, Callable[[torch.nn.
     """One bench row: each implementation in `impls` (name -> wrap) trained from the same weights.
     ``times`` holds the median step times, ``correct`` says whether every implementation's first
     step matched float64 eager (loss and every gradient within the policy's tolerance)."""
-    if policy.autocast_dtype is not None:
-        raise UserError(f"bench --train runs fp32 and tf32; the {policy.name} policy's autocast is not supported")
     if steps < 2 or not 1 <= timed < steps:
         raise UserError(f"bench --train: need steps >= 2 and 1 <= timed steps < steps (got {steps}, {timed})")
     p = problem.in_mode(True)
@@ -147,7 +153,7 @@ def train_problem(problem: Problem, policy, impls: dict[str, Callable[[torch.nn.
     eager_losses = None
     with policy.active():
         for name, wrap in impls.items():
-            r = train_impl(base, inputs, wrap, steps, timed, device)
+            r = train_impl(base, inputs, wrap, steps, timed, device, lambda: policy.baseline(device))
             ex = _grad_excess(r.pop("first_loss"), r.pop("grads"), ref_loss, ref_grads, policy.tol)
             losses = r.pop("losses")
             if eager_losses is None:

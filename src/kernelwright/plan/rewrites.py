@@ -270,6 +270,9 @@ def _fuses_over(graph: Graph, user: OpNode, shape) -> bool:
     return False
 
 
+FULL_PRECISION = ("float32", "float64")  # result dtypes whose bias the split adds in one rounding, as the library
+
+
 def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
     """convolution(x, w, b) -> convolution(x, w, None) + b.view(C, 1, ...) for dense (groups=1)
     convolutions. Eager adds the bias in a separate pass over the output anyway (cuDNN computes
@@ -277,12 +280,16 @@ def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
     into the kernel that follows (an activation, a reduction, a norm) or is a generated kernel of
     its own; when the convolution ran channels-last and its value is returned, that kernel also
     writes eager's layout (as torch.compile does). The add is the same IEEE operation, so results
-    are bit-identical. Depthwise convolutions keep theirs (their template fuses the bias)."""
+    are bit-identical. Depthwise convolutions keep theirs (their template fuses the bias), and so
+    does a convolution whose result is bf16 or fp16 (an autocast graph's): split, the product would
+    be rounded before the bias is added, where a library that adds the bias in its own epilogue
+    (the CPU's) rounds once."""
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     nodes, notes = [], []
     for n in graph.nodes:
         b = n.args[2] if n.target == "aten.convolution.default" and len(n.args) > 8 else None
         if not isinstance(b, Ref) or n.args[8] != 1 or n.meta is None or len(n.meta.shape) < 3 \
+                or n.meta.dtype not in FULL_PRECISION \
                 or graph.meta(b.name) is None or len(graph.meta(b.name).shape) != 1 \
                 or n.name in graph.mutations or not (graph.users(n.name) or n.name in graph.outputs):
             nodes.append(n)
@@ -307,13 +314,16 @@ def split_addmm_bias(graph: Graph) -> tuple[Graph, list[str]]:
     activation, a row reduction, a norm over the rows): the bias add then costs nothing in the
     epilogue kernel, and the library runs a plain GEMM (as torch.compile does). A bare Linear
     whose result is returned keeps cuBLAS's bias epilogue. alpha = beta = 1 and a 1-D bias only;
-    exact in real arithmetic (the GEMM's fp32 result is added to the bias once either way)."""
+    exact in real arithmetic (the GEMM's fp32 result is added to the bias once either way). A bf16
+    or fp16 result (an autocast graph's Linear) keeps the bias too: cuBLAS adds it to the float32
+    accumulator and rounds once, where a split would round the product first."""
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     nodes, notes = [], []
     for n in graph.nodes:
         b = n.args[0] if n.target == "aten.addmm.default" else None
         bm = graph.meta(b.name) if isinstance(b, Ref) else None
         if bm is None or n.meta is None or len(bm.shape) != 1 or n.kwargs.get("beta", 1) != 1 \
+                or n.meta.dtype not in FULL_PRECISION \
                 or n.kwargs.get("alpha", 1) != 1 or n.name in graph.outputs or n.name in graph.mutations \
                 or not graph.users(n.name) \
                 or not all(_fuses_over(graph, u, n.meta.shape) for u in graph.users(n.name)):

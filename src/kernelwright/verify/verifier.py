@@ -2,7 +2,8 @@
 
 Per input set k (seed `seed0 + k`, at least max(n_sets, 2) sets):
   1. high-precision reference: a float64 deepcopy of the model on float64 inputs (float32 with
-     TF32 off where float64 fails; `VerifyResult.reference_dtype` says which);
+     TF32 off where float64 fails; `VerifyResult.reference_dtype` says which); a model with a
+     `float64_copy()` method (a graph whose casts to bf16 would round the reference) makes its own;
   2. eager: the float32 model under the policy (in bf16 autocast under bf16); its excess over
      the reference sets the floor;
   3. candidate run A on a fresh copy of the inputs, then a decoy run on different inputs, then
@@ -175,7 +176,8 @@ class _HighPrecisionReference:
 
     def __init__(self, problem, reference: torch.nn.Module, device: torch.device):
         self.problem, self.device = problem, device
-        self.model = copy.deepcopy(reference).double()
+        widened = getattr(reference, "float64_copy", None)  # (a graph with casts of its own: backend.Lifted)
+        self.model = widened() if callable(widened) else copy.deepcopy(reference).double()
         self.dtype = "float64"
         self.fallback_reason: str | None = None
 
