@@ -212,7 +212,7 @@ class _Subject:
         """The buffers a float64 copy of `model` (taken before its own call) holds after one call
         on float64 copies of `inputs`: the yardstick of buffers off by more than the tolerance."""
         copied = copy.deepcopy(model)
-        out, ok = self._float64_run(copied, inputs)
+        _, ok = self._float64_run(copied, inputs)
         return dict(copied.named_buffers()) if ok else None
 
     def _float64_run(self, model, inputs):
