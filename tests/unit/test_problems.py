@@ -214,3 +214,45 @@ def test_a_data_dependent_size_is_a_one_line_capture_error_and_no_problem_error(
     with pytest.raises(CaptureError, match="sizes by tensor values") as info:
         capture(problem)
     assert "\n" not in str(info.value)
+
+
+VALUE_READING_INIT = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        rates = [x.item() for x in torch.linspace(0, 0.2, 3)]  # (Swin's drop-path rates)
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in rates)
+        self.rates = rates
+
+    def forward(self, x):
+        for layer, rate in zip(self.layers, self.rates):
+            x = torch.relu(layer(x)) * (1 - rate)
+        return x
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_constructor_that_reads_a_value_is_built_on_the_cpu_for_the_meta_device(tmp_path):
+    """A Model whose __init__ reads a tensor's value (.item()) cannot be built on the meta device,
+    where the pipeline builds models to learn shapes and modes: it is built on the CPU and moved,
+    the same weights as a CPU build; the problem checks, and its modes and graph are captured."""
+    from kernelwright.capture.modes import training_modes
+
+    path = tmp_path / "rates.py"
+    path.write_text(VALUE_READING_INIT)
+    p = load_problem(path)
+    meta, cpu = p.make_model("meta"), p.make_model("cpu")
+    assert all(w.is_meta for w in meta.parameters()) and meta.rates == cpu.rates
+    assert [o.shape for o in p.check()] == [torch.Size([4, 8])]
+    assert training_modes(p, "both")[1] == ["any"]
+    assert any(n.target == "aten.relu.default" for n in capture(p).nodes)

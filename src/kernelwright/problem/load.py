@@ -59,6 +59,11 @@ class Problem:
                 init = list(self.get_init_inputs())
                 model = self.model_cls(*init)
         except Exception as e:  # noqa: BLE001 - user code
+            if str(device) == "meta" and "meta tensor" in str(e).lower():
+                # a constructor that reads a value (Swin's drop-path rates: linspace(...)[i].item())
+                # cannot run on the meta device: built on the CPU, then moved (shapes are all the
+                # meta device is for)
+                return self.make_model("cpu").to("meta")
             raise ProblemError(self.where, f"Model(*get_init_inputs()) raised {type(e).__name__}: {_first_line(e)}") from e
         if not isinstance(model, torch.nn.Module):
             raise ProblemError(self.where, "Model(...) did not return a torch.nn.Module")
