@@ -415,3 +415,18 @@ def test_a_recurrent_units_dependent_steps():
     assert recurrent_steps(lstm, [rnn_lstm], {"WAVE": True}) == 6  # a wavefront: 5 + 2 - 1
     assert recurrent_steps(gru, [rnn_gru], {"WAVE": False}) == 21  # directions side by side
     assert recurrent_steps(lstm, [n.name for n in lstm.nodes if n.op != "lstm"], None) is None
+
+
+def test_before_its_model_has_data_model_based_spreads_its_picks():
+    """Cold, the model-based strategy's first picks span the space: after a random first pick,
+    each is the config farthest from those asked (on one axis of 9 sizes: the second an end of
+    it, the first three at least 3 doublings apart whatever the first), and a later ask continues
+    from every config asked so far."""
+    space = [Config.make("triton.row", BLOCK=2 ** k) for k in range(4, 13)]  # BLOCK 16 .. 4096
+    for seed in range(6):
+        s = ModelBased(seed=seed).bind(space)
+        assert not s.model.fitted
+        logs = [int(math.log2(dict(c.params)["BLOCK"])) for c in s.ask(3)]
+        assert logs[1] in (4, 12) and min(abs(a - b) for i, a in enumerate(logs) for b in logs[:i]) >= 3, logs
+        more = [int(math.log2(dict(c.params)["BLOCK"])) for c in s.ask(2)]
+        assert not set(more) & set(logs) and min(abs(a - b) for a in more for b in logs) >= 1

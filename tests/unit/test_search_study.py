@@ -151,9 +151,9 @@ def test_sampled_units_mark_their_seeds_and_the_shipped_replay_starts_there(tmp_
 def test_on_sampled_h100_spaces_the_model_needs_a_fraction_of_random_searchs_trials():
     """The recorded random samples of four units' spaces on an H100 (docs/data: 40-178 configs each
     of two convolutions and the softmax / layer-norm rows): cold, the model-based strategy reaches
-    95% of a unit's best in at most half of random search's trials (median over units, per seed
-    median, 4 seeds); warm (the other problems' records of the file) in at most 8 and no more than
-    cold."""
+    95% of a unit's best in at most 0.4 of random search's trials (median over units, per seed
+    median, 4 seeds; 0.24 when measured); warm (the other problems' records of the file) in at most
+    8 and no more than cold."""
     from pathlib import Path
 
     data = Path(__file__).resolve().parents[2] / "docs" / "data" / "space_h100_tf32_0faff8b.jsonl"
@@ -163,7 +163,7 @@ def test_on_sampled_h100_spaces_the_model_needs_a_fraction_of_random_searchs_tri
     rows = {r.strategy: r for r in study(units, records, strategies=("random", "model-cold", "model-warm"),
                                         seeds=range(4), trials=40, model=lambda seed: CostModel(n_estimators=12, seed=seed))}
     rand, cold, warm = (rows[k].median95 for k in ("random", "model-cold", "model-warm"))
-    assert cold <= 0.5 * rand, (cold, rand, rows["model-cold"].to95, rows["random"].to95)
+    assert cold <= 0.4 * rand, (cold, rand, rows["model-cold"].to95, rows["random"].to95)
     assert warm <= min(8, cold), (warm, cold)
 
 

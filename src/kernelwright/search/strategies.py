@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 
 from ..space.config import Config
-from .cost_model import CostModel, FeatureFn, config_features
+from .cost_model import TASK_PREFIX, CostModel, FeatureFn, config_features
 from .result import RunResult
 
 
@@ -114,8 +114,10 @@ class ModelBased(Strategy):
     Each unasked config gets a predicted mean and std of log(time) (spread across the
     forest's trees); picks go by lower confidence bound ``mean - kappa * std``, with a
     share ``explore`` of uniformly random picks. Before the model has data (and when it was
-    not pre-fitted on earlier trials) picks are random. Results told are added to the
-    model, which is refitted.
+    not pre-fitted on earlier trials) the picks spread over the space: the first at random, each
+    next the config farthest from every config asked so far (in the configs' standardised
+    features), so the model's first records span the space rather than a corner of it. Results
+    told are added to the model, which is refitted.
 
     The defaults (kappa 0: the predicted mean alone; a fifth of the picks random) come from
     replays on measured surfaces (docs/benchmarks.md, "Search strategies on sampled spaces"): the
@@ -157,7 +159,7 @@ class ModelBased(Strategy):
     def _pick(self, pool, n):
         n = min(n, len(pool))
         if not self.model.fitted:
-            return self.rng.sample(pool, n)
+            return self._spread(pool, n)
         order = list(np.argsort(self.scores(pool), kind="stable"))
         chosen: list[int] = []
         taken: set[int] = set()
@@ -171,6 +173,32 @@ class ModelBased(Strategy):
                 i = int(order.pop(0))
             taken.add(i)
             chosen.append(i)
+        return [pool[i] for i in chosen]
+
+    def _spread(self, pool: list[Config], n: int) -> list[Config]:
+        """n farthest-point picks from `pool`: each the config whose nearest asked config (those
+        asked before and the picks so far) is farthest, in the features of the configs themselves
+        (a task's own features are the same for all) standardised over pool and asked; the first
+        of a search at random."""
+        asked = [c for c in self._require_bound() if c in self._asked]
+        feats = [self._feats(c) for c in pool + asked]
+        names = sorted({k for f in feats for k in f if not k.startswith(TASK_PREFIX)})
+        a = np.array([[f.get(k, 0.0) for k in names] for f in feats], dtype=float)
+        a = (a - a.mean(axis=0)) / (a.std(axis=0) + 1e-9)
+        x = a[:len(pool)]
+        nearest = np.full(len(pool), np.inf)
+        for row in a[len(pool):]:
+            nearest = np.minimum(nearest, ((x - row) ** 2).sum(axis=1))
+        chosen: list[int] = []
+        while len(chosen) < n:
+            if not chosen and not asked:
+                i = self.rng.randrange(len(pool))
+            else:
+                gap = nearest.copy()
+                gap[chosen] = -1.0
+                i = int(np.argmax(gap))
+            chosen.append(i)
+            nearest = np.minimum(nearest, ((x - x[i]) ** 2).sum(axis=1))
         return [pool[i] for i in chosen]
 
     def tell(self, results):
