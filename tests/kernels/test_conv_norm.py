@@ -367,7 +367,7 @@ def test_under_bf16_the_normalized_value_is_held_in_its_own_dtype(pre, dtype):
     assert fused.norm is not None and fused.norm_dtype == str(dtype).replace("torch.", "")
     text, ins = conv_epilogue.render(fused, dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1),
                                      "bf16", f"kw_norm_dtype_{pre}")
-    assert f"out_dtype=torch.{dtype}".replace("torch.torch.", "torch.") in text
+    assert f"out_dtype={dtype}" in text
     mod = load_module_from_source(text, f"kw_norm_dtype_{pre}", CACHE)
     with torch.no_grad():
         env = run_graph(g, model, [x], keep=True)
