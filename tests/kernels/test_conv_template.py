@@ -248,6 +248,61 @@ def test_two_row_boxes_with_an_epilogue_and_bf16(mods):
     _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, CAST_BF16=True, **tile), refb, tol=1e-3)
 
 
+# padded-grid tiles (FLAT): (batch, Cin, Cout, spatial, kernel, conv args)
+FLATS = {
+    "2d-pad1": (2, 16, 20, (5, 7), (3, 3), dict(padding=1)),
+    "2d-no-pad-two-channel-blocks": (2, 32, 16, (6, 9), (3, 3), dict()),
+    "2d-asym-dilated": (1, 16, 16, (7, 8), (3, 2), dict(padding=(2, 0), dilation=(2, 3))),
+    "3d": (1, 16, 8, (4, 5, 6), (3, 3, 3), dict(padding=1)),
+    "1d": (2, 16, 16, (13,), (5,), dict(padding=2)),
+    "1x1-channels-past-the-block": (2, 24, 16, (3, 5), (1, 1), dict()),
+}
+
+
+@pytest.mark.parametrize("case", list(FLATS), ids=str)
+def test_padded_grid_tiles_read_each_tap_as_one_2d_box(mods, case):
+    """FLAT: a tile is BLOCK_M consecutive pixels of the zero-padded input's grid and every tap a
+    constant shift of its rows, read through one 2-D descriptor; padding, dilation, 1-3 spatial
+    dims, input channels past one K block (the descriptor's zero fill), NCHW and channels-last x,
+    NCHW and channels-last outputs (NaN-poisoned: the grid's rows past the output store nothing)."""
+    mod = mods(False)
+    batch, cin, cout, size, kernel, args = FLATS[case]
+    x, w = _case(False, batch, cin, cout, size, kernel, 1, seed=len(case))
+    ref = _ref(x, w, False, **args)
+    tile = dict(TILE, FLAT=1)
+    assert mod.flat_ok(x, 1, (1,) * len(size))
+    _close(mod.launch(x, w, **args, **tile), ref)
+    _close(mod.launch(_channels_last(x) if x.dim() > 3 else x, w, **args, **tile, out_channels_last=True), ref)
+    _close(mod.launch(x, w, **args, **dict(tile, BLOCK_M=32, SPLIT_K=2)), ref)
+
+
+def test_padded_grid_tiles_with_an_epilogue_and_bf16(mods):
+    """FLAT feeds the epilogue the output's coordinates; with CAST_BF16 the padded copy is made in
+    bf16 (the dots' operands), as are bf16 inputs."""
+    mod = mods(False, EPI, name="kw_conv_box_epi")
+    x, w = _case(False, 2, 16, 16, (6, 7), (3, 3), 1, seed=7)
+    g = _gen(8)
+    e0, e1, e2 = _rand(16, g=g), _rand(2, 16, 6, 7, g=g), torch.tensor(0.5)
+    tile = dict(TILE, FLAT=1)
+    ref = torch.relu((_ref(x, w, False, padding=1) + e0[:, None, None]) * e2 + e1)
+    _close(mod.launch(x, w, e0, e1, e2, padding=1, **tile), ref)
+    xb, wb = _bf16(x), _bf16(w)
+    refb = torch.relu((_ref(xb, wb, False, padding=1) + e0[:, None, None].double()) * e2.double() + e1.double())
+    _close(mod.launch(x, w, e0, e1, e2, padding=1, CAST_BF16=True, **tile), refb, tol=1e-3)
+    _close(mod.launch(x.bfloat16(), w.bfloat16(), e0, e1, e2, padding=1, out_dtype=torch.float32, **tile), refb, tol=1e-3)
+
+
+def test_padded_grid_tiles_fall_back_to_gathers_where_they_do_not_apply(mods):
+    """A stride-2 or grouped convolution, or channel rows that are no 16-byte multiple, with a FLAT
+    config: gathered (same result)."""
+    mod = mods(False)
+    for (cin, cout, args) in ((16, 16, dict(stride=2, padding=1)), (16, 16, dict(groups=2, padding=1)),
+                              (6, 8, dict(padding=1))):
+        x, w = _case(False, 2, cin, cout, (6, 7), (3, 3), args.get("groups", 1), seed=cin)
+        assert not mod.flat_ok(x, args.get("groups", 1), (args.get("stride", 1),) * 2)
+        _close(mod.launch(x, w, **args, **dict(TILE, FLAT=1)), _ref(x, w, False, **args))
+
+
 def test_a_warp_specialised_box_loop_computes_the_same_values(mods):
     """WARP_SPEC (Hopper's producer / consumer warps: the sm_90 compile test shows them; the
     interpreter runs the loop as written) with an epilogue, NCHW and channels-last outputs; refused
