@@ -29,7 +29,7 @@ EPI = Epilogue(
 
 # name: (transposed, x shape, weight shape, conv args, policy, layout, epilogue, configs[, options])
 # options: pool=(kind, window) fuses a pool; prologue=True applies PROLOGUE to the input's loads;
-# only=i compiles the i-th of the first configs alone; with=dict compiles that config's variant
+# flat=True offers the padded-grid configs (conv_space's flat); only=i compiles the i-th of the first configs alone; with=dict compiles that config's variant
 # with these keys changed instead
 # policy: fp32 / tf32 / bf16 (float32 tensors rounded in the kernel) / bf16-tensors
 CASES = {
@@ -78,6 +78,12 @@ CASES = {
     # each tile's partial statistics for the normalization after it (codegen/conv_norm.py)
     "conv2d-stats-tf32-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "tf32", "cl", True, 3, dict(stats=True)),
     "conv3d-stats-fp32": (False, (16, 3, 24, 32, 32), (24, 3, 3, 3, 3), {}, "fp32", "nchw", False, 2, dict(stats=True)),
+    # padded-grid configs (FLAT: each tap's input tile one 2-D descriptor box), first where they apply
+    "conv2d-flat-bf16-cast-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "bf16", "nchw", True, 2, dict(flat=True)),
+    "conv3d-flat-tf32-pad": (False, (16, 32, 32, 64, 64), (64, 32, 3, 3, 3), dict(padding=1), "tf32", "cl", True, 1,
+                             dict(flat=True)),
+    "conv2d-flat-stats-bf16-tensors": (False, (64, 64, 64, 64), (64, 64, 3, 3), dict(padding=1), "bf16-tensors", "cl",
+                                       False, 1, dict(flat=True, stats=True)),
     "convT2d-s2-stats-tf32": (True, (16, 64, 32, 32), (64, 64, 3, 3), dict(stride=2, padding=1, output_padding=1),
                               "tf32", "cl", True, 2, dict(stats=True)),
 }
@@ -124,7 +130,8 @@ def check(case, cache):
     configs = conv_space(M=M, N=N, K=K, channels=cin_g, groups=groups, precision=precision,
                          elem_bytes=2 if dtype == torch.bfloat16 else 4, spec=H200, box_out=box,
                          box_window=tuple([1] * (3 - len(window)) + list(window)),
-                         min_block_m=2 * math.prod(window) if pool else 1)[:n_configs]
+                         min_block_m=2 * math.prod(window) if pool else 1,
+                         flat=options.get("flat", False))[:n_configs]
     if "only" in options:
         configs = configs[options["only"]:options["only"] + 1]
     if "with" in options:

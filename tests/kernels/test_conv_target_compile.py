@@ -2,7 +2,7 @@
 dense, grouped, depthwise and transposed convolutions with 1-3 spatial dims, float32 (IEEE and
 TF32), bf16 casts and bf16 tensors, NCHW and channels-last, with and without a fused epilogue, at
 real problem sizes; box configs (tensor-descriptor loads) where the space offers them, transposed
-convolutions' included. The interpreter tests never lower a kernel; this catches what only the
+convolutions' included, and padded-grid (FLAT) configs. The interpreter tests never lower a kernel; this catches what only the
 compiler sees, and checks that each build's shared memory fits the H200's per-block budget (the
 space's shared-memory model). The compiling runs in one fresh worker process
 (tests/kernels/conv_target_compile_worker.py): the interpreter tests put Triton into interpreter
@@ -54,3 +54,8 @@ def test_the_warp_specialised_box_loop_compiles_into_producer_and_consumer_warps
     assert row["config"]["WARP_SPEC"] == 1 and row["config"].get("BOX_W") and row["warp_specialized"] is True
     # the space's own configs stay unspecialised
     assert all(r["warp_specialized"] is False for r in results["conv2d-two-rows-tf32-epi"])
+
+
+def test_the_flat_cases_compile_padded_grid_configs_first(results):
+    for case in ("conv2d-flat-bf16-cast-epi", "conv3d-flat-tf32-pad", "conv2d-flat-stats-bf16-tensors"):
+        assert results[case][0]["config"].get("FLAT") is True, results[case]

@@ -36,7 +36,7 @@ from kernelwright.ops import POOLS, layout_clone
 from kernelwright.plan.concat import placed_slot
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
-from kernelwright.space.conv_space import BOX_KEYS, CONFIG_KEYS, ROW_KEYS, SPLIT_KEYS, WARP_KEYS
+from kernelwright.space.conv_space import BOX_KEYS, CONFIG_KEYS, FLAT_KEYS, ROW_KEYS, SPLIT_KEYS, WARP_KEYS
 
 
 @dataclass
@@ -122,6 +122,18 @@ class ConvEpilogue:
         if self.pool:
             spatial = tuple(o // k * k for o, k in zip(spatial, self.pool_window))
         return (1,) * (3 - len(spatial)) + spatial
+
+    def flat_ok(self, graph: Graph, precision: str) -> bool:
+        """Whether the template's padded-grid path (launch's FLAT, the template's `flat_ok`) applies:
+        a convolution (not transposed) of stride 1 and one group, tensor-core operands (tf32 /
+        bf16), at least 16 input channels whose rows are 16-byte multiples in the dots' dtype, no
+        fused pool, input pool or input prologue (the padded copy holds the input as it is)."""
+        x = graph.meta(self.x)
+        a = self.args
+        size = 2 if precision == "bf16" else x.itemsize
+        return (not self.transposed and self.in_pool is None and not self.pool and self.prologue.empty
+                and a["groups"] == 1 and all(s == 1 for s in a["stride"]) and precision in ("tf32", "bf16")
+                and len(x.shape) >= 3 and x.shape[1] >= 16 and (x.shape[1] * size) % 16 == 0)
 
     @property
     def box_window(self) -> tuple[int, int, int]:
@@ -575,7 +587,7 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
                        in_pool=fused.in_pool, stats=fused.norm is not None)
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
-    kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS + ROW_KEYS + SPLIT_KEYS + WARP_KEYS if config.get(k)}
+    kw = {k: config[k] for k in CONFIG_KEYS + BOX_KEYS + ROW_KEYS + SPLIT_KEYS + WARP_KEYS + FLAT_KEYS if config.get(k)}
     if fused.cast_bf16:
         kw["CAST_BF16"] = True
     elif precision == "tf32":

@@ -26,6 +26,9 @@ BOX_KEYS = ("BOX_D", "BOX_H", "BOX_W")
 # a two-row box's extra key: its rows read as two one-row boxes into two accumulators (the template's
 # TWO_ROWS), for the 256-pixel boxes of TWO_ROW_SEEDS
 ROW_KEYS = ("TWO_ROWS",)
+# a padded-grid config's extra key (the template's FLAT): a tile is BLOCK_M consecutive pixels of the
+# zero-padded input's grid, each tap's input tile one 2-D descriptor box (`flat_configs`)
+FLAT_KEYS = ("FLAT",)
 # a split-K config's extra key: each tile's K steps shared among SPLIT_K programs (`split_k`)
 SPLIT_KEYS = ("SPLIT_K",)
 # a box config's warp-specialised K loop (the template's WARP_SPEC, 4 warps): it compiles into
@@ -49,6 +52,13 @@ BOX_SEEDS = {
 TWO_ROW_SEEDS = {
     "tf32": tiles("256x128x32/8/4"),
     "bf16": tiles("256x128x64/8/3"),
+}
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the padded-grid configs, per precision, BLOCK_N
+# and BLOCK_K shrunk to the problem's caps: the GEMM template's Hopper tiles
+FLAT_SEEDS = {
+    "tf32": tiles("128x128x32/8/4 128x256x32/8/3 128x64x32/4/4"),
+    "bf16": tiles("128x128x64/8/4 128x256x64/8/3 128x64x64/4/4"),
 }
 
 AXES = dict(
@@ -112,6 +122,7 @@ def conv_space(
     whole_n: bool = False,
     box_out: tuple[int, int, int] | None = None,
     box_window: tuple[int, int, int] = (1, 1, 1),
+    flat: bool = False,
 ) -> list[dict]:
     """Configs for the convolution template, seeds first.
 
@@ -126,7 +137,10 @@ def conv_space(
     config when that exceeds 256. box_out: the output's (D, H, W) (1 for missing dims) where the
     template's tensor-descriptor path applies (stride 1, one group, tf32 / bf16 operands whose channel
     rows are 16-byte multiples): `box_configs` alternate with the others, a box first; box_window:
-    the (D, H, W) every box side is a multiple of (a fused pool's window, powers of two)."""
+    the (D, H, W) every box side is a multiple of (a fused pool's window, powers of two). flat: the
+    template's padded-grid path applies (a convolution of stride 1, one group, tf32 / bf16, no fused
+    pool or input prologue): `flat_configs` come first, one before each of the others'
+    first configs."""
     if whole_n and N and N > AXES["BLOCK_N"][-1]:
         return []
     prec = PRECISIONS.get(precision)
@@ -139,7 +153,7 @@ def conv_space(
     cap_k = block_k_cap(K, channels)
     small = bool((M and M < 64) or (N and N < 64))
 
-    def ok(c: dict) -> bool:
+    def ok(c: dict, eb: int = eb) -> bool:
         bm, bn, bk, w, s = (c[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"))
         if bm > max(cap_m, min_block_m) or bn > cap_n or bk > cap_k or bm < min_block_m:
             return False
@@ -196,6 +210,12 @@ def conv_space(
         rest = [c for c in out if c not in boxes]
         mixed = [c for pair in itertools.zip_longest(boxes, rest[:len(boxes)]) for c in pair if c is not None]
         out = mixed + rest[len(boxes):]
+    if flat and prec in FLAT_SEEDS:
+        # (the padded copy holds the dots' dtype: bf16 operands of float32 tensors take 2 bytes)
+        flats = [c for c in flat_configs(prec, cap_n, cap_k, whole_n) if ok(c, 2 if prec == "bf16" else eb)]
+        rest = [c for c in out if c not in flats]
+        out = [c for pair in itertools.zip_longest(flats, rest[:len(flats)]) for c in pair if c is not None] \
+            + rest[len(flats):]
     if M and N and K:  # each of the first configs with too few tiles for the SMs, split along K next to it
         first = []
         for c in out[:4]:
@@ -203,6 +223,20 @@ def conv_space(
             first += [c, dict(c, SPLIT_K=s)] if s > 1 else [c]
         out = first + out[4:]
     return out[:max_configs]
+
+
+def flat_configs(precision: str, cap_n: int, cap_k: int, whole_n: bool) -> list[dict]:
+    """The padded-grid configs of `FLAT_SEEDS[precision]`, BLOCK_N and BLOCK_K shrunk to the caps
+    (8 warps only for tiles of at least 128 x 128)."""
+    out = []
+    for bm, bn, bk, w, s in FLAT_SEEDS[precision]:
+        bn, bk = cap_n if whole_n else min(bn, cap_n), min(bk, cap_k)
+        if w == 8 and bm * bn < 128 * 128:
+            w = 4
+        c = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=AXES["GROUP_M"][0], num_warps=w, num_stages=s, FLAT=True)
+        if c not in out:
+            out.append(c)
+    return _distinct_tiles_first(out)
 
 
 def split_k(cfg: dict, M: int, N: int, K: int, groups: int, spec: DeviceSpec) -> int:
@@ -278,5 +312,5 @@ def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: in
     return seeds
 
 
-__all__ = ["CONFIG_KEYS", "BOX_KEYS", "ROW_KEYS", "SPLIT_KEYS", "WARP_KEYS", "TWO_ROW_SEEDS", "split_k", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
+__all__ = ["CONFIG_KEYS", "BOX_KEYS", "FLAT_KEYS", "FLAT_SEEDS", "flat_configs", "ROW_KEYS", "SPLIT_KEYS", "WARP_KEYS", "TWO_ROW_SEEDS", "split_k", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
            "block_k_cap", "smem_bytes", "programs"]
