@@ -37,10 +37,14 @@ def _combined(cnt, mean, m2):
     # boxes (tensor descriptors): one image per tile
     ((2, 16, 6, 8), (16, 16, 3, 3), dict(padding=1), dict(BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8), "cl"),
     ((2, 16, 6, 8), (16, 16, 3, 3), dict(padding=1), dict(BLOCK_M=16, BOX_D=1, BOX_H=1, BOX_W=16), "cl"),
+    # padded-grid tiles (80 pixels a padded image, tiles of 16 and 64 rows: spanning two images)
+    ((3, 16, 6, 8), (16, 16, 3, 3), dict(padding=1), dict(BLOCK_M=16, FLAT=1), "cl"),
+    ((3, 16, 6, 8), (16, 16, 3, 3), dict(padding=1), dict(BLOCK_M=64, FLAT=1), "nchw"),
     # transposed, stride 2: each phase class's tiles fill slots of their own
     ((3, 8, 5, 6), (8, 16, 3, 3), dict(stride=2, padding=1, output_padding=1), dict(BLOCK_M=16), "transposed"),
     ((2, 8, 3, 4, 3), (8, 8, 3, 3, 3), dict(stride=2), dict(BLOCK_M=16), "transposed"),
-], ids=["rows-span-images", "1x1", "3d", "box-2x8", "box-wider-than-row", "transposed-2d", "transposed-3d"])
+], ids=["rows-span-images", "1x1", "3d", "box-2x8", "box-wider-than-row", "flat-16", "flat-64", "transposed-2d",
+        "transposed-3d"])
 def test_the_template_keeps_each_tiles_statistics_per_image_and_channel(x_shape, w_shape, kw, tile, layout):
     torch.manual_seed(0)
     transposed = layout == "transposed"
