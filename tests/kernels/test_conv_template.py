@@ -276,6 +276,26 @@ def test_padded_grid_tiles_read_each_tap_as_one_2d_box(mods, case):
     _close(mod.launch(x, w, **args, **dict(tile, BLOCK_M=32, SPLIT_K=2)), ref)
 
 
+@pytest.mark.parametrize("shape,pad", [((2, 16, 5, 7), (1, 2)), ((1, 8, 3, 4, 5), (1, 0, 2)), ((2, 24, 9), (3,)),
+                                       ((3, 70, 4, 33), (0, 0))], ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "cl", "strided"])
+def test_the_padded_copy_holds_the_input_zero_padded_in_the_dots_dtype(mods, shape, pad, layout):
+    """launch's padded copy (one tiled kernel, any input layout, the border slabs zero-filled) is
+    torch's zero padding of x, in dense channels-last memory, rounded to bf16 as torch rounds."""
+    mod = mods(False)
+    x = _rand(*shape, g=_gen(3))
+    if layout == "cl":
+        x = x.movedim(1, -1).contiguous().movedim(-1, 1)
+    elif layout == "strided":
+        x = _rand(*shape[:-1], 2 * shape[-1], g=_gen(3))[..., ::2]
+    flat_pad = [p for p in reversed(pad) for _ in range(2)]
+    for dtype in (torch.float32, torch.bfloat16):
+        xp = mod._padded_channels_last(x, pad, dtype)
+        ref = torch.nn.functional.pad(x, flat_pad).to(dtype)
+        assert xp.dtype == dtype and xp.movedim(1, -1).is_contiguous()
+        assert torch.equal(xp, ref)
+
+
 def test_padded_grid_tiles_with_an_epilogue_and_bf16(mods):
     """FLAT feeds the epilogue the output's coordinates; with CAST_BF16 the padded copy is made in
     bf16 (the dots' operands), as are bf16 inputs."""
