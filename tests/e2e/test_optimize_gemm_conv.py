@@ -174,13 +174,16 @@ def test_no_library_ships_the_generated_convolution(name, policy, kind, tmp_path
 @pytest.mark.parametrize("policy,pooled", [("tf32", False), ("bf16", False), ("tf32", True)])
 def test_a_stride_1_convolution_with_16_channels_reads_its_input_through_descriptors(policy, pooled, tmp_path, monkeypatch):
     """Where the descriptor paths apply (stride 1, one group, >= 16 channels, tf32 / bf16), the
-    space's first config reads the input through tensor descriptors: a padded-grid (FLAT) config,
-    or with a fused pool (whose windows a tile holds whole; a window of a power-of-two size) a box
-    one. With no_library and no prior trials (the untimed choice is then the space's first config)
-    the emitted fused kernel takes that path (in the interpreter) and ModelNew matches Model."""
+    space's first config reads the input through tensor descriptors: a box config, or with the
+    padded-grid configs put first (FLAT_AFTER = 0) a FLAT one; with a fused pool (whose windows a
+    tile holds whole; a window of a power-of-two size) a box one always. With no_library and no
+    prior trials (the untimed choice is then the space's first config) the emitted fused kernel
+    takes that path (in the interpreter) and ModelNew matches Model."""
     from kernelwright.search import plan_search
+    from kernelwright.space import conv_space
 
     monkeypatch.setattr(plan_search, "packaged_priors", lambda: [])
+    monkeypatch.setattr(conv_space, "FLAT_AFTER", 0)
 
     class ConvAct(nn.Module):
         def __init__(self):

@@ -78,12 +78,13 @@ CASES = {
     # each tile's partial statistics for the normalization after it (codegen/conv_norm.py)
     "conv2d-stats-tf32-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "tf32", "cl", True, 3, dict(stats=True)),
     "conv3d-stats-fp32": (False, (16, 3, 24, 32, 32), (24, 3, 3, 3, 3), {}, "fp32", "nchw", False, 2, dict(stats=True)),
-    # padded-grid configs (FLAT: each tap's input tile one 2-D descriptor box), first where they apply
-    "conv2d-flat-bf16-cast-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "bf16", "nchw", True, 2, dict(flat=True)),
-    "conv3d-flat-tf32-pad": (False, (16, 32, 32, 64, 64), (64, 32, 3, 3, 3), dict(padding=1), "tf32", "cl", True, 1,
-                             dict(flat=True)),
+    # padded-grid configs (FLAT: each tap's input tile one 2-D descriptor box): the space's third config
+    "conv2d-flat-bf16-cast-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "bf16", "nchw", True, 4,
+                                  dict(flat=True, only=2)),
+    "conv3d-flat-tf32-pad": (False, (16, 32, 32, 64, 64), (64, 32, 3, 3, 3), dict(padding=1), "tf32", "cl", True, 3,
+                             dict(flat=True, only=2)),
     "conv2d-flat-stats-bf16-tensors": (False, (64, 64, 64, 64), (64, 64, 3, 3), dict(padding=1), "bf16-tensors", "cl",
-                                       False, 1, dict(flat=True, stats=True)),
+                                       False, 3, dict(flat=True, stats=True, only=2)),
     "convT2d-s2-stats-tf32": (True, (16, 64, 32, 32), (64, 64, 3, 3), dict(stride=2, padding=1, output_padding=1),
                               "tf32", "cl", True, 2, dict(stats=True)),
 }

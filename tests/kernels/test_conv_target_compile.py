@@ -56,6 +56,6 @@ def test_the_warp_specialised_box_loop_compiles_into_producer_and_consumer_warps
     assert all(r["warp_specialized"] is False for r in results["conv2d-two-rows-tf32-epi"])
 
 
-def test_the_flat_cases_compile_padded_grid_configs_first(results):
+def test_the_flat_cases_compile_padded_grid_configs(results):
     for case in ("conv2d-flat-bf16-cast-epi", "conv3d-flat-tf32-pad", "conv2d-flat-stats-bf16-tensors"):
         assert results[case][0]["config"].get("FLAT") is True, results[case]

@@ -200,3 +200,24 @@ def test_the_first_configs_differ_in_tile_where_the_seeds_shrink_to_one(box):
                            precision="tf32", elem_bytes=4, spec=H200, box_out=box)
         tiles = [(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c.get("BOX_W")) for c in space[:3]]
         assert len(set(tiles)) == 3, tiles
+
+
+def test_padded_grid_configs_enter_after_the_first_measured_ones():
+    """flat=True adds the FLAT configs (BLOCK_N and BLOCK_K shrunk to the problem's caps) after the
+    space's first FLAT_AFTER configs, one before each of the next; bf16 ones are sized for the
+    2-byte padded copy even where the tensor is float32; flat=False adds none."""
+    from kernelwright.space.conv_space import FLAT_AFTER, flat_configs
+
+    kw = dict(M=128 * 126 * 126, N=64, K=64 * 9, elem_bytes=4, spec=H200, channels=64, box_out=(1, 126, 126))
+    for prec in ("tf32", "bf16"):
+        plain = conv_space(precision=prec, **kw)
+        cs = conv_space(precision=prec, flat=True, **kw)
+        assert not any(c.get("FLAT") for c in plain)
+        assert cs[:FLAT_AFTER] == plain[:FLAT_AFTER]
+        flats = [i for i, c in enumerate(cs) if c.get("FLAT")]
+        assert flats and flats[0] == FLAT_AFTER and flats == list(range(FLAT_AFTER, FLAT_AFTER + 2 * len(flats), 2))
+        assert all(cs[i]["BLOCK_N"] <= 64 and cs[i]["BLOCK_K"] <= 64 for i in flats)
+        assert [cs[i] for i in flats] == [c for c in flat_configs(prec, 64, 64, False)
+                                          if smem_bytes(c, 2 if prec == "bf16" else 4) <= H200.smem_per_block]
+    big = conv_space(precision="bf16", flat=True, **dict(kw, N=128))
+    assert dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, FLAT=True) in big
