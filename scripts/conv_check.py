@@ -16,7 +16,7 @@ then torch's pool, against the template with the pool fused (box configs pool wh
 each box). Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
 
 usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7]
-       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--no-rows] [--pool 2]
+       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--no-rows] [--flat] [--pool 2]
        [--extra-configs '[{"BLOCK_M": 256, ..., "BOX_W": 128}]'] [--once] [--out DIR]
 """
 import argparse
@@ -59,6 +59,8 @@ ap.add_argument("--no-pixel-runs", action="store_true",
                 help="store NCHW outputs without the template's pixel-run hint (an A/B of that hint)")
 ap.add_argument("--no-rows", action="store_true",
                 help="read small-channel inputs as folded (tap, channel) pairs, not input rows (an A/B of ROW_C)")
+ap.add_argument("--flat", action="store_true",
+                help="offer the padded-grid (FLAT) configs in the space where they apply (stride-1 convolutions, no pool)")
 ap.add_argument("--pool", type=int, default=0, help="max-pool window (= stride) fused after the convolution")
 ap.add_argument("--extra-configs", default="[]",
                 help="a JSON list of configs (BLOCK_M, BLOCK_N, ..., BOX_*) timed after the space's first ones")
@@ -147,7 +149,8 @@ for name in args.shapes:
             configs = conv_space(M=pixels, N=co, K=c * k ** nd, precision=prec, elem_bytes=x.element_size(),
                                  spec=spec, channels=c, box_out=None if box is None else (1,) * (3 - nd) + box,
                                  box_window=(1,) * (3 - nd) + (max(args.pool, 1),) * nd,
-                                 min_block_m=2 * args.pool ** nd if pool else 1)[:args.configs]
+                                 min_block_m=2 * args.pool ** nd if pool else 1,
+                                 flat=args.flat and not transposed and not pool and st == 1)[:args.configs]
             configs += [c for c in json.loads(args.extra_configs) if c not in configs]
             for cfg in configs:
                 kw = dict(cfg, padding=p, **extra, out_channels_last=layout == "channels-last",

@@ -172,18 +172,15 @@ def test_no_library_ships_the_generated_convolution(name, policy, kind, tmp_path
 
 
 @pytest.mark.parametrize("policy,pooled", [("tf32", False), ("bf16", False), ("tf32", True)])
-def test_a_stride_1_convolution_with_16_channels_reads_its_input_through_descriptors(policy, pooled, tmp_path, monkeypatch):
-    """Where the descriptor paths apply (stride 1, one group, >= 16 channels, tf32 / bf16), the
-    space's first config reads the input through tensor descriptors: a box config, or with the
-    padded-grid configs put first (FLAT_AFTER = 0) a FLAT one; with a fused pool (whose windows a
-    tile holds whole; a window of a power-of-two size) a box one always. With no_library and no
-    prior trials (the untimed choice is then the space's first config) the emitted fused kernel
-    takes that path (in the interpreter) and ModelNew matches Model."""
+def test_a_stride_1_convolution_with_16_channels_ships_a_box_config(policy, pooled, tmp_path, monkeypatch):
+    """Where the descriptor path applies (stride 1, one group, >= 16 channels, tf32 / bf16; a fused
+    pool's window of a power-of-two size), the space's first config is a box one (no padded-grid
+    configs: the search's spaces leave them out): with no_library and no prior trials (the untimed
+    choice is then the space's first config) the emitted fused kernel reads the input through
+    tensor descriptors (in the interpreter) and ModelNew matches Model."""
     from kernelwright.search import plan_search
-    from kernelwright.space import conv_space
 
     monkeypatch.setattr(plan_search, "packaged_priors", lambda: [])
-    monkeypatch.setattr(conv_space, "FLAT_AFTER", 0)
 
     class ConvAct(nn.Module):
         def __init__(self):
@@ -200,13 +197,10 @@ def test_a_stride_1_convolution_with_16_channels_reads_its_input_through_descrip
                                       db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
     assert result["verify"]["passed"], result["verify"]
     (pair,) = [g for g in result["groups"] if g["kind"] == ("conv_pool" if pooled else "conv_epilogue")]
-    assert pair["strategy"] == "triton", pair
+    assert pair["strategy"] == "triton" and pair["config"].get("BOX_W", 0) > 0, pair
+    assert not pair["config"].get("FLAT"), pair
     text = next(k.read_text() for k in (out / "kernels").glob("*_conv.py"))
-    if pooled:
-        assert pair["config"].get("BOX_W", 0) > 0 and f"BOX_W={pair['config']['BOX_W']}" in text, pair
-    else:
-        assert pair["config"].get("FLAT") is True and "FLAT=True" in text, pair
-    assert "TensorDescriptor" in text
+    assert f"BOX_W={pair['config']['BOX_W']}" in text and "TensorDescriptor" in text
 
 
 @pytest.mark.parametrize("policy", ["fp32", "tf32"])

@@ -123,18 +123,6 @@ class ConvEpilogue:
             spatial = tuple(o // k * k for o, k in zip(spatial, self.pool_window))
         return (1,) * (3 - len(spatial)) + spatial
 
-    def flat_ok(self, graph: Graph, precision: str) -> bool:
-        """Whether the template's padded-grid path (launch's FLAT, the template's `flat_ok`) applies:
-        a convolution (not transposed) of stride 1 and one group, tensor-core operands (tf32 /
-        bf16), at least 16 input channels whose rows are 16-byte multiples in the dots' dtype, no
-        fused pool, input pool or input prologue (the padded copy holds the input as it is)."""
-        x = graph.meta(self.x)
-        a = self.args
-        size = 2 if precision == "bf16" else x.itemsize
-        return (not self.transposed and self.in_pool is None and not self.pool and self.prologue.empty
-                and a["groups"] == 1 and all(s == 1 for s in a["stride"]) and precision in ("tf32", "bf16")
-                and len(x.shape) >= 3 and x.shape[1] >= 16 and (x.shape[1] * size) % 16 == 0)
-
     @property
     def box_window(self) -> tuple[int, int, int]:
         """(D, H, W) sides a box must be a multiple of: the fused pool's window (1s without one)."""

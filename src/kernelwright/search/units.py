@@ -500,7 +500,7 @@ class ConvTuner(KernelTuner):
                                  # (an input pooled as it loads takes K steps of at most its channels: no folded taps)
                                  channels=1 << (cin.bit_length() - 1) if f.in_pool and cin >= 16 else cin, groups=groups,
                                  min_block_m=2 << (math.prod(f.pool_window) - 1).bit_length() if f.pool else 1, whole_n=f.whole_n,
-                                 box_out=box_out, box_window=f.box_window, flat=f.flat_ok(graph, precision))]
+                                 box_out=box_out, box_window=f.box_window)]
         if not f.prologue.empty:  # (an input prologue reads a box whole: no two-row boxes)
             self.space = [c for c in self.space if not c.as_dict().get("TWO_ROWS")]
         if f.norm is not None:  # (a tile of rows, not a box, may span two images at most: narrower tiles)

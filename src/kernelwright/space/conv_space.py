@@ -60,9 +60,12 @@ FLAT_SEEDS = {
     "tf32": tiles("128x128x32/8/4 128x256x32/8/3 128x64x32/4/4"),
     "bf16": tiles("128x128x64/8/4 128x256x64/8/3 128x64x64/4/4"),
 }
-# where the padded-grid configs enter the space's order: after its first FLAT_AFTER configs, then one
-# before each of the next (not yet timed on a GPU: a search of budget 2 keeps the measured box and
-# gather pair, a larger one tries them)
+# where the padded-grid configs enter the order of a space asked for them (flat=True): after its
+# first FLAT_AFTER configs, then one before each of the next. The search's units do not ask: on an
+# H100 (`eafcae1`, docs/benchmarks.md "Padded-grid convolution tiles") the best of them ran 1.13-1.29x
+# slower than the space's first box config on all four shapes timed (tf32 and bf16, 2-D and 3-D),
+# though both operands stay in shared memory; the path is there for explicit configs and probes
+# (scripts/conv_check.py --flat)
 FLAT_AFTER = 2
 
 AXES = dict(
