@@ -238,10 +238,25 @@ class FirstCall:
                 from torch.utils._python_dispatch import _disable_current_modes
 
                 with _disable_current_modes():  # (as Specialisations: outside AOTAutograd's modes)
-                    copies = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-                    self.run = _optimised(self.gm, copies, [], self.options)
+                    self.run = _optimised(self.gm, [same_strides_copy(x) for x in inputs], [], self.options)
             self.expected = None
         return self.run(*inputs)
+
+
+def same_strides_copy(x):
+    """A copy of tensor x with x's own strides (clone() makes a tensor that is not dense, say q as
+    a view of a fused qkv projection, contiguous: a module optimised for the copy would refuse x);
+    a tensor whose elements share memory (an expanded one) as clone() copies it. Other values as
+    they are."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    x = x.detach()
+    from kernelwright.problem.load import non_overlapping
+
+    if x.is_contiguous() or not non_overlapping(x.shape, x.stride()):
+        return x.clone()
+    out = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+    return out.copy_(x)
 
 
 def _specialised(gm: torch.fx.GraphModule, inputs, state: list[int], options: dict, copy: bool = False) -> Callable:
@@ -252,7 +267,7 @@ def _specialised(gm: torch.fx.GraphModule, inputs, state: list[int], options: di
     is not touched; 0-d tensors of a graph with symbolic sizes can be values such as an eps)."""
     copies, returns_sizes = None, _returns_sizes(gm)
     if copy or returns_sizes:
-        copies = [x.detach().clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        copies = [same_strides_copy(x) for x in inputs]
     sizes = {("in", i): int(x) if _is_size(x) else x.clone() for i, x in enumerate(inputs) if _is_size(x) or _is_value(x)}
     if returns_sizes:
         with torch.no_grad():
@@ -360,6 +375,8 @@ def backend(partition: str = "recompute", **options) -> Callable:
         options.setdefault("budget_trials", DEFAULT_TRIALS)
     from torch._dynamo.backends.common import aot_autograd
 
+    from kernelwright.plan.fx_attention import sdpa_in_fx
+
     # Autograd holds every output of a training graph (the forward's saved tensors until the
     # backward, the backward's gradients until the optimizer step), so a CUDA-graph replay, whose
     # outputs are its static buffers, would copy each of them out on every call: these graphs run
@@ -386,6 +403,9 @@ def backend(partition: str = "recompute", **options) -> Callable:
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+            # by-hand attention as one fused call before autograd splits the graph (its backward
+            # then the fused kernel's, nothing of the [.., S, L] scores saved): plan/fx_attention.py
+            sdpa_in_fx(gm, options.get("precision", "fp32"))
             return training(gm, example_inputs)
         return _optimised(gm, example_inputs, state_positions(gm, example_inputs), options)
 

@@ -394,3 +394,54 @@ def test_saved_tensors_stay_channels_last_between_the_training_graphs(tmp_path, 
     assert all("_cl" not in n.split("(")[1].split(",")[1] for n in grads), grads
     assert any("returned as its channels-last copy" in n for n in notes), notes
     torch._dynamo.reset()
+
+
+class ByHandBlock(torch.nn.Module):
+    """A pre-norm transformer block whose attention is written by hand (a fused qkv projection,
+    matmul, scale, softmax, matmul), as the shipped problem transformer_block."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (t.reshape(b, s, self.heads, -1).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(d, dim=-1))
+        attn = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1) @ v
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, s, d))
+        return x + self.mlp(self.ln2(x))
+
+
+def test_by_hand_attention_trains_as_one_fused_call_and_matches_eager(tmp_path, monkeypatch):
+    """Under fp32 the training backend rewrites by-hand attention as scaled_dot_product_attention
+    before AOTAutograd (so the backward is the fused kernel's and no scores are saved); q, k and v
+    are views of the fused projection with gaps in their strides, which the backward graph is
+    optimised for (no call runs a graph as captured); gradients equal eager's."""
+    from kernelwright.plan import fx_attention
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    made = []
+    rewrite = fx_attention.sdpa_in_fx
+    monkeypatch.setattr(fx_attention, "sdpa_in_fx", lambda gm, policy: made.append(rewrite(gm, policy)) or made[-1])
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, ref = ByHandBlock(), ByHandBlock()
+    ref.load_state_dict(model.state_dict())
+    x = torch.randn(2, 8, 16)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = torch.compile(model, backend=kwb.backend(precision="fp32", budget_trials=1))(x)
+        out.square().mean().backward()
+    torch._dynamo.reset()
+    assert made == [1]
+    assert not [str(w.message) for w in seen if "kernelwright" in str(w.message)]
+    want = ref(x)
+    want.square().mean().backward()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+    results = _results(tmp_path)
+    assert len(results) == 2 and all(r["verify"]["passed"] for r in results)

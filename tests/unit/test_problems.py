@@ -256,3 +256,18 @@ def test_a_constructor_that_reads_a_value_is_built_on_the_cpu_for_the_meta_devic
     assert [o.shape for o in p.check()] == [torch.Size([4, 8])]
     assert training_modes(p, "both")[1] == ["any"]
     assert any(n.target == "aten.relu.default" for n in capture(p).nodes)
+
+
+def test_fresh_inputs_keep_the_strides_of_a_view_with_gaps():
+    """from_module's fresh inputs keep an example's strides where no two elements share memory,
+    a view with gaps included (q sliced from a fused qkv projection), and make an expanded one
+    contiguous."""
+    from kernelwright.problem import from_module
+    from kernelwright.problem.load import non_overlapping
+
+    qkv = torch.randn(2, 8, 3 * 16)
+    q = qkv[..., :16].reshape(2, 8, 2, 8).transpose(1, 2)
+    expanded = torch.randn(4, 1).expand(4, 5)
+    assert non_overlapping(q.shape, q.stride()) and not non_overlapping(expanded.shape, expanded.stride())
+    fresh_q, fresh_e = from_module(torch.nn.Identity(), [q, expanded]).make_inputs(0)
+    assert fresh_q.stride() == q.stride() and fresh_e.is_contiguous() and fresh_e.shape == expanded.shape

@@ -315,9 +315,25 @@ def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str 
     )
 
 
+def non_overlapping(shape, stride) -> bool:
+    """Whether no two elements of a layout share memory (dense ones and views with gaps, such as q
+    sliced from a fused qkv projection; not an expanded / stride-0 one): in the order of their
+    strides, each dim of size > 1 steps past the whole extent of the ones before it."""
+    dims = sorted((st, sh) for sh, st in zip(shape, stride) if sh != 1)
+    extent = 1
+    for st, sh in dims:
+        if st < extent:
+            return False
+        extent = st * sh
+    return True
+
+
 def _like(x: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor of x's shape and dtype on the current default device, with x's
-    strides where they are dense and non-overlapping (else contiguous: torch's preserve_format)."""
+    strides where no two elements share memory (a view with gaps too, as q sliced from a fused qkv
+    projection: a module specialised for such strides is called with them), else contiguous."""
+    if x.numel() and not x.is_contiguous() and non_overlapping(x.shape, x.stride()):
+        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=torch.get_default_device())
     return torch.empty_like(x, device=torch.get_default_device())
 
 
