@@ -445,3 +445,32 @@ def test_by_hand_attention_trains_as_one_fused_call_and_matches_eager(tmp_path, 
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
     results = _results(tmp_path)
     assert len(results) == 2 and all(r["verify"]["passed"] for r in results)
+
+
+def test_by_hand_attention_with_symbolic_sizes_trains_as_one_fused_call(tmp_path, monkeypatch):
+    """With dynamic=True the attention's scale is a number the graph computes from symbolic sizes
+    ((d // heads) ** 0.5): the rewrite takes it as SDPA's scale, and both batch sizes train with
+    eager's gradients and no graph run as captured."""
+    from kernelwright.plan import fx_attention
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    made = []
+    rewrite = fx_attention.sdpa_in_fx
+    monkeypatch.setattr(fx_attention, "sdpa_in_fx", lambda gm, policy: made.append(rewrite(gm, policy)) or made[-1])
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, ref = ByHandBlock(), ByHandBlock()
+    ref.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend=kwb.backend(precision="fp32", budget_trials=1), dynamic=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for batch in (2, 3):
+            x = torch.randn(batch, 8, 16)
+            compiled(x).square().mean().backward()
+            ref(x).square().mean().backward()
+            for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+                a.grad, b.grad = None, None
+    torch._dynamo.reset()
+    assert made and set(made) == {1}  # (every graph Dynamo compiled: one attention each)
+    assert not [str(w.message) for w in seen if "kernelwright" in str(w.message)]

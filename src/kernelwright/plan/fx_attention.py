@@ -1,6 +1,7 @@
 """By-hand attention in a torch-level FX graph (what Dynamo hands a backend, before AOTAutograd) as
 one `scaled_dot_product_attention` call: matmul(softmax(matmul(q, kᵀ) · c, dim=-1), v) with c a
-number (a division or a multiplication; 1 where there is none) becomes sdpa(q, k, v, scale=c).
+number (a division or a multiplication; 1 where there is none; a number the graph computes from
+symbolic sizes under dynamic=True too) becomes sdpa(q, k, v, scale=c).
 
 The training backend runs this before AOTAutograd traces the joint graph, so the forward saves what
 the fused kernel's backward needs (its output and log-sum-exp) instead of the [.., S, L] scores and
@@ -75,6 +76,14 @@ def _swapped(node):
     return None
 
 
+def _number(c) -> bool:
+    """A nonzero Python number, or a graph value that is a number (computed from symbolic sizes)."""
+    if isinstance(c, torch.fx.Node):
+        v = c.meta.get("example_value")
+        return isinstance(v, (torch.SymInt, torch.SymFloat, int, float)) and not isinstance(v, bool)
+    return isinstance(c, (int, float)) and not isinstance(c, bool) and c != 0
+
+
 def _match(out):
     """(q, k, v, scale, [nodes replaced, last first]) where `out` ends a by-hand attention, else None."""
     if not _calls(out, _MATMUL) or len(out.args) != 2 or out.kwargs:
@@ -84,10 +93,12 @@ def _match(out):
     if scores is None or not _only_user(probs, out):
         return None
     nodes, scale = [out, probs], 1.0  # (SDPA's own default is 1 / sqrt(d): always given)
-    if _calls(scores, tuple(_SCALE)) and len(scores.args) == 2 and isinstance(scores.args[1], (int, float)) \
-            and not isinstance(scores.args[1], bool) and scores.args[1] != 0 and not scores.kwargs:
-        c = float(scores.args[1])
-        scale = 1.0 / c if _SCALE[scores.target] == "div" else c
+    if _calls(scores, tuple(_SCALE)) and len(scores.args) == 2 and _number(scores.args[1]) and not scores.kwargs:
+        c = scores.args[1]
+        if isinstance(c, torch.fx.Node):  # (a value of the sizes, e.g. head_dim ** 0.5 under dynamic=True)
+            scale = (c, _SCALE[scores.target])
+        else:
+            scale = 1.0 / float(c) if _SCALE[scores.target] == "div" else float(c)
         if not _only_user(scores, probs):
             return None
         nodes.append(scores)
@@ -118,6 +129,9 @@ def sdpa_in_fx(gm: torch.fx.GraphModule, policy: str) -> int:
             continue
         q, k, v, scale, nodes = hit
         with gm.graph.inserting_before(node):
+            if isinstance(scale, tuple):  # (a number the graph computes: divided by it, or times it)
+                c, how = scale
+                scale = gm.graph.call_function(operator.truediv, (1.0, c)) if how == "div" else c
             new = gm.graph.call_function(F.scaled_dot_product_attention, (q, k, v), {"scale": scale})
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
