@@ -50,8 +50,9 @@ RECURRENT = [dict(kind=k, hidden=5, layers=layers, bidirectional=bd, batch_first
              for k, out, layers, bd, bf in [("LSTM", "out", 2, True, False), ("LSTM", "c_n", 1, False, True),
                                              ("GRU", "h_n", 2, True, True), ("RNN", "out", 1, False, False),
                                              ("RNN_relu", "h_n", 1, True, True)]]
-ATTENTION = [dict(heads=h, module=m, causal=c, bias=True) for h, m, c in [(2, True, True), (1, True, False),
-                                                                            (4, False, True), (2, False, False)]]
+ATTENTION = [dict(heads=h, module=m, causal=c, bias=True, **({} if m else {"by_hand": by_hand}))
+             for h, m, c, by_hand in [(2, True, True, False), (1, True, False, False), (4, False, True, False),
+                                      (2, False, False, False), (2, False, True, True), (1, False, False, True)]]
 POSITION = [dict(extra=x, scale=sc) for x, sc in [(0, False), (3, True)]]
 
 
@@ -60,7 +61,8 @@ POSITION = [dict(extra=x, scale=sc) for x, sc in [(0, False), (3, True)]]
                          + [gen.Step("position", a) for a in POSITION], ids=lambda s: s.label)
 def test_sequence_anchors_render_programs_that_run_in_eager(step):
     """Recurrent layers (every kind and output form, time- or batch-major), self-attention (the
-    module, or scaled_dot_product_attention over heads of the value) and a learned position
+    module, scaled_dot_product_attention over heads of the value, or the same by hand, causal or
+    not) and a learned position
     embedding on a [batch, time, features] input, then a layer norm: valid programs at both batch
     sizes, in both training modes."""
     spec = gen.Spec(0, 3, (6, 8), "contiguous", False, (step, gen.Step("layernorm", {"n": 1, "affine": False,

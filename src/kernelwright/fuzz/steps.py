@@ -268,12 +268,17 @@ def _draw_attention(rng, dims):
     if len(dims) != 2 or dims[-1] % 2 or dims[-1] > 64:  # [batch, sequence, embedding]
         return None
     heads = rng.choice([h for h in (1, 2, 4) if dims[-1] % h == 0])
-    return {"heads": heads, "module": rng.random() < 0.5, "causal": rng.random() < 0.5, "bias": rng.random() < 0.8}
+    a = {"heads": heads, "module": rng.random() < 0.5, "causal": rng.random() < 0.5, "bias": rng.random() < 0.8}
+    if not a["module"]:
+        a["by_hand"] = rng.random() < 0.5
+    return a
 
 
 def _emit_attention(b, i, a):
     """Self-attention over a [batch, sequence, embedding] value: nn.MultiheadAttention (batch first,
-    its weights not returned), or scaled_dot_product_attention over heads of the value itself."""
+    its weights not returned), or scaled_dot_product_attention over heads of the value itself, or
+    the same attention written by hand (matmul, scale, a causal mask by masked_fill, softmax,
+    matmul), which the pipeline's rewrite turns into one fused call."""
     if len(b.dims) != 2 or b.dims[-1] % a["heads"]:
         raise Invalid("attention needs a [batch, sequence, embedding] value with whole heads")
     t, e = b.dims
@@ -285,6 +290,12 @@ def _emit_attention(b, i, a):
     else:
         d = e // a["heads"]
         heads = f"{x}.view({x}.shape[0], {t}, {a['heads']}, {d}).transpose(1, 2)"
+        if a.get("by_hand"):
+            scores = f"(({heads} @ ({heads} * 0.5).transpose(-2, -1)) / {math.sqrt(d)!r})"
+            if a["causal"]:
+                scores += f".masked_fill(torch.ones({t}, {t}, dtype=torch.bool, device={x}.device).triu(1), float('-inf'))"
+            b.assign(i, f"(torch.softmax({scores}, dim=-1) @ {heads}).transpose(1, 2).reshape({x}.shape)", (t, e))
+            return
         b.assign(i, f"F.scaled_dot_product_attention({heads}, {heads} * 0.5, {heads}, is_causal={a['causal']})"
                     f".transpose(1, 2).reshape({x}.shape)", (t, e))
 
@@ -811,6 +822,6 @@ def label(op: str, args: dict) -> str:
     if op == "recurrent":
         return f"{args['kind'].lower()}_{args['output']}"
     if op == "attention":
-        return "mha" if args["module"] else "sdpa"
+        return "mha" if args["module"] else "attn_by_hand" if args.get("by_hand") else "sdpa"
     return {"batchnorm": "bn", "layernorm": "ln", "groupnorm": "gn", "instancenorm": "in",
             "branch": "if_training", "permute": "permute"}.get(op, op)
