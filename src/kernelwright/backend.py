@@ -246,17 +246,11 @@ class FirstCall:
 def same_strides_copy(x):
     """A copy of tensor x with x's own strides (clone() makes a tensor that is not dense, say q as
     a view of a fused qkv projection, contiguous: a module optimised for the copy would refuse x);
-    a tensor whose elements share memory (an expanded one) as clone() copies it. Other values as
-    they are."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    x = x.detach()
-    from kernelwright.problem.load import non_overlapping
+    a tensor whose elements share memory (an expanded one) contiguous, as clone() copies it. Other
+    values as they are."""
+    from kernelwright.problem.load import empty_like_strides
 
-    if x.is_contiguous() or not non_overlapping(x.shape, x.stride()):
-        return x.clone()
-    out = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
-    return out.copy_(x)
+    return empty_like_strides(x).copy_(x.detach()) if isinstance(x, torch.Tensor) else x
 
 
 def _specialised(gm: torch.fx.GraphModule, inputs, state: list[int], options: dict, copy: bool = False) -> Callable:

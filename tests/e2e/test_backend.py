@@ -415,11 +415,9 @@ class ByHandBlock(torch.nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-def test_by_hand_attention_trains_as_one_fused_call_and_matches_eager(tmp_path, monkeypatch):
-    """Under fp32 the training backend rewrites by-hand attention as scaled_dot_product_attention
-    before AOTAutograd (so the backward is the fused kernel's and no scores are saved); q, k and v
-    are views of the fused projection with gaps in their strides, which the backward graph is
-    optimised for (no call runs a graph as captured); gradients equal eager's."""
+def _by_hand_blocks(tmp_path, monkeypatch):
+    """(the attention rewrites each compiled graph gets, a ByHandBlock, its twin with the same
+    weights), with the backend's cache under tmp_path and Dynamo reset."""
     from kernelwright.plan import fx_attention
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -430,6 +428,15 @@ def test_by_hand_attention_trains_as_one_fused_call_and_matches_eager(tmp_path, 
     torch.manual_seed(0)
     model, ref = ByHandBlock(), ByHandBlock()
     ref.load_state_dict(model.state_dict())
+    return made, model, ref
+
+
+def test_by_hand_attention_trains_as_one_fused_call_and_matches_eager(tmp_path, monkeypatch):
+    """Under fp32 the training backend rewrites by-hand attention as scaled_dot_product_attention
+    before AOTAutograd (so the backward is the fused kernel's and no scores are saved); q, k and v
+    are views of the fused projection with gaps in their strides, which the backward graph is
+    optimised for (no call runs a graph as captured); gradients equal eager's."""
+    made, model, ref = _by_hand_blocks(tmp_path, monkeypatch)
     x = torch.randn(2, 8, 16)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -451,16 +458,7 @@ def test_by_hand_attention_with_symbolic_sizes_trains_as_one_fused_call(tmp_path
     """With dynamic=True the attention's scale is a number the graph computes from symbolic sizes
     ((d // heads) ** 0.5): the rewrite takes it as SDPA's scale, and both batch sizes train with
     eager's gradients and no graph run as captured."""
-    from kernelwright.plan import fx_attention
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    made = []
-    rewrite = fx_attention.sdpa_in_fx
-    monkeypatch.setattr(fx_attention, "sdpa_in_fx", lambda gm, policy: made.append(rewrite(gm, policy)) or made[-1])
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model, ref = ByHandBlock(), ByHandBlock()
-    ref.load_state_dict(model.state_dict())
+    made, model, ref = _by_hand_blocks(tmp_path, monkeypatch)
     compiled = torch.compile(model, backend=kwb.backend(precision="fp32", budget_trials=1), dynamic=True)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

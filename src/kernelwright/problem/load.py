@@ -328,13 +328,19 @@ def non_overlapping(shape, stride) -> bool:
     return True
 
 
-def _like(x: torch.Tensor) -> torch.Tensor:
-    """An uninitialised tensor of x's shape and dtype on the current default device, with x's
-    strides where no two elements share memory (a view with gaps too, as q sliced from a fused qkv
+def empty_like_strides(x: torch.Tensor, device=None) -> torch.Tensor:
+    """An uninitialised tensor of x's shape and dtype on `device` (default: x's), with x's strides
+    where no two elements share memory (a view with gaps too, as q sliced from a fused qkv
     projection: a module specialised for such strides is called with them), else contiguous."""
+    device = x.device if device is None else device
     if x.numel() and not x.is_contiguous() and non_overlapping(x.shape, x.stride()):
-        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=torch.get_default_device())
-    return torch.empty_like(x, device=torch.get_default_device())
+        return torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=device)
+    return torch.empty_like(x, device=device)
+
+
+def _like(x: torch.Tensor) -> torch.Tensor:
+    """`empty_like_strides` on the current default device."""
+    return empty_like_strides(x, torch.get_default_device())
 
 
 def discover(paths: list[str | Path]) -> list[Path]:
