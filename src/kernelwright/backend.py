@@ -371,22 +371,20 @@ def backend(partition: str = "recompute", **options) -> Callable:
 
     from kernelwright.plan.fx_attention import sdpa_in_fx
 
-    # Autograd holds every output of a training graph (the forward's saved tensors until the
-    # backward, the backward's gradients until the optimizer step), so a CUDA-graph replay, whose
-    # outputs are its static buffers, would copy each of them out on every call: these graphs run
-    # their plain forward.
-    joint_options = dict(options, cuda_graphs=False)
-
+    # A training graph's forward and backward replay as CUDA graphs where measured faster, as any
+    # module's forward (emit/graphs.py): autograd lets go of the forward's saved tensors at the
+    # backward and of the gradients at the optimizer's zero_grad, so the replays lend them (no
+    # copies), and the backward reads the saved tensors where the forward's replay left them.
     def joint_part(gm: torch.fx.GraphModule, example_inputs, forward: bool = False):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         if symbolic(example_inputs):  # (specialised at run time, on copies of the call's tensors)
-            return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], joint_options, copy=True)))
+            return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], options, copy=True)))
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
             real = [_real(x) for x in example_inputs]
             if not forward:  # (the forward reports its outputs' strides now; the backward may wait)
-                return make_boxed_func(FirstCall(gm, _optimised(gm, real, [], joint_options), real, joint_options))
-            run = _optimised(gm, real, [], dict(joint_options, free_layouts=saved_positions(gm)))
+                return make_boxed_func(FirstCall(gm, _optimised(gm, real, [], options), real, options))
+            run = _optimised(gm, real, [], dict(options, free_layouts=saved_positions(gm)))
             report_output_strides(run, real)
             return make_boxed_func(run)
 

@@ -256,7 +256,7 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch):
 
     assert call(x).tolist() == [3.0, 4.0] and fake.captures == 1 and fake.replays == 0
     entry = next(iter(mod.graphs_of(holder).values()))
-    assert entry.inputs is None and entry.lend  # reads x where it is, lends its outputs
+    assert entry.inputs is None and entry.lend[0] is not None  # reads x where it is, lends its output
     assert replay_paths(mod.graphs_of(holder)) == [{"captured": True, "copies_in": False, "copies_out": False}]
     ptr = call(x).data_ptr()
     x.mul_(2)  # in place, same memory: the replay reads it there
@@ -265,18 +265,20 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch):
     kept = call(x)  # y is still held: this call must not overwrite it
     assert kept.tolist() == [5.0, 7.0] and y.tolist() == [5.0, 7.0] and fake.captures == 2
     entry = next(iter(mod.graphs_of(holder).values()))
-    assert not entry.lend and entry.inputs is None
+    assert entry.lend == [None] and entry.inputs is None
     assert replay_paths(mod.graphs_of(holder)) == [{"captured": True, "copies_in": False, "copies_out": True}]
     again = call(x)
     assert again.data_ptr() not in (kept.data_ptr(), entry.outputs[0].data_ptr())  # a copy
-    z = torch.tensor([1.0, 2.0])  # other memory: buffers of ours from now on
+    z = torch.tensor([1.0, 2.0])  # other memory: captured again, reading it where it is
     assert call(z).tolist() == [3.0, 7.0] and fake.captures == 3
+    assert next(iter(mod.graphs_of(holder).values())).inputs is None
+    assert call(torch.tensor([0.0, 1.0])).tolist() == [1.0, 4.0] and fake.captures == 4  # moved twice: ours
     assert next(iter(mod.graphs_of(holder).values())).inputs is not None
     assert replay_paths(mod.graphs_of(holder)) == [{"captured": True, "copies_in": True, "copies_out": True}]
-    assert call(torch.tensor([0.0, 1.0])).tolist() == [1.0, 4.0] and fake.captures == 3
+    assert call(torch.tensor([2.0, 2.0])).tolist() == [5.0, 7.0] and fake.captures == 4
     w.mul_(-1)  # a weight changed in place: its version moved
-    assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 4
-    assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 4
+    assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 5
+    assert call(z).tolist() == [-1.0, -5.0] and fake.captures == 5
     # each call ran the forward or replayed it, once; each capture traced it once more (no kernels)
     assert fake.replays == 5 and len(calls) == len(made) - fake.replays + fake.captures
     # the captures live outside the module: it still pickles and copies, and a copy starts afresh
@@ -293,6 +295,68 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch):
         assert fake.stream == "caller's"  # the failed capture did not leave its stream current
     assert next(iter(mod.graphs_of(other).values())).graph is None
     assert replay_paths(mod.graphs_of(other)) == [{"captured": False, "copies_in": False, "copies_out": False}]
+
+
+@pytest.mark.interpreter
+def test_inputs_are_copied_in_and_outputs_copied_out_one_by_one(monkeypatch):
+    """A training graph's replay: a saved tensor at a stable address is read in place while the
+    gradient beside it moves (only that one copied in, with its own strides), an output the caller
+    keeps is copied out while the others stay lent, and an output that is a view of an input read
+    in place is returned as that view, never copied."""
+    mod = kwgraphs
+    fake = _FakeGraphs(monkeypatch, mod)
+    calls, holder = [], torch.nn.Module()
+
+    def forward(saved, grad):  # -> (saved * grad, saved + grad, saved's first row): two new tensors, a view
+        calls.append(1)
+        prod, total = torch.empty_like(saved), torch.empty_like(saved)
+
+        def work():
+            torch.mul(saved, grad, out=prod)
+            torch.add(saved, grad, out=total)
+        fake.open.work.append(work) if fake.open is not None else work()
+        return prod, total, saved[0]
+
+    saved = torch.arange(6.0).reshape(2, 3)
+    grad = lambda v: torch.full((2, 6), v)[:, ::2]  # noqa: E731 - a view with gaps (strides (6, 2))
+    call = lambda v: mod.graphed(holder, "t", forward, (saved, grad(v)), lambda: ())  # noqa: E731
+    entry = lambda: next(iter(mod.graphs_of(holder).values()))  # noqa: E731
+    call(1.0)
+    assert fake.captures == 1 and entry().alias == [False, False, True] and None not in entry().lend[:2]
+    call(2.0)  # the gradient elsewhere: captured again where it is now
+    assert fake.captures == 2 and entry().inputs is None
+    call(2.5)  # elsewhere again, the saved tensor where it was: only the gradient copied in from now on
+    e = entry()
+    assert fake.captures == 3 and e.inputs[0] is None and e.inputs[1].stride() == (6, 2)
+    assert e.ptrs[0] == saved.data_ptr() and e.ptrs[1] is None
+    prod, total, row = call(3.0)  # replayed: the graph's own tensors, the input's view
+    assert fake.replays == 1 and prod.tolist() == [[0.0, 3.0, 6.0], [9.0, 12.0, 15.0]]
+    assert prod.data_ptr() == e.outputs[0].data_ptr() and total.data_ptr() == e.outputs[1].data_ptr()
+    assert row.data_ptr() == saved.data_ptr() and row.tolist() == [0.0, 1.0, 2.0]
+    kept = total
+    del prod, total, row
+    call(4.0)  # `kept` would be overwritten: the forward runs, captured again, that output copied from now on
+    assert fake.captures == 4 and kept.tolist() == [[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]]
+    e = entry()
+    assert e.lend[0] is not None and e.lend[1] is None and e.alias == [False, False, True] and e.inputs[0] is None
+    assert replay_paths(mod.graphs_of(holder)) == [{"captured": True, "copies_in": True, "copies_out": True}]
+    prod, kept2, row = call(5.0)
+    assert fake.replays == 2 and prod.data_ptr() == e.outputs[0].data_ptr()  # still lent
+    assert kept2.data_ptr() != e.outputs[1].data_ptr() and kept2.stride() == (3, 1)
+    del prod, row
+    assert call(6.0)[1].tolist() == [[6.0, 7.0, 8.0], [9.0, 10.0, 11.0]] and fake.replays == 3 and fake.captures == 4
+    assert kept2.tolist() == [[5.0, 6.0, 7.0], [8.0, 9.0, 10.0]] and kept.tolist() == [[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]]
+    assert len(calls) == 4 + fake.captures  # four calls ran the forward, each capture traced it; no replay did
+
+    # an expanded input (elements sharing memory) is read in place; once it moves, no buffer of
+    # ours can hold it: the forward runs as it is from then on
+    call = lambda g: mod.graphed(holder, "t", forward, (saved, g), lambda: ())  # noqa: E731
+    assert call(torch.ones(3).expand(2, 3))[0].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert call(torch.full((3,), 2.0).expand(2, 3))[0].tolist() == [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
+    assert fake.captures == 6  # first where it was, then where it is now
+    assert call(torch.full((3,), 2.5).expand(2, 3))[0].tolist() == [[0.0, 2.5, 5.0], [7.5, 10.0, 12.5]]
+    assert list(mod.graphs_of(holder).values())[-1].graph is None and fake.captures == 6
+    assert call(torch.full((3,), 3.0).expand(2, 3))[1].tolist() == [[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]]
 
 
 @pytest.mark.interpreter
@@ -408,7 +472,7 @@ def test_replay_matches_the_plain_forward_and_updates_running_stats_once_per_cal
             held.append((got, got.clone()))
     entry = next(iter(mod._kw_graphs_of(graphed).values()))
     assert len(mod._kw_graphs_of(graphed)) == 1 and entry.graph is not None
-    assert entry.inputs is not None and not entry.lend  # new input tensors each call, results kept: copies in and out
+    assert entry.inputs is not None  # new input tensors each call: copied in once they moved twice
     for out, snapshot in held:  # later replays did not overwrite what earlier calls returned
         torch.testing.assert_close(out, snapshot, rtol=0, atol=0)
     for (name, a), (_, b) in zip(plain.named_buffers(), graphed.named_buffers()):
@@ -425,7 +489,7 @@ def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_i
     with torch.no_grad():
         graphed(*x)  # runs the forward, then captures it on x itself
         entry = next(iter(mod._kw_graphs_of(graphed).values()))
-        assert entry.graph is not None and entry.inputs is None and entry.lend  # reads x where it is
+        assert entry.graph is not None and entry.inputs is None and entry.lend[0] is not None  # reads x where it is
         ptr = graphed(*x).data_ptr()  # replayed; the result is dropped at once
         y = graphed(*x)
         assert y.data_ptr() == ptr  # the graph's own output, lent again
@@ -441,7 +505,7 @@ def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_i
         torch.testing.assert_close(kept, before, rtol=0, atol=0)
         torch.testing.assert_close(again, plain(*x), rtol=0, atol=0)
         entry = next(iter(mod._kw_graphs_of(graphed).values()))
-        assert entry.graph is not None and not entry.lend  # copies from now on for this caller
+        assert entry.graph is not None and entry.lend == [None]  # copies from now on for this caller
         third = graphed(*x)
         assert third.data_ptr() != entry.outputs[0].data_ptr()
         torch.testing.assert_close(third, again, rtol=0, atol=0)
@@ -449,7 +513,10 @@ def test_a_caller_reusing_its_inputs_and_dropping_results_gets_no_copies_until_i
         gone = weakref.ref(x[0])  # the capture holds no reference to the caller's inputs
         x = [t.clone() for t in x]
         assert gone() is None
-        torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)  # elsewhere: copied into buffers
+        torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)  # elsewhere: read there
+        assert next(iter(mod._kw_graphs_of(graphed).values())).inputs is None
+        x = [t.clone() for t in x]
+        torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)  # elsewhere again: copied into buffers
         assert next(iter(mod._kw_graphs_of(graphed).values())).inputs is not None
         torch.testing.assert_close(graphed(*x), plain(*x), rtol=0, atol=0)
 
@@ -539,3 +606,65 @@ def test_work_buffers_are_new_inside_a_capture():
         inside += [_scratch("part", (4, 8), dev), _scratch("part", (4, 8), dev)]
     assert all(b is not a for b in inside) and inside[0] is not inside[1]
     assert _scratch("part", (4, 8), dev) is a
+
+
+@pytest.mark.gpu
+@gpu
+def test_training_steps_through_the_backend_replay_and_match_eager_at_every_step(tmp_path, monkeypatch):
+    """torch.compile(backend="kernelwright") training a conv net with the replay chosen for every
+    graph: each step's loss, gradients and running statistics equal eager's from the same weights,
+    while the caller keeps each step's output past the next forward (that output is then copied
+    out) and the forward's saved tensors and the gradients stay lent."""
+    from kernelwright import backend as kwb
+    from kernelwright.measure import final
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    pick = final.pick_forward
+
+    def replay_chosen(timing, *a, **k):  # the replay whatever the timing says
+        if pick(timing, *a, **k) or GRAPHS not in timing:
+            return GRAPHS in timing
+        timing["cuda_graphs"], timing["cuda_graphs_why"], timing["kernelwright"] = True, "faster", timing[GRAPHS]
+        return True
+    monkeypatch.setattr(final, "pick_forward", replay_chosen)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn, self.fc = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.Linear(8, 5)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    eager = Net().cuda().train()
+    model = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=kwb.backend(budget_trials=1), dynamic=False)
+    kept = []
+    for step in range(5):
+        x = torch.randn(4, 3, 8, 8, device="cuda")
+        for m in (eager, model):
+            m.zero_grad(set_to_none=True)
+        want = eager(x)
+        want.square().mean().backward()
+        got = compiled(x)
+        got.square().mean().backward()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        kept.append((got, got.detach().clone()))
+        for (name, a), b in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=f"step {step}: {name}")
+        for (name, a), b in zip(eager.named_buffers(), model.buffers()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")
+        with torch.no_grad():
+            for a, b in zip(eager.parameters(), model.parameters()):
+                b.copy_(a)  # the same weights for the next step
+    for out, snapshot in kept:  # no replay wrote over an output the caller kept
+        torch.testing.assert_close(out, snapshot, rtol=0, atol=0)
+    captures = [c for per_module in list(kwgraphs._GRAPHS.values()) for c in per_module.values() if c.graph is not None]
+    assert len(captures) >= 2  # the forward and the backward graph replay
+    lent = sum(c is not None for cap in captures for c in cap.lend)
+    assert lent >= 3, [cap.lend for cap in captures]  # saved tensors and gradients lent, not copied
+    torch._dynamo.reset()

@@ -25,28 +25,35 @@ class Capture:
     """One capture of a forward.
 
     graph: the CUDA graph (None: the forward could not be captured); replay: its replay method;
-    inputs: buffers of ours the graph reads its tensor inputs from, each call copying its inputs
-    into them, or None when the graph reads the tensors it was captured on where they were: `ptrs`,
-    their addresses (a call passing tensors at those addresses replays with no copy); outputs: the
-    tensors each replay writes; lend: when calls return those outputs themselves, each output's
-    storage use count while nothing outside holds it (replaying is safe while every output is back
-    to it; `storages` are the addresses of those storages), None when calls return copies; single:
-    the forward returns one bare tensor; state: the global switches and the parameters' and
-    buffers' identity (address, version, dtype) the capture is valid for; reads: what the graph
-    reads besides its inputs (the parameters and buffers), held so that a replay never reads freed
-    memory, even one made before the state is checked (see `graphed`); writes: the replay method
-    of a second graph, the forward's commit (its buffer updates from the first graph's tensors),
-    replayed once the state is found unmoved (None: no commit); new: the first graph's tensors it
-    reads; waits: calls that waited for the GPU (no capture: see `graphed`)."""
+    inputs: per argument, a buffer of ours the graph reads that tensor input from (each call copies
+    its argument into it) or None where the graph reads the tensor it was captured on where it is;
+    None as a whole when no argument is copied in; `ptrs`: per argument, the address of a tensor
+    read in place (a call passing a tensor at that address replays with no copy), else None;
+    outputs: the tensors each replay writes; lend: per output, its storage's use count while
+    nothing outside holds it when calls return the output itself (replaying is safe while every
+    lent output's storage is back to its count; `storages` are the addresses of those storages),
+    else None; alias: per output, whether it is a view of a tensor read in place (returned as it
+    is, as the forward itself returns it); an output neither lent nor an alias is copied out on
+    every call. single: the forward returns one bare tensor; state: the global switches and the
+    parameters' and buffers' identity (address, version, dtype) the capture is valid for; reads:
+    what the graph reads besides its inputs (the parameters and buffers), held so that a replay
+    never reads freed memory, even one made before the state is checked (see `graphed`); writes:
+    the replay method of a second graph, the forward's commit (its buffer updates from the first
+    graph's tensors), replayed once the state is found unmoved (None: no commit); new: the first
+    graph's tensors it reads; waits: calls that waited for the GPU (no capture: see `graphed`)."""
 
-    def __init__(self, graph=None, inputs=None, ptrs=(), outputs=(), lend=None, single=True, state=None,
-                 reads=None, writes=None, new=None, waits=0):
+    def __init__(self, graph=None, inputs=None, ptrs=(), outputs=(), lend=(), single=True, state=None,
+                 reads=None, writes=None, new=None, waits=0, alias=()):
         self.waits = waits
         self.graph, self.inputs, self.ptrs, self.outputs = graph, inputs, ptrs, outputs
-        self.lend, self.single, self.state, self.reads = lend, single, state, reads
+        self.lend, self.alias, self.single, self.state, self.reads = lend, alias, single, state, reads
         self.writes, self.new = (writes.replay if writes is not None else None), new
         self.replay = graph.replay if graph is not None else None
-        self.storages = [o.untyped_storage()._cdata for o in outputs] if lend is not None else None
+        self.storages = [o.untyped_storage()._cdata if c is not None else None for o, c in zip(outputs, lend)]
+        self.checked = [(j, s, c) for j, (s, c) in enumerate(zip(self.storages, lend)) if c is not None]
+        self.moves = [(i, p) for i, p in enumerate(ptrs) if p is not None]
+        self.copied = [(b, i) for i, b in enumerate(inputs) if b is not None] if inputs is not None else []
+        self.moved = set()  # inputs found elsewhere than where an earlier capture read them
 
 
 PER_MODULE = 8  # signatures kept per module; all captures are dropped past this
@@ -79,11 +86,22 @@ def signature(args):
 
 
 def capturable(args):
-    """Whether a forward on `args` can be captured: CUDA tensors (at least one) in a layout our
-    buffers can hold (contiguous or channels-last), other arguments plain values."""
+    """Whether a forward on `args` can be captured: CUDA tensors (at least one), other arguments
+    plain values."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    return bool(tensors) and all(a.device.type == "cuda" and (
-        a.is_contiguous() or a.is_contiguous(memory_format=torch.channels_last)) for a in tensors)
+    return bool(tensors) and all(a.device.type == "cuda" for a in tensors)
+
+
+def _strided_copy(t):
+    """A copy of tensor t with t's own strides (a view with gaps, say a slice of a fused
+    projection, stays one: what reads it was made for those strides); None where t's elements
+    share memory (an expanded tensor), which no buffer of ours can hold as it is."""
+    reach = 0  # the farthest element offset the smaller strides reach
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride <= reach:
+            return None
+        reach += stride * (size - 1)
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _switch_readers():
@@ -109,8 +127,6 @@ switches = _switch_readers()
 _use_count = torch._C._storage_Use_Count
 
 
-def _ptrs(args):
-    return [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
 
 
 class sync_errors:
@@ -138,12 +154,15 @@ def _run(forward, args, commit):
 
 
 def _result(hit):
-    """A replay's outputs as the call returns them: the graph's own tensors when lent, else copies."""
-    if hit.single:
-        o = hit.outputs[0]
-        return o.detach() if hit.lend is not None else o.clone(memory_format=torch.preserve_format)
-    return tuple(o.detach() if hit.lend is not None else o.clone(memory_format=torch.preserve_format)
-                 for o in hit.outputs)
+    """A replay's outputs as the call returns them: the graph's own tensors where lent or views of
+    the inputs, else copies."""
+    outs = [o.detach() if c is not None or a else _copy_out(o) for o, c, a in zip(hit.outputs, hit.lend, hit.alias)]
+    return outs[0] if hit.single else tuple(outs)
+
+
+def _copy_out(o):
+    c = _strided_copy(o)
+    return c if c is not None else o.clone(memory_format=torch.preserve_format)
 
 
 def graphed(module, tag, forward, args, state, reads=None, commit=None):
@@ -158,11 +177,13 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
     is -- that is the call's result -- and then captures it on the call's own input tensors. A
     later call replays it when the state has not moved (the global switches `switches` are as
     they were, no parameter or buffer replaced or changed in place) and the graph can read its
-    inputs: they are at the addresses it was captured on (no copy), or, once a call passed tensors
-    elsewhere, buffers of ours it copies them into. Its outputs are the graph's own tensors when
-    nothing outside holds the ones the previous call returned (else a caller that keeps its results
-    gets copies from then on). Anything else -- the state moved, a kept result would be overwritten
-    -- runs the forward as it is and captures again.
+    inputs: each is at the address it was captured on (no copy), or, once calls passed that input
+    elsewhere twice, in a buffer of ours it is copied into (inputs at stable addresses, such as a
+    training step's saved tensors, are read in place beside one that moves). Each output is the graph's own
+    tensor while nothing outside holds the one the previous call returned (a caller that keeps that
+    result gets copies of it from then on; the outputs it lets go stay lent); an output that is a
+    view of an input read in place is returned as that view. Anything else -- the state moved, a
+    kept result would be overwritten, an input moved -- runs the forward as it is and captures again.
 
     Given `reads`, the replay is issued before the state is checked (the check's host time then
     overlaps the GPU's work instead of delaying it): the graph writes only its own tensors, so when
@@ -183,7 +204,8 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
     if graphs is None:
         graphs = _GRAPHS[module] = {}
     hit = graphs.get(key)
-    owned, lend = False, True
+    owned = lend = None  # (a first capture reads every input in place and lends what it can)
+    moved_ever = set()
     if hit is None:
         if not capturable(args):
             return _run(forward, args, commit)  # checked on a miss only: a hit was captured on such args
@@ -192,23 +214,25 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
     elif hit.replay is None:
         pass  # it waited for the GPU once (filling a per-version cache, say): one more try
     else:
-        copies = hit.inputs
-        same = copies is not None or _ptrs(args) == hit.ptrs
-        free = hit.lend is None or list(map(_use_count, hit.storages)) == hit.lend
-        if same and free:
+        moved = [i for i, p in hit.moves if args[i].data_ptr() != p]
+        held = [j for j, s, c in hit.checked if _use_count(s) != c]
+        if not moved and not held:
             early = reads is not None
             if early or (switches(), state()) == hit.state:
-                if copies is not None:
-                    for s, a in zip(copies, args):
-                        if isinstance(s, torch.Tensor):
-                            s.copy_(a)
+                for b, i in hit.copied:
+                    b.copy_(args[i])
                 hit.replay()
                 if not early or (switches(), state()) == hit.state:
                     if hit.writes is not None:
                         hit.writes()  # the buffer updates (a replay moves no version: the state holds)
                     return _result(hit)
-        owned = copies is not None or not same  # what this caller needs from now on
-        lend = hit.lend is not None and free
+        # what this caller needs from now on: its kept outputs copied out, its inputs read where
+        # they are now, but one that moved before too copied in (a first capture may have been made
+        # on example tensors: every input moves once)
+        copied = hit.inputs or [None] * len(args)
+        owned = [copied[i] is not None or (i in moved and i in hit.moved) for i in range(len(args))]
+        moved_ever = hit.moved | set(moved)
+        lend = [j not in held and (c is not None or a) for j, (c, a) in enumerate(zip(hit.lend, hit.alias))]
     # this call's result; it also compiles the kernels. It runs with synchronizing operations made
     # errors: a forward that waits for the GPU (.item(), a data-dependent shape) is not captured --
     # its capture would fail, and a failed capture leaves torch's CUDA generator unusable
@@ -225,19 +249,24 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
     if len(graphs) >= PER_MODULE:
         graphs.clear()
     graphs[key] = _capture(forward, args, state, reads, commit, out, owned, lend, waits)
+    graphs[key].moved = moved_ever
     return out
 
 
 def _capture(forward, args, state, reads, commit, out, owned, lend, waits):
     """The Capture of `forward` on `args` after a run that returned `out` (see `graphed`): an
-    empty one when the forward waited for the GPU, returned other than tensors, or failed to be
-    captured."""
+    empty one when the forward waited for the GPU, returned other than tensors, needs a buffer of
+    ours for an input no buffer can hold, or failed to be captured. `owned`: per argument, whether
+    the graph reads it from a buffer of ours (None: none does); `lend`: per output, whether it may
+    be lent (None: every one)."""
     single = isinstance(out, torch.Tensor)
     if waits or not (single or (type(out) is tuple and all(isinstance(o, torch.Tensor) for o in out))):
         return Capture(waits=waits)
     dev = next(a.device for a in args if isinstance(a, torch.Tensor))
-    static = [a.clone(memory_format=torch.preserve_format) if owned and isinstance(a, torch.Tensor) else a
-              for a in args]
+    owned = owned or [False] * len(args)
+    static = [_strided_copy(a) if own and isinstance(a, torch.Tensor) else a for a, own in zip(args, owned)]
+    if any(s is None and a is not None for s, a in zip(static, args)):
+        return Capture()
     graph, stream = torch.cuda.CUDAGraph(), torch.cuda.current_stream(dev)
     try:
         with torch.cuda.device(dev):
@@ -250,16 +279,23 @@ def _capture(forward, args, state, reads, commit, out, owned, lend, waits):
                 with torch.cuda.graph(writes, pool=graph.pool()):
                     commit(*new)
         captured = [captured] if single else list(captured)
-        # outputs only the graph holds (not a parameter, an input or another output) can be lent
+        # an output is lent where only the graph's outputs hold its storage (not a parameter or a
+        # buffer of ours); a view of an input read in place is that input's (the forward's own
+        # result would be the same view)
         fresh = torch.empty(1, device=dev)
         sole = _use_count(fresh.untyped_storage()._cdata)
-        ptrs = [o.untyped_storage().data_ptr() for o in captured]
+        in_place = {a.untyped_storage().data_ptr() for a, own in zip(args, owned) if isinstance(a, torch.Tensor) and not own}
+        where = [o.untyped_storage().data_ptr() for o in captured]
+        alias = [w in in_place for w in where]
         counts = [_use_count(o.untyped_storage()._cdata) for o in captured]
-        lent = lend and len(set(ptrs)) == len(ptrs) and counts == [sole] * len(captured)
+        lent = [counts[j] if not alias[j] and (lend is None or lend[j]) and counts[j] == sole * where.count(where[j])
+                else None for j in range(len(captured))]
         # (capturing runs the forward's Python but none of its kernels: its in-place updates moved
         # the buffers' versions, so the state to match is the one after the capture)
-        return Capture(graph, static if owned else None, _ptrs(static), captured, counts if lent else None,
-                       single, (switches(), state()), reads() if reads is not None else None, writes, new)
+        inputs = [s if own else None for s, own in zip(static, owned)] if any(owned) else None
+        ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) and not own else None for a, own in zip(args, owned)]
+        return Capture(graph, inputs, ptrs, captured, lent, single, (switches(), state()),
+                       reads() if reads is not None else None, writes, new, alias=alias)
     except Exception:  # noqa: BLE001 - not capturable: run it as it is
         # a capture that ends in an error leaves torch on its capture stream: back to the caller's
         torch.cuda.set_stream(stream)

@@ -70,7 +70,8 @@ def replay_paths(graphs: dict) -> list[dict]:
     inputs in (they passed other memory than the capture's) and their outputs out (the caller
     kept a previous result)."""
     return [{"captured": g.graph is not None, "copies_in": g.graph is not None and g.inputs is not None,
-             "copies_out": g.graph is not None and g.lend is None} for g in graphs.values()]
+             "copies_out": g.graph is not None and any(c is None and not a for c, a in zip(g.lend, g.alias))}
+            for g in graphs.values()]
 
 
 def final_checks(problem, module, build, policy, device, timed, log, cuda_graphs=False, compile_mode="default",
