@@ -127,8 +127,6 @@ switches = _switch_readers()
 _use_count = torch._C._storage_Use_Count
 
 
-
-
 class sync_errors:
     """Synchronizing CUDA operations raise inside the block (torch's sync debug mode "error")."""
 
@@ -179,11 +177,12 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
     they were, no parameter or buffer replaced or changed in place) and the graph can read its
     inputs: each is at the address it was captured on (no copy), or, once calls passed that input
     elsewhere twice, in a buffer of ours it is copied into (inputs at stable addresses, such as a
-    training step's saved tensors, are read in place beside one that moves). Each output is the graph's own
-    tensor while nothing outside holds the one the previous call returned (a caller that keeps that
-    result gets copies of it from then on; the outputs it lets go stay lent); an output that is a
-    view of an input read in place is returned as that view. Anything else -- the state moved, a
-    kept result would be overwritten, an input moved -- runs the forward as it is and captures again.
+    training step's saved tensors, are read in place beside one that moves). Each output is the
+    graph's own tensor while nothing outside holds the one the previous call returned (a caller
+    that keeps that result gets copies of it from then on; the outputs it lets go stay lent); an
+    output that is a view of an input read in place is returned as that view. Anything else -- the
+    state moved, a kept result would be overwritten, an input moved -- runs the forward as it is
+    and captures again.
 
     Given `reads`, the replay is issued before the state is checked (the check's host time then
     overlaps the GPU's work instead of delaying it): the graph writes only its own tensors, so when
