@@ -299,6 +299,7 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
         return Specialisations(gm, lambda inputs: _specialised(gm, inputs, state, options))
     lifted = Lifted(gm, example_inputs, state, sizes).eval()
     data = [x for i, x in enumerate(example_inputs) if i not in lifted.lifted]
+    lifted._kw_patience = replay_patience(gm, lifted.lifted)
     out = _cache_dir(gm, example_inputs, options)
     try:
         fast = _load(out, lifted)
@@ -317,6 +318,22 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
         return lifted.with_nones(fast(*[x for i, x in enumerate(inputs) if i not in lifted_at]))
 
     return run
+
+
+SAVED_PATIENCE = 8  # moves of a backward graph's saved tensor its CUDA-graph replay follows by capturing again
+
+
+def replay_patience(gm: torch.fx.GraphModule, lifted: set[int]) -> tuple[int, ...] | None:
+    """Per data input of an AOTAutograd backward graph (placeholders `tangents_*` are the
+    gradients, the others what the forward saved), how often a CUDA-graph replay captures again
+    where the input moved before it copies the input into a buffer of its own (emit/graphs.py,
+    `_kw_patience`): a saved tensor moves only while the forward's own replay settles (its
+    outputs are the forward graph's static buffers from then on), so it is followed, never copied
+    on every step; a gradient is copied from its second move, as any input. None for other graphs."""
+    names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+    if not any(name.startswith("tangents") for name in names):
+        return None
+    return tuple(1 if name.startswith("tangents") else SAVED_PATIENCE for i, name in enumerate(names) if i not in lifted)
 
 
 def _real(x):

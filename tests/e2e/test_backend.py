@@ -287,13 +287,16 @@ def test_the_transformer_blocks_training_forward_ships_its_generated_forward(tmp
 def test_every_graph_keeps_the_cuda_graphs_option_training_graphs_too(net, monkeypatch):
     """The backend's cuda_graphs option reaches the inference graph and both of AOTAutograd's
     training graphs (each then replays as CUDA graphs where measured faster: emit/graphs.py lends
-    the saved tensors and gradients autograd lets go of)."""
+    the saved tensors and gradients autograd lets go of). The backward graph's replay follows its
+    saved tensors where they move (SAVED_PATIENCE) and copies its gradient input from its second
+    move; the other graphs keep the default."""
     import kernelwright
 
-    seen = []
+    seen, patience = [], []
 
     def record(model, data, out, **options):
         seen.append(options.get("cuda_graphs"))
+        patience.append(model._kw_patience)
         raise RuntimeError("recorded")  # (the graph then runs as captured)
 
     monkeypatch.setattr(kernelwright, "optimize", record)
@@ -309,6 +312,9 @@ def test_every_graph_keeps_the_cuda_graphs_option_training_graphs_too(net, monke
             net.train()
             torch.compile(net, backend=kwb.backend(cuda_graphs=flag), dynamic=False)(x).sum().backward()
     assert seen == [True] * 3 + [False] * 3
+    backward = patience[2]
+    assert patience[:2] == [None, None] and backward[-1] == 1 and set(backward[:-1]) == {kwb.SAVED_PATIENCE}
+    assert patience[3:] == patience[:3]
 
 
 class _Swishy(torch.nn.Module):

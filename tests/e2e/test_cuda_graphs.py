@@ -360,6 +360,33 @@ def test_inputs_are_copied_in_and_outputs_copied_out_one_by_one(monkeypatch):
 
 
 @pytest.mark.interpreter
+def test_a_modules_patience_says_how_often_a_moved_input_is_followed_before_it_is_copied(monkeypatch):
+    """With `_kw_patience` (3, 1), an input that moves on every call is captured again where it is
+    three times before it is copied in; the other is copied in from its second move."""
+    mod = kwgraphs
+    fake = _FakeGraphs(monkeypatch, mod)
+    holder = torch.nn.Module()
+    holder._kw_patience = (3, 1)
+    calls = []
+
+    def forward(a, b):
+        calls.append(1)
+        out = torch.empty_like(a)
+        work = lambda: torch.add(a, b, out=out)  # noqa: E731
+        fake.open.work.append(work) if fake.open is not None else work()
+        return out
+
+    owned = []
+    for n in range(6):
+        a, b = torch.full((2,), float(n)), torch.full((2,), 10.0 * n)
+        assert mod.graphed(holder, "t", forward, (a, b), lambda: ()).tolist() == [11.0 * n] * 2
+        e = next(iter(mod.graphs_of(holder).values()))
+        owned.append(tuple(x is not None for x in e.inputs) if e.inputs is not None else (False, False))
+    assert owned == [(False, False), (False, False), (False, True), (False, True), (True, True), (True, True)]
+    assert fake.captures == 5 and fake.replays == 1  # the last call replayed, copying both in
+
+
+@pytest.mark.interpreter
 def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(monkeypatch):
     """Given what the graph reads and no buffer update, the replay is issued first and the state
     checked while the GPU runs it: a moved state costs one dropped replay and a run of the forward;
@@ -613,8 +640,9 @@ def test_work_buffers_are_new_inside_a_capture():
 def test_training_steps_through_the_backend_replay_and_match_eager_at_every_step(tmp_path, monkeypatch):
     """torch.compile(backend="kernelwright") training a conv net with the replay chosen for every
     graph: each step's loss, gradients and running statistics equal eager's from the same weights,
-    while the caller keeps each step's output past the next forward (that output is then copied
-    out) and the forward's saved tensors and the gradients stay lent."""
+    on a new input each step, while the caller keeps each step's output past the next forward
+    (that output is then copied out); once the captures settle, both graphs replay every step
+    (the backward reads the forward's saved tensors where the forward's replay leaves them)."""
     from kernelwright import backend as kwb
     from kernelwright.measure import final
 
@@ -643,8 +671,17 @@ def test_training_steps_through_the_backend_replay_and_match_eager_at_every_step
     model = copy.deepcopy(eager)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=kwb.backend(budget_trials=1), dynamic=False)
-    kept = []
-    for step in range(5):
+    kept, replays = [], [0]
+    replay = torch.cuda.CUDAGraph.replay
+
+    def counted(graph):
+        replays[0] += 1
+        return replay(graph)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", counted)
+    steps = 8
+    for step in range(steps):
+        if step == steps - 2:
+            replays[0] = 0
         x = torch.randn(4, 3, 8, 8, device="cuda")
         for m in (eager, model):
             m.zero_grad(set_to_none=True)
@@ -663,8 +700,5 @@ def test_training_steps_through_the_backend_replay_and_match_eager_at_every_step
                 b.copy_(a)  # the same weights for the next step
     for out, snapshot in kept:  # no replay wrote over an output the caller kept
         torch.testing.assert_close(out, snapshot, rtol=0, atol=0)
-    captures = [c for per_module in list(kwgraphs._GRAPHS.values()) for c in per_module.values() if c.graph is not None]
-    assert len(captures) >= 2  # the forward and the backward graph replay
-    lent = sum(c is not None for cap in captures for c in cap.lend)
-    assert lent >= 3, [cap.lend for cap in captures]  # saved tensors and gradients lent, not copied
+    assert replays[0] >= 2 * 2, replays  # the last two steps replayed the forward and the backward
     torch._dynamo.reset()

@@ -51,9 +51,9 @@ class Capture:
         self.replay = graph.replay if graph is not None else None
         self.storages = [o.untyped_storage()._cdata if c is not None else None for o, c in zip(outputs, lend)]
         self.checked = [(j, s, c) for j, (s, c) in enumerate(zip(self.storages, lend)) if c is not None]
-        self.moves = [(i, p) for i, p in enumerate(ptrs) if p is not None]
+        self.placed = [(i, p) for i, p in enumerate(ptrs) if p is not None]  # inputs read in place
         self.copied = [(b, i) for i, b in enumerate(inputs) if b is not None] if inputs is not None else []
-        self.moved = set()  # inputs found elsewhere than where an earlier capture read them
+        self.moved = {}  # input -> how often calls passed it elsewhere than an earlier capture read it
 
 
 PER_MODULE = 8  # signatures kept per module; all captures are dropped past this
@@ -176,8 +176,9 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
     later call replays it when the state has not moved (the global switches `switches` are as
     they were, no parameter or buffer replaced or changed in place) and the graph can read its
     inputs: each is at the address it was captured on (no copy), or, once calls passed that input
-    elsewhere twice, in a buffer of ours it is copied into (inputs at stable addresses, such as a
-    training step's saved tensors, are read in place beside one that moves). Each output is the
+    elsewhere more often than its patience allows (the module's `_kw_patience`, one count per
+    input; by default once), in a buffer of ours it is copied into (inputs at stable addresses, such
+    as a training step's saved tensors, are read in place beside one that moves). Each output is the
     graph's own tensor while nothing outside holds the one the previous call returned (a caller
     that keeps that result gets copies of it from then on; the outputs it lets go stay lent); an
     output that is a view of an input read in place is returned as that view. Anything else -- the
@@ -204,7 +205,7 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
         graphs = _GRAPHS[module] = {}
     hit = graphs.get(key)
     owned = lend = None  # (a first capture reads every input in place and lends what it can)
-    moved_ever = set()
+    moves = {}
     if hit is None:
         if not capturable(args):
             return _run(forward, args, commit)  # checked on a miss only: a hit was captured on such args
@@ -213,7 +214,7 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
     elif hit.replay is None:
         pass  # it waited for the GPU once (filling a per-version cache, say): one more try
     else:
-        moved = [i for i, p in hit.moves if args[i].data_ptr() != p]
+        moved = [i for i, p in hit.placed if args[i].data_ptr() != p]
         held = [j for j, s, c in hit.checked if _use_count(s) != c]
         if not moved and not held:
             early = reads is not None
@@ -226,11 +227,15 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
                         hit.writes()  # the buffer updates (a replay moves no version: the state holds)
                     return _result(hit)
         # what this caller needs from now on: its kept outputs copied out, its inputs read where
-        # they are now, but one that moved before too copied in (a first capture may have been made
-        # on example tensors: every input moves once)
+        # they are now, but one that moved more often than its patience copied in (a first capture
+        # may have been made on example tensors: every input moves once)
         copied = hit.inputs or [None] * len(args)
-        owned = [copied[i] is not None or (i in moved and i in hit.moved) for i in range(len(args))]
-        moved_ever = hit.moved | set(moved)
+        moves = dict(hit.moved)
+        for i in moved:
+            moves[i] = moves.get(i, 0) + 1
+        patience = getattr(module, "_kw_patience", None) or ()
+        owned = [copied[i] is not None or moves.get(i, 0) > (patience[i] if i < len(patience) else 1)
+                 for i in range(len(args))]
         lend = [j not in held and (c is not None or a) for j, (c, a) in enumerate(zip(hit.lend, hit.alias))]
     # this call's result; it also compiles the kernels. It runs with synchronizing operations made
     # errors: a forward that waits for the GPU (.item(), a data-dependent shape) is not captured --
@@ -248,7 +253,7 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
     if len(graphs) >= PER_MODULE:
         graphs.clear()
     graphs[key] = _capture(forward, args, state, reads, commit, out, owned, lend, waits)
-    graphs[key].moved = moved_ever
+    graphs[key].moved = moves
     return out
 
 
