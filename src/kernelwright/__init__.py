@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 
-def optimize(model, example_inputs, out_dir, **options):
+def optimize(model, example_inputs, out_dir, near=None, **options):
     """Optimise a live module; returns it running kernelwright's forward (parameters shared).
 
     Writes model_new.py (with `attach(model)`), the kernels, result.json and report.md into
@@ -11,7 +11,9 @@ def optimize(model, example_inputs, out_dir, **options):
     precision, device, backend, db_path, mode). Without a GPU the kernels run in the Triton
     interpreter. The forward is generated for the module's current training mode (`mode`: "train",
     "eval" or "both" to choose); in a mode without one, for calls unlike the examples (other shapes
-    or dtypes, gradients needed) and after unpickling, the module runs its own forward.
+    or dtypes, gradients needed) and after unpickling, the module runs its own forward. `near`:
+    verification and timing draw their inputs near the examples' values (problem.from_module)
+    instead of from a standard normal.
     """
     import os
 
@@ -26,7 +28,7 @@ def optimize(model, example_inputs, out_dir, **options):
         os.environ["TRITON_INTERPRET"] = "1"  # must be set before any kernel module is imported
     options.setdefault("log", lambda s: None)
     options.setdefault("mode", "train" if model.training else "eval")
-    problem = from_module(model, list(example_inputs), type(model).__name__)
+    problem = from_module(model, list(example_inputs), type(model).__name__, near=near)
     result = optimize_problem(problem, out_dir, Options(**options))
     if not (result.get("verify") or {}).get("passed"):
         raise RuntimeError(f"the optimised module failed verification: {(result.get('verify') or {}).get('reason')}")

@@ -215,31 +215,28 @@ class Specialisations:
         return run(*inputs)
 
 
-def signature(inputs) -> tuple:
-    """Each tensor input's shape, strides, dtype and device (other inputs: their type)."""
-    return tuple((tuple(x.shape), x.stride(), x.dtype, x.device.type) if isinstance(x, torch.Tensor) else type(x).__name__
-                 for x in inputs)
+NEAR = 0.05  # a backward graph's verification inputs: its first call's values plus this much noise (per std)
 
 
-class FirstCall:
-    """A graph optimised for example inputs that AOTAutograd derived from fake tensors: the first
-    real call's signature is checked against theirs, once. Where they differ (a fake kernel that
-    reports another dtype than the real one returns: the CPU batch norm's statistics of a bf16
-    input, bf16 when faked and float32 when run), the graph is optimised again on copies of that
-    call's tensors, instead of every call running it as captured."""
+class AtFirstCall:
+    """A graph optimised at its first call, on copies of that call's tensors: an AOTAutograd
+    backward graph, whose inputs hold together (the forward's saved tensors: a softmax's
+    log-sum-exp beside the scores it came from), so its verification and timing draw inputs near
+    those values (`near`, problem.from_module) instead of independent random ones, which make
+    such a graph's values meaningless (an exponent that overflows). The copies also carry the
+    real call's signature (AOTAutograd's fake tensors can report another dtype than the real
+    kernel returns: the CPU batch norm's statistics of a bf16 input)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, run: Callable, examples, options: dict):
-        self.gm, self.run, self.options = gm, run, options
-        self.expected: tuple | None = signature(examples)
+    def __init__(self, gm: torch.fx.GraphModule, options: dict, near: float | None = NEAR):
+        self.gm, self.options, self.near = gm, options, near
+        self.run: Callable | None = None
 
     def __call__(self, *inputs):
-        if self.expected is not None:
-            if signature(inputs) != self.expected:
-                from torch.utils._python_dispatch import _disable_current_modes
+        if self.run is None:
+            from torch.utils._python_dispatch import _disable_current_modes
 
-                with _disable_current_modes():  # (as Specialisations: outside AOTAutograd's modes)
-                    self.run = _optimised(self.gm, [same_strides_copy(x) for x in inputs], [], self.options)
-            self.expected = None
+            with _disable_current_modes():  # (optimised outside AOTAutograd's modes, as Specialisations)
+                self.run = _optimised(self.gm, [same_strides_copy(x) for x in inputs], [], self.options, near=self.near)
         return self.run(*inputs)
 
 
@@ -253,7 +250,8 @@ def same_strides_copy(x):
     return empty_like_strides(x).copy_(x.detach()) if isinstance(x, torch.Tensor) else x
 
 
-def _specialised(gm: torch.fx.GraphModule, inputs, state: list[int], options: dict, copy: bool = False) -> Callable:
+def _specialised(gm: torch.fx.GraphModule, inputs, state: list[int], options: dict, copy: bool = False,
+                 near: float | None = None) -> Callable:
     """`_optimised` for one call's concrete sizes of a graph with symbolic sizes: its size inputs
     and the sizes it returns are fixed. `copy`: the examples are copies of the call's tensors (an
     AOTAutograd graph), else the call's inputs themselves (a Dynamo graph, whose parameters are
@@ -268,7 +266,7 @@ def _specialised(gm: torch.fx.GraphModule, inputs, state: list[int], options: di
             outs = gm(*copies)
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         sizes.update({("out", i): int(o) for i, o in enumerate(outs) if _is_size(o)})
-    return _optimised(gm, copies if copy else list(inputs), state, options, sizes)
+    return _optimised(gm, copies if copy else list(inputs), state, options, sizes, near)
 
 
 def _is_value(x) -> bool:
@@ -287,25 +285,26 @@ def _returns_sizes(gm: torch.fx.GraphModule) -> bool:
 
 
 def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], options: dict,
-               sizes: dict | None = None) -> Callable:
+               sizes: dict | None = None, near: float | None = None) -> Callable:
     """gm's inputs -> gm's outputs through the optimised module (cached), or gm itself with a
-    warning when optimisation fails. A graph with symbolic sizes: Specialisations of it."""
+    warning when optimisation fails. A graph with symbolic sizes: Specialisations of it. `near`:
+    verification inputs are drawn near the examples' values (kernelwright.optimize)."""
     from kernelwright import optimize
 
     data = [x for i, x in enumerate(example_inputs) if i not in state]
     if not any(isinstance(x, torch.Tensor) for x in data):
         return _as_captured(gm, "a graph without tensor inputs")
     if sizes is None and symbolic(example_inputs):
-        return Specialisations(gm, lambda inputs: _specialised(gm, inputs, state, options))
+        return Specialisations(gm, lambda inputs: _specialised(gm, inputs, state, options, near=near))
     lifted = Lifted(gm, example_inputs, state, sizes).eval()
     data = [x for i, x in enumerate(example_inputs) if i not in lifted.lifted]
     lifted._kw_patience = replay_patience(gm, lifted.lifted)
-    out = _cache_dir(gm, example_inputs, options)
+    out = _cache_dir(gm, example_inputs, options if near is None else dict(options, near=near))
     try:
         fast = _load(out, lifted)
         if fast is None:
             with torch.no_grad():
-                fast = optimize(lifted, data, str(out), mode="eval", **options)
+                fast = optimize(lifted, data, str(out), mode="eval", near=near, **options)
         why = kept_original(out)  # (optimised now or loaded from the cache)
         if why:  # a correct result, said once: the graph runs as captured, as the user should know
             warnings.warn(f"kernelwright: a graph keeps its captured form ({why})", stacklevel=2)
@@ -395,12 +394,14 @@ def backend(partition: str = "recompute", **options) -> Callable:
     def joint_part(gm: torch.fx.GraphModule, example_inputs, forward: bool = False):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+        near = None if forward else NEAR  # (a backward graph: verified near its real inputs' values)
         if symbolic(example_inputs):  # (specialised at run time, on copies of the call's tensors)
-            return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], options, copy=True)))
+            return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], options, copy=True,
+                                                                                   near=near)))
+        if not forward:  # (optimised at its first call; the forward reports its outputs' strides now)
+            return make_boxed_func(AtFirstCall(gm, options))
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
             real = [_real(x) for x in example_inputs]
-            if not forward:  # (the forward reports its outputs' strides now; the backward may wait)
-                return make_boxed_func(FirstCall(gm, _optimised(gm, real, [], options), real, options))
             run = _optimised(gm, real, [], dict(options, free_layouts=saved_positions(gm)))
             report_output_strides(run, real)
             return make_boxed_func(run)

@@ -289,14 +289,16 @@ def test_every_graph_keeps_the_cuda_graphs_option_training_graphs_too(net, monke
     training graphs (each then replays as CUDA graphs where measured faster: emit/graphs.py lends
     the saved tensors and gradients autograd lets go of). The backward graph's replay follows its
     saved tensors where they move (SAVED_PATIENCE) and copies its gradient input from its second
-    move; the other graphs keep the default."""
+    move; the other graphs keep the default. The backward graph is verified near its first call's
+    values (kwb.NEAR: its saved tensors hold together)."""
     import kernelwright
 
-    seen, patience = [], []
+    seen, patience, near = [], [], []
 
     def record(model, data, out, **options):
         seen.append(options.get("cuda_graphs"))
         patience.append(model._kw_patience)
+        near.append(options.get("near"))
         raise RuntimeError("recorded")  # (the graph then runs as captured)
 
     monkeypatch.setattr(kernelwright, "optimize", record)
@@ -315,6 +317,8 @@ def test_every_graph_keeps_the_cuda_graphs_option_training_graphs_too(net, monke
     backward = patience[2]
     assert patience[:2] == [None, None] and backward[-1] == 1 and set(backward[:-1]) == {kwb.SAVED_PATIENCE}
     assert patience[3:] == patience[:3]
+    # the backward graph is optimised at its first call, verified on inputs near that call's values
+    assert near == [None, None, kwb.NEAR] * 2
 
 
 class _Swishy(torch.nn.Module):
@@ -335,7 +339,7 @@ def test_the_recompute_partition_saves_fewer_activations_and_both_give_eagers_gr
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     saved = {}
 
-    def record(gm, example_inputs, state, options, sizes=None):
+    def record(gm, example_inputs, state, options, sizes=None, near=None):
         (out,) = [n for n in gm.graph.nodes if n.op == "output"]
         if "forward" not in saved:  # (the forward graph comes first, then the backward)
             saved["forward"] = sum(1 for a in out.args[0] if isinstance(a, torch.fx.Node) and a.op != "placeholder"

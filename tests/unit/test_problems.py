@@ -271,3 +271,21 @@ def test_fresh_inputs_keep_the_strides_of_a_view_with_gaps():
     assert non_overlapping(q.shape, q.stride()) and not non_overlapping(expanded.shape, expanded.stride())
     fresh_q, fresh_e = from_module(torch.nn.Identity(), [q, expanded]).make_inputs(0)
     assert fresh_q.stride() == q.stride() and fresh_e.is_contiguous() and fresh_e.shape == expanded.shape
+
+
+def test_fresh_inputs_near_the_examples_keep_their_values_within_the_noise():
+    """With `near`, each fresh floating tensor is its example plus noise of `near` standard
+    deviations of that example (a log-sum-exp near 40 stays near 40, its rows still consistent),
+    different per draw; integer tensors are the examples' values."""
+    from kernelwright.problem import from_module
+
+    lse = torch.full((64, 128), 40.0) + torch.randn(64, 128)
+    seeds = torch.tensor([7, 11])
+    problem = from_module(torch.nn.Identity(), [lse, seeds], near=0.05)
+    (a, ia), (b, ib) = problem.make_inputs(0), problem.make_inputs(1)
+    for fresh in (a, b):
+        noise = fresh - lse
+        assert 0.02 < float(noise.std()) < 0.08 and float(noise.abs().max()) < 0.5
+    assert not torch.equal(a, b) and torch.equal(ia, seeds) and torch.equal(ib, seeds)
+    far = from_module(torch.nn.Identity(), [lse, seeds]).make_inputs(0)[0]
+    assert float(far.mean()).__abs__() < 0.5  # without `near`: a standard normal draw

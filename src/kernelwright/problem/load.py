@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import sys
 import types
 from dataclasses import dataclass, field
@@ -279,21 +280,34 @@ def load_problem(path: str | Path, small: bool = False) -> Problem:
     )
 
 
-def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str = "module") -> Problem:
+def from_module(model: torch.nn.Module, example_inputs: list | tuple, name: str = "module",
+                near: float | None = None) -> Problem:
     """Python API: a problem from a live module and example inputs.
 
     Fresh input sets keep the examples' shapes, dtypes and memory layouts (strides, where dense):
     floating tensors are redrawn from a standard normal, integer tensors uniformly from their
-    observed range. The problem's models are in the module's current training mode.
+    observed range. With `near`, floating tensors are the examples' values plus normal noise of
+    `near` times each example's standard deviation and other tensors the examples' values: for a
+    graph whose inputs hold together (a backward graph's saved tensors: a softmax's log-sum-exp
+    beside the scores it came from, a norm's reciprocal deviation), where independent draws make
+    its values meaningless (an exponent that overflows). The problem's models are in the module's
+    current training mode.
     """
     if not isinstance(model, torch.nn.Module):
         raise UserError("from_module: model must be a torch.nn.Module")
     examples = list(example_inputs)
+    spread = [float(x.detach().double().std()) if near is not None and isinstance(x, torch.Tensor)
+              and x.is_floating_point() and x.numel() > 1 else 1.0 for x in examples]
 
     def get_inputs():
         fresh = []
-        for x in examples:
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
+        for x, sd in zip(examples, spread):
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and near is not None:
+                noise = _like(x).normal_(0.0, near * (sd if math.isfinite(sd) and sd > 0 else 1.0))
+                fresh.append(noise.add_(x.to(noise.device)))
+            elif isinstance(x, torch.Tensor) and near is not None:
+                fresh.append(_like(x).copy_(x))
+            elif isinstance(x, torch.Tensor) and x.is_floating_point():
                 fresh.append(_like(x).normal_())
             elif isinstance(x, torch.Tensor) and x.dtype != torch.bool and x.numel():
                 lo, hi = int(x.min()), int(x.max())
