@@ -298,6 +298,41 @@ def test_float32_reference_when_float64_unsupported():
     assert r.passed, r.reason
 
 
+def test_a_float64_reference_not_finite_where_the_model_is_gives_way_to_float32():
+    """A model whose float64 path overflows where its float32 one does not (as a library op's
+    float64 fallback can): the float32 reference is used, and an honest candidate passes."""
+    class Overflows64(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            if x.dtype == torch.float64:  # its float64 path overflows on one row
+                y[0] = math.inf
+            return y
+
+    problem = from_module(Overflows64(), [torch.randn(4, 8)])
+    r = verify(problem, lambda ref: (lambda x: x * 2), FP32, DEVICE)
+    assert r.reference_dtype == "float32" and "not finite where the model is" in r.reference_fallback
+    assert r.passed, r.reason
+
+
+def test_an_output_eager_itself_does_not_reproduce_is_not_held_to_change():
+    """An output that is no function of the inputs (eager misses the reference by far more than
+    any tolerance, as with uninitialised memory): a candidate returning a fixed value there passes
+    the constant-output check; the other outputs are still held to it."""
+    import random
+
+    class Garbage(nn.Module):
+        def forward(self, x):
+            return x * 2, torch.full((2,), random.random() * 1e12, dtype=x.dtype)
+
+    random.seed(0)
+    problem = from_module(Garbage(), [torch.randn(4, 8)])
+    fixed = torch.full((2,), 5e11)
+    r = verify(problem, lambda ref: (lambda x: (x * 2, fixed.clone())), FP32, DEVICE)
+    assert r.passed, r.reason
+    r = verify(problem, lambda ref: (lambda x: (torch.ones_like(x), fixed.clone())), FP32, DEVICE)
+    assert not r.passed and r.failed_check in ("constant_outputs", "excess")
+
+
 def test_float64_reference_is_used():
     """Against a float32 reference running the same ops eager's error would be <= 0; against the
     float64 reference BigSum's float32 rounding shows up."""

@@ -53,6 +53,9 @@ def _kind(dtype: torch.dtype) -> str:
     return "int"
 
 
+REFERENCE_NOT_FINITE = "where the reference is not finite differ"  # (a NaN/Inf mismatch's reason says it)
+
+
 def excess_reason(
     out: torch.Tensor, ref: torch.Tensor, tol: float, dtype: torch.dtype | None = None
 ) -> tuple[float, str | None]:
@@ -94,7 +97,7 @@ def excess_reason(
             o, r = o[r_fin], r[r_fin]
             value = max(value, float(((o - r).abs() - tol * r.abs()).max()))
     if ref_mismatch:
-        return math.inf, f"NaN/Inf mismatch: {ref_mismatch} element(s) where the reference is not finite differ"
+        return math.inf, f"NaN/Inf mismatch: {ref_mismatch} element(s) {REFERENCE_NOT_FINITE}"
     if out_mismatch:
         return math.inf, f"NaN/Inf mismatch: {out_mismatch} non-finite element(s) where the reference is finite"
     return (value if any_finite else -math.inf), None
