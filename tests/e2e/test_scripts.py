@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py", "results_csv.py"]
-GPU_TOOLS = ["conv_check.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py"]
+GPU_TOOLS = ["conv_check.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py", "train_bench.py"]
 SHELL_TOOLS = ["cpu_sweep.sh", "device_session.sh", "gpu_bench.sh", "kernelbench.sh"]
 
 
@@ -235,3 +235,9 @@ def test_cpu_sweep_verdicts(tmp_path, fake_python, text, rc, verdict):
     assert r.stdout.startswith(f"fp32 lstm_small {verdict}")
     assert r.returncode == (0 if verdict in ("PASS", "KEPT", "SKIP") else 1)
     assert "optimize tests/fixtures/sweep/lstm_small.py" in (tmp_path / "sweep" / "fp32_lstm_small.log").read_text()
+
+
+def test_train_bench_refuses_an_unknown_implementation_in_one_line(tmp_path):
+    r = py("train_bench.py", "bf16", "4", "1", tmp_path / "out.json", "eager,fastest", "problems/level3/mlp.py")
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "unknown implementation(s) fastest" in r.stderr
+    assert not (tmp_path / "out.json").exists()
