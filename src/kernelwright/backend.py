@@ -13,7 +13,9 @@ A graph that needs gradients goes through AOTAutograd: its forward graph (return
 backward saves) and its backward graph are plain ATen graphs, each optimised and verified like an
 inference graph. The saved tensors keep the layout the forward's rewrites choose (a convolution's
 channels-last result is not copied back to NCHW): the backend reports the strides the optimised
-forward returns them with, and AOTAutograd compiles the backward for those strides. A graph with
+forward returns them with, and AOTAutograd compiles the backward for those strides. The backward
+graph is optimised at its first call and verified on inputs near that call's values (its saved
+tensors hold together); both graphs replay as CUDA graphs where measured faster. A graph with
 symbolic sizes (``dynamic=True``, or Dynamo's default after a second shape) runs as a bounded set
 of specialisations (`Specialisations`): the generated kernels are
 specialised, so each call's concrete sizes pick a graph optimised for them on first use (and cached
