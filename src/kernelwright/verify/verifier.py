@@ -2,7 +2,8 @@
 
 Per input set k (seed `seed0 + k`, at least max(n_sets, 2) sets):
   1. high-precision reference: a float64 deepcopy of the model on float64 inputs (float32 with
-     TF32 off where float64 fails; `VerifyResult.reference_dtype` says which); a model with a
+     TF32 off where float64 fails, or is not finite on the first set where eager is;
+     `VerifyResult.reference_dtype` says which); a model with a
      `float64_copy()` method (a graph whose casts to bf16 would round the reference) makes its own;
   2. eager: the float32 model under the policy (in bf16 autocast under bf16); its excess over
      the reference sets the floor;
@@ -11,8 +12,10 @@ Per input set k (seed `seed0 + k`, at least max(n_sets, 2) sets):
      after NaN-poisoning the allocator with blocks the size of the outputs; the reference's
      forward raises while the candidate runs; anti-cheat checks after every run.
 Output i passes when its largest candidate excess is at most max(tol, 4 * eager excess_i),
-eager excess_i being the largest over the sets. Any exception the candidate raises, or a failed
-check, is a failed result, never an exception out of `verify`.
+eager excess_i being the largest over the sets; an output must change between the first two
+sets where eager's does, unless eager itself misses the reference there by more than
+UNREPRODUCIBLE (memory no kernel writes). Any exception the candidate raises, or a failed check,
+is a failed result, never an exception out of `verify`.
 """
 from __future__ import annotations
 
