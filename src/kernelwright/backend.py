@@ -401,7 +401,7 @@ def backend(partition: str = "recompute", **options) -> Callable:
             return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], options, copy=True,
                                                                                    near=near)))
         if not forward:  # (optimised at its first call; the forward reports its outputs' strides now)
-            return make_boxed_func(AtFirstCall(gm, options))
+            return make_boxed_func(AtFirstCall(gm, options, near))
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
             real = [_real(x) for x in example_inputs]
             run = _optimised(gm, real, [], dict(options, free_layouts=saved_positions(gm)))

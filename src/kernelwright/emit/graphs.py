@@ -31,8 +31,8 @@ class Capture:
     read in place (a call passing a tensor at that address replays with no copy), else None;
     outputs: the tensors each replay writes; lend: per output, its storage's use count while
     nothing outside holds it when calls return the output itself (replaying is safe while every
-    lent output's storage is back to its count; `storages` are the addresses of those storages),
-    else None; alias: per output, whether it is a view of a tensor read in place (returned as it
+    lent output's storage is back to its count; `checked` holds (output, storage address, count)
+    of each lent one), else None; alias: per output, whether it is a view of a tensor read in place (returned as it
     is, as the forward itself returns it); an output neither lent nor an alias is copied out on
     every call. single: the forward returns one bare tensor; state: the global switches and the
     parameters' and buffers' identity (address, version, dtype) the capture is valid for; reads:
@@ -49,8 +49,7 @@ class Capture:
         self.lend, self.alias, self.single, self.state, self.reads = lend, alias, single, state, reads
         self.writes, self.new = (writes.replay if writes is not None else None), new
         self.replay = graph.replay if graph is not None else None
-        self.storages = [o.untyped_storage()._cdata if c is not None else None for o, c in zip(outputs, lend)]
-        self.checked = [(j, s, c) for j, (s, c) in enumerate(zip(self.storages, lend)) if c is not None]
+        self.checked = [(j, o.untyped_storage()._cdata, c) for j, (o, c) in enumerate(zip(outputs, lend)) if c is not None]
         self.placed = [(i, p) for i, p in enumerate(ptrs) if p is not None]  # inputs read in place
         self.copied = [(b, i) for i, b in enumerate(inputs) if b is not None] if inputs is not None else []
         self.moved = {}  # input -> how often calls passed it elsewhere than an earlier capture read it
@@ -95,7 +94,9 @@ def capturable(args):
 def _strided_copy(t):
     """A copy of tensor t with t's own strides (a view with gaps, say a slice of a fused
     projection, stays one: what reads it was made for those strides); None where t's elements
-    share memory (an expanded tensor), which no buffer of ours can hold as it is."""
+    share memory (an expanded tensor), which no buffer of ours can hold as it is. (The rule of
+    kernelwright.problem.load.non_overlapping, written out here: this file ships in emitted
+    modules, which run without kernelwright.)"""
     reach = 0  # the farthest element offset the smaller strides reach
     for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
         if stride <= reach:
