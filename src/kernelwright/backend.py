@@ -337,6 +337,26 @@ def replay_patience(gm: torch.fx.GraphModule, lifted: set[int]) -> tuple[int, ..
     return tuple(1 if name.startswith("tangents") else SAVED_PATIENCE for i, name in enumerate(names) if i not in lifted)
 
 
+def forward_examples(fakes, values) -> list:
+    """Real example inputs of an AOTAutograd forward graph: at each position where the graph's own
+    input (`values`: the Dynamo graph's parameters, buffers and inputs, AOTAutograd's primals in
+    order) has the fake one's shape, strides and dtype, a copy of it, else random values (`_real`).
+    The weights and inputs of the call being compiled make the verification inputs drawn near them
+    meaningful (independent normal weights grow a transformer's activations past a bf16 softmax's
+    range)."""
+    if len(values) != len(fakes):
+        values = [None] * len(fakes)
+    return [same_strides_copy(v) if isinstance(v, torch.Tensor) and isinstance(x, torch.Tensor) and not is_fake(v)
+            and (v.shape, v.stride(), v.dtype, v.device) == (x.shape, x.stride(), x.dtype, x.device) else _real(x)
+            for x, v in zip(fakes, values)]
+
+
+def is_fake(x) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(x, FakeTensor)
+
+
 def _real(x):
     """A real tensor like the fake one AOTAutograd passes (shape, dtype, strides; random values:
     only the metadata is an example, fresh inputs are drawn for verification)."""
@@ -396,15 +416,15 @@ def backend(partition: str = "recompute", **options) -> Callable:
     def joint_part(gm: torch.fx.GraphModule, example_inputs, forward: bool = False):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        near = None if forward else NEAR  # (a backward graph: verified near its real inputs' values)
+        near = NEAR  # (verified near the real inputs' values: a backward's saved tensors, the forward's weights)
         if symbolic(example_inputs):  # (specialised at run time, on copies of the call's tensors)
             return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], options, copy=True,
                                                                                    near=near)))
         if not forward:  # (optimised at its first call; the forward reports its outputs' strides now)
             return make_boxed_func(AtFirstCall(gm, options, near))
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
-            real = [_real(x) for x in example_inputs]
-            run = _optimised(gm, real, [], dict(options, free_layouts=saved_positions(gm)))
+            real = forward_examples(example_inputs, dynamo_inputs[0])
+            run = _optimised(gm, real, [], dict(options, free_layouts=saved_positions(gm)), near=near)
             report_output_strides(run, real)
             return make_boxed_func(run)
 
@@ -413,12 +433,18 @@ def backend(partition: str = "recompute", **options) -> Callable:
                             partition_fn=min_cut_rematerialization_partition if partition == "recompute"
                             else default_partition)
 
+    dynamo_inputs: list = [()]  # the graph's own inputs while AOTAutograd compiles it (its forward's values)
+
     def compile_graph(gm: torch.fx.GraphModule, example_inputs):
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
             # by-hand attention as one fused call before autograd splits the graph (its backward
             # then the fused kernel's, nothing of the [.., S, L] scores saved): plan/fx_attention.py
             sdpa_in_fx(gm, options.get("precision", "fp32"))
-            return training(gm, example_inputs)
+            dynamo_inputs[0] = [*gm.parameters(), *gm.buffers(), *example_inputs]  # (AOTAutograd's order)
+            try:
+                return training(gm, example_inputs)
+            finally:
+                dynamo_inputs[0] = ()
         return _optimised(gm, example_inputs, state_positions(gm, example_inputs), options)
 
     return compile_graph

@@ -289,16 +289,18 @@ def test_every_graph_keeps_the_cuda_graphs_option_training_graphs_too(net, monke
     training graphs (each then replays as CUDA graphs where measured faster: emit/graphs.py lends
     the saved tensors and gradients autograd lets go of). The backward graph's replay follows its
     saved tensors where they move (SAVED_PATIENCE) and copies its gradient input from its second
-    move; the other graphs keep the default. The backward graph is verified near its first call's
-    values (kwb.NEAR: its saved tensors hold together)."""
+    move; the other graphs keep the default. Both training graphs are verified near real values
+    (kwb.NEAR): the backward near its first call's (its saved tensors hold together), the forward
+    near the weights and inputs of the call being compiled."""
     import kernelwright
 
-    seen, patience, near = [], [], []
+    seen, patience, near, values = [], [], [], []
 
     def record(model, data, out, **options):
         seen.append(options.get("cuda_graphs"))
         patience.append(model._kw_patience)
         near.append(options.get("near"))
+        values.append([t.detach().clone() for t in data if isinstance(t, torch.Tensor)])
         raise RuntimeError("recorded")  # (the graph then runs as captured)
 
     monkeypatch.setattr(kernelwright, "optimize", record)
@@ -317,8 +319,11 @@ def test_every_graph_keeps_the_cuda_graphs_option_training_graphs_too(net, monke
     backward = patience[2]
     assert patience[:2] == [None, None] and backward[-1] == 1 and set(backward[:-1]) == {kwb.SAVED_PATIENCE}
     assert patience[3:] == patience[:3]
-    # the backward graph is optimised at its first call, verified on inputs near that call's values
-    assert near == [None, None, kwb.NEAR] * 2
+    # the training graphs are verified near real values; the forward's examples are the call's own
+    assert near == [None, kwb.NEAR, kwb.NEAR] * 2
+    for forward in (values[1], values[4]):
+        for want in (x, net.conv.weight, net.fc.bias):
+            assert any(t.shape == want.shape and torch.equal(t, want.detach()) for t in forward)
 
 
 class _Swishy(torch.nn.Module):
