@@ -321,16 +321,22 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
     return run
 
 
-SAVED_PATIENCE = 8  # moves of a backward graph's saved tensor its CUDA-graph replay follows by capturing again
+# moves of a backward graph's saved tensor its CUDA-graph replay follows by capturing again: the
+# forward's replay settles within two (its first call runs plain, a kept output captures it once
+# more); a saved tensor that keeps moving (the forward runs as captured, or copies that output out)
+# is copied in from its third move, since each capture costs milliseconds of host time
+# (docs/benchmarks.md, "The backward's replay settles")
+SAVED_PATIENCE = 2
 
 
 def replay_patience(gm: torch.fx.GraphModule, lifted: set[int]) -> tuple[int, ...] | None:
     """Per data input of an AOTAutograd backward graph (placeholders `tangents_*` are the
     gradients, the others what the forward saved), how often a CUDA-graph replay captures again
     where the input moved before it copies the input into a buffer of its own (emit/graphs.py,
-    `_kw_patience`): a saved tensor moves only while the forward's own replay settles (its
-    outputs are the forward graph's static buffers from then on), so it is followed, never copied
-    on every step; a gradient is copied from its second move, as any input. None for other graphs."""
+    `_kw_patience`): a saved tensor moves while the forward's own replay settles (its outputs are
+    the forward graph's static buffers from then on), so it is followed SAVED_PATIENCE times
+    before it is copied; a gradient is copied from its second move, as any input. None for other
+    graphs."""
     names = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     if not any(name.startswith("tangents") for name in names):
         return None

@@ -387,6 +387,42 @@ def test_a_modules_patience_says_how_often_a_moved_input_is_followed_before_it_i
 
 
 @pytest.mark.interpreter
+def test_a_backward_whose_saved_tensor_moves_every_step_settles_into_copies_within_a_few_steps(monkeypatch):
+    """The backend's patience for a backward graph (a saved tensor, then the gradient `tangents_1`)
+    when the forward runs as captured, so that both inputs are new tensors every step: the saved
+    tensor is captured again SAVED_PATIENCE times, then both are copied in and every later step
+    replays (each capture costs milliseconds of host time; a copy, microseconds of the GPU's)."""
+    from kernelwright import backend as kwb
+
+    mod = kwgraphs
+    fake = _FakeGraphs(monkeypatch, mod)
+
+    class Backward(torch.nn.Module):
+        def forward(self, mul, tangents_1):
+            return mul * tangents_1
+
+    gm = torch.fx.symbolic_trace(Backward())
+    holder = torch.nn.Module()
+    holder._kw_patience = kwb.replay_patience(gm, set())
+    assert holder._kw_patience == (kwb.SAVED_PATIENCE, 1)
+
+    def forward(a, b):
+        out = torch.empty_like(a)
+        work = lambda: torch.mul(a, b, out=out)  # noqa: E731
+        fake.open.work.append(work) if fake.open is not None else work()
+        return out
+
+    steps, kept = 10, []
+    for n in range(steps):
+        saved, grad = torch.full((2,), float(n)), torch.full((2,), 2.0)
+        kept.append((saved, grad))  # (alive, so that every step's tensors are new memory)
+        assert mod.graphed(holder, "t", forward, (saved, grad), lambda: ()).tolist() == [2.0 * n] * 2
+    # the first call, then a capture per followed move; from the fifth step on, replays with copies
+    assert fake.captures == kwb.SAVED_PATIENCE + 2 <= 4
+    assert fake.replays == steps - fake.captures
+
+
+@pytest.mark.interpreter
 def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(monkeypatch):
     """Given what the graph reads and no buffer update, the replay is issued first and the state
     checked while the GPU runs it: a moved state costs one dropped replay and a run of the forward;

@@ -174,15 +174,16 @@ def rnn_default(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: s
 
 def rnn_seeds(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
               interpreter: bool = False, count: int = 5) -> list[Config]:
-    """The default first, then the best-ranked config of: the same matvec as a wavefront over the
-    stack (where it stacks), each other matvec, the other W_hh residency, and BLOCK_H twice the
-    default's (fewer programs, shorter barriers)."""
+    """The default first, then the best-ranked config of: each other matvec, the other W_hh
+    residency, and BLOCK_H twice the default's (fewer programs, shorter barriers). The wavefront
+    over a stack (WAVE) stays in the space but is no seed: as built (every program runs every
+    layer, weights streamed) it ran 2.4x slower than a resident launch per layer on the H100
+    (docs/benchmarks.md, "The backward's replay settles; the RNN wavefront measured")."""
     configs = rnn_space(shape, spec=spec, precision=precision, interpreter=interpreter)
     rank = _rank(shape, precision)
     first = min(configs, key=rank) if configs else rnn_default(shape, spec=spec, precision=precision,
                                                                interpreter=interpreter)
-    wants = [{"DOT": first["DOT"], "WAVE": True}] if shape.stacks else []  # (the stack in one launch)
-    wants += [{"DOT": m} for m in reversed(dot_modes(precision)) if m != first["DOT"]]
+    wants = [{"DOT": m} for m in reversed(dot_modes(precision)) if m != first["DOT"]]
     wants += [{"DOT": first["DOT"], "RESIDENT": not first["RESIDENT"]},
               {"DOT": first["DOT"], "BLOCK_H": first["BLOCK_H"] * 2}]
     out = [first]
