@@ -90,13 +90,18 @@ class Lifted(torch.nn.Module):
         """A float64 copy whose graph computes in float64 throughout (the verifier's reference):
         its casts to a floating dtype (an autocast graph's bf16 operands, its float32 results)
         cast to float64 instead, so the reference is the graph's exact value rather than one
-        rounded wherever the graph rounds, and the graph as captured has an error of its own."""
+        rounded wherever the graph rounds, and the graph as captured has an error of its own. Fused
+        attention ops, which have no float64 kernels, compute from their definition
+        (verify/wide_attention.py)."""
         import copy
+
+        from kernelwright.verify.wide_attention import WIDE_ATTENTION
 
         twin = copy.deepcopy(self)
         widen = lambda a: torch.float64 if a in WIDENED else a  # noqa: E731
         for node in twin.gm.graph.nodes:
             if node.op == "call_function":
+                node.target = WIDE_ATTENTION.get(node.target, node.target)
                 node.args = torch.fx.node.map_aggregate(node.args, widen)
                 node.kwargs = torch.fx.node.map_aggregate(node.kwargs, widen)
         twin.gm.recompile()
