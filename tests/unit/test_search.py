@@ -401,6 +401,21 @@ def test_tiling_features_say_how_a_block_splits_the_task():
     assert "tiles.out" not in make_features(Config.make("triton.row", num_warps=4), {"log2_M": 12.0})
 
 
+def test_a_gemm_tiles_shared_memory_and_accumulators_are_features():
+    """A GEMM tile's operand tiles in flight, (128 + 256) x 32 x 4 stages elements, and its
+    accumulators per thread, 128 x 256 over 8 warps of 32 threads, as log2; not for a convolution
+    template's tile, nor for a config without all three block sizes."""
+    from kernelwright.search.cost_model import make_features
+
+    cfg = Config.make("triton.gemm_rowreduce", BLOCK_M=128, BLOCK_N=256, BLOCK_K=32, num_stages=4, num_warps=8)
+    f = make_features(cfg, {"log2_M": 15.0})
+    assert f["tile.smem"] == pytest.approx(math.log2((128 + 256) * 32 * 4))
+    assert f["tile.acc"] == pytest.approx(math.log2(128 * 256 / (8 * 32)))
+    conv = Config.make("triton.conv", BLOCK_M=128, BLOCK_N=256, BLOCK_K=32, num_stages=4, num_warps=8)
+    assert "tile.smem" not in make_features(conv, {"log2_M": 15.0})
+    assert "tile.smem" not in make_features(Config.make("triton.gemm", BLOCK_M=128, num_warps=4), {})
+
+
 def test_a_recurrent_units_dependent_steps():
     import torch
 

@@ -63,7 +63,13 @@ def tiling_features(feats: dict[str, float]) -> dict[str, float]:
     tile left over past the extent (``tail.X``, 0 when it divides), and log2 of the programs the
     output tiles make (``tiles.out``: the M and N tiles). Trials of a task of another size then
     say something about this one (the same tile count or tail behaves alike), where the raw block
-    sizes and extents alone leave the forest to find the interaction."""
+    sizes and extents alone leave the forest to find the interaction. For a GEMM template's tile
+    also log2 of its operand tiles in flight (``tile.smem``: (BLOCK_M + BLOCK_N) x BLOCK_K x
+    num_stages elements, what shared memory bounds) and of the accumulators per thread
+    (``tile.acc``): with them a replay of the measured surfaces (docs/benchmarks.md, "The backward's
+    replay settles; the RNN wavefront measured") found a row-reduce GEMM's fastest tile, one config
+    beside a failed one at the shared-memory limit, in about half the trials; on the convolution
+    template (box and row loads) they did not help and are left out."""
     out: dict[str, float] = {}
     for x in TILED:
         extent, block = feats.get(f"{TASK_PREFIX}log2_{x}"), feats.get(f"BLOCK_{x}")
@@ -74,6 +80,12 @@ def tiling_features(feats: dict[str, float]) -> dict[str, float]:
         out[f"tail.{x}"] = (math.ceil(n / b) * b - n) / (math.ceil(n / b) * b)
     if "tiles.M" in out:
         out["tiles.out"] = out["tiles.M"] + out.get("tiles.N", 0.0)
+    m, n, k = feats.get("BLOCK_M"), feats.get("BLOCK_N"), feats.get("BLOCK_K")
+    gemm = any(name.startswith("template=") and "gemm" in name for name in feats)
+    if gemm and m is not None and n is not None and k is not None:
+        stages, warps = feats.get("num_stages", 0.0), feats.get("num_warps", 2.0)
+        out["tile.smem"] = math.log2(2.0 ** m + 2.0 ** n) + k + stages  # log2 of the operand tiles in flight
+        out["tile.acc"] = m + n - warps - 5.0  # log2 of accumulators per thread
     return out
 
 
