@@ -330,7 +330,7 @@ def _optimised(gm: torch.fx.GraphModule, example_inputs, state: list[int], optio
 # forward's replay settles within two (its first call runs plain, a kept output captures it once
 # more); a saved tensor that keeps moving (the forward runs as captured, or copies that output out)
 # is copied in from its third move, since each capture costs milliseconds of host time
-# (docs/benchmarks.md, "The backward's replay settles")
+# (docs/benchmarks.md, "The backward's replay settles; the RNN wavefront measured")
 SAVED_PATIENCE = 2
 
 
@@ -357,12 +357,12 @@ def forward_examples(fakes, values) -> list:
     range)."""
     if len(values) != len(fakes):
         values = [None] * len(fakes)
-    return [same_strides_copy(v) if isinstance(v, torch.Tensor) and isinstance(x, torch.Tensor) and not is_fake(v)
+    return [same_strides_copy(v) if isinstance(v, torch.Tensor) and isinstance(x, torch.Tensor) and not _is_fake(v)
             and (v.shape, v.stride(), v.dtype, v.device) == (x.shape, x.stride(), x.dtype, x.device) else _real(x)
             for x, v in zip(fakes, values)]
 
 
-def is_fake(x) -> bool:
+def _is_fake(x) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(x, FakeTensor)

@@ -44,7 +44,8 @@ def _as_op_returns(op, args, kwargs, out, lse) -> tuple:
     def meta(x):
         return x.to("meta") if isinstance(x, torch.Tensor) else x
     shapes = op(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
-    results: list = [out, lse.reshape(shapes[1].shape)]
+    kept = shapes[1].numel() == lse.numel()  # (none where the op was not asked for it)
+    results: list = [out, lse.reshape(shapes[1].shape) if kept else lse.new_zeros(shapes[1].shape)]
     for m in shapes[2:]:
         if isinstance(m, torch.Tensor):
             dtype = out.dtype if m.dtype.is_floating_point else m.dtype
