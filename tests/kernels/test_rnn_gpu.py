@@ -66,3 +66,33 @@ def test_seed_configs_match_float64(name, policy, tmp_path):
         for got, want in zip(outs, ref):
             excess = ((got.double() - want).abs() - pol.tol * want.abs()).max().item()
             assert excess <= pol.tol, (cfg, excess)
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+def test_wavefront_configs_match_float64(policy, tmp_path):
+    """A stack's WAVE configs, several programs per layer and every layer's programs side by side
+    (layer l waiting for its own programs' previous step and layer l - 1's same step), against a
+    float64 run of the recurrent op."""
+    torch.manual_seed(0)
+    for rnn in (nn.GRU(32, 256, num_layers=2), nn.LSTM(32, 128, num_layers=3, batch_first=True)):
+        model = Layer(rnn).cuda()
+        x = torch.randn((10, 16, 32) if rnn.batch_first else (16, 10, 32), device="cuda")
+        graph = capture(from_module(model, [x]))
+        node = next(n for n in graph.nodes if n.target in triton_rnn.KINDS)
+        with torch.no_grad():
+            env = run_graph(graph, model, [x], keep=True)
+            ref = run_node(node, {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                                  for k, v in env.items()}, torch.device("cuda"))
+        pol = get_policy(policy)
+        shape = triton_rnn._Rnn(graph, node).shape()
+        waves = [c for c in TEMPLATE.space(graph, node, policy=policy) if c["WAVE"] and programs(shape, c["BLOCK_H"]) > 1]
+        assert waves
+        for cfg in waves[:3]:
+            k = TEMPLATE.render(graph, node, cfg, used_outputs(graph, node))
+            mod = load_module_from_source(k.source, f"rnn_wave_{node.name}", tmp_path)
+            with torch.no_grad(), pol.active():
+                outs = mod.launch(*[env[v] for v in k.inputs])
+                torch.cuda.synchronize()
+            for got, want in zip(outs, ref):
+                excess = ((got.double() - want).abs() - pol.tol * want.abs()).max().item()
+                assert excess <= pol.tol, (cfg, excess)

@@ -147,14 +147,14 @@ def test_fp32_never_uses_tensor_cores():
 
 @pytest.mark.parametrize("sms", [132, 40, 8])
 def test_every_program_has_an_sm_of_its_own(sms):
-    """P * D never exceeds the device's SM count; W_hh slices kept in registers fit half the
-    register file; the default takes the smallest slice (most SMs) that fits."""
+    """P * D never exceeds the device's SM count, nor a wavefront's L * P; W_hh slices kept in
+    registers fit half the register file; the default takes the smallest slice (most SMs) that fits."""
     spec = dataclasses.replace(H200, sms=sms)
-    for shape in (RnnShape(1024, 64, 3, 1), RnnShape(256, 10, 4, 2), RnnShape(16, 2, 1, 2)):
+    for shape in (RnnShape(1024, 64, 3, 1), RnnShape(256, 10, 4, 2), RnnShape(16, 2, 1, 2), RnnShape(256, 10, 4, 1, 6)):
         configs = rnn_space(shape, spec=spec, precision="tf32")
         assert configs
         for c in configs:
-            assert programs(shape, c["BLOCK_H"]) * shape.directions <= sms
+            assert programs(shape, c["BLOCK_H"]) * (shape.layers if c.get("WAVE", False) else shape.directions) <= sms
             if c["RESIDENT"]:
                 assert shape.gates * c["BLOCK_H"] * 1 << (shape.hidden - 1).bit_length() <= spec.regs_per_sm // 2
         best = rnn_default(shape, spec=spec, precision="fp32")

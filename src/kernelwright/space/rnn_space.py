@@ -19,9 +19,11 @@ Axes:
   under the fp32 policy; or as ``tl.dot`` on tensor cores with tf32 or bf16 operands (``"tf32"``
   / ``"bf16"``, under those policies). Dots pad the batch to 16 rows and need BLOCK_H >= 16.
 * ``WAVE`` (a unidirectional stack of two or more layers only): the whole stack in one launch as a
-  wavefront, layer l at step t beside layer l + 1 at step t - 1, so T + L - 1 barriers instead of
-  L * T; layers after the first compute their input projection in the kernel from the previous
-  layer's h (read through L2 like h_{t-1}), so W_ih and W_hh are both streamed (not resident).
+  wavefront of L * P programs, each layer's P beside the others', so layer l takes step t while
+  layer l + 1 takes step t - 1: T + L - 1 steps of the stack instead of L * T. Layers after the
+  first compute their input projection in the kernel from the previous layer's h (read through
+  L2 like h_{t-1}), so W_ih and W_hh are both streamed (not resident); all L * P programs must be
+  resident (at most the SM count). In the interpreter P is 1 and the L programs run in order.
 * ``num_warps``.
 
 Derived from those (fixed per config): ``BLOCK_B`` batch rows per inner step and ``BLOCK_K``
@@ -86,9 +88,10 @@ def _fits(shape: RnnShape, spec: DeviceSpec, interpreter: bool):
 
     def ok(c: dict) -> bool:
         p = programs(shape, c["BLOCK_H"])
+        wave = c.get("WAVE", False)
         if interpreter and p != 1:
             return False
-        if not interpreter and (spec.sms <= 0 or p * shape.directions > spec.sms):
+        if not interpreter and (spec.sms <= 0 or p * (shape.layers if wave else shape.directions) > spec.sms):
             return False
         if c["BLOCK_H"] > hp or (p > 1 and (p - 1) * c["BLOCK_H"] >= shape.hidden):
             return False
@@ -101,7 +104,6 @@ def _fits(shape: RnnShape, spec: DeviceSpec, interpreter: bool):
                 return False
             if c["DOT"] == "fma" and c["BLOCK_H"] * hp > FMA_TILE_PER_THREAD * threads * 4:
                 return False  # one batch row's product tile [BLOCK_H, H] must stay small
-        wave = c.get("WAVE", False)
         if wave and c["RESIDENT"]:
             return False  # the wavefront streams W_ih and W_hh
         d = derived(shape, c["BLOCK_H"], c["RESIDENT"], c["DOT"], c["num_warps"])
@@ -176,9 +178,10 @@ def rnn_seeds(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str
               interpreter: bool = False, count: int = 5) -> list[Config]:
     """The default first, then the best-ranked config of: each other matvec, the other W_hh
     residency, and BLOCK_H twice the default's (fewer programs, shorter barriers). The wavefront
-    over a stack (WAVE) stays in the space but is no seed: as built (every program runs every
-    layer, weights streamed) it ran 2.4x slower than a resident launch per layer on the H100
-    (docs/benchmarks.md, "The backward's replay settles; the RNN wavefront measured")."""
+    over a stack (WAVE) stays in the space but is no seed: its first form (every program running
+    every layer in turn) ran 2.4x slower than a resident launch per layer on the H100
+    (docs/benchmarks.md, "The backward's replay settles; the RNN wavefront measured"), and the
+    layers-side-by-side form that replaced it is not measured yet."""
     configs = rnn_space(shape, spec=spec, precision=precision, interpreter=interpreter)
     rank = _rank(shape, precision)
     first = min(configs, key=rank) if configs else rnn_default(shape, spec=spec, precision=precision,
