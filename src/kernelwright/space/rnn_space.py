@@ -22,8 +22,9 @@ Axes:
   wavefront of L * P programs, each layer's P beside the others', so layer l takes step t while
   layer l + 1 takes step t - 1: T + L - 1 steps of the stack instead of L * T. Layers after the
   first compute their input projection in the kernel from the previous layer's h (read through
-  L2 like h_{t-1}), so W_ih and W_hh are both streamed (not resident); all L * P programs must be
-  resident (at most the SM count). In the interpreter P is 1 and the L programs run in order.
+  L2 like h_{t-1}); with ``RESIDENT`` both the W_hh and the W_ih slice are held in registers
+  (twice a layer kernel's), else both streamed. All L * P programs must be resident (at most the
+  SM count). In the interpreter P is 1 and the L programs run in order.
 * ``num_warps``.
 
 Derived from those (fixed per config): ``BLOCK_B`` batch rows per inner step and ``BLOCK_K``
@@ -99,13 +100,11 @@ def _fits(shape: RnnShape, spec: DeviceSpec, interpreter: bool):
         if c["DOT"] != "fma" and (c["BLOCK_H"] < 16 or hp < 16):
             return False
         if c["RESIDENT"]:
-            elems = shape.gates * c["BLOCK_H"] * hp
+            elems = (2 if wave else 1) * shape.gates * c["BLOCK_H"] * hp  # (a wavefront's W_ih slice too)
             if elems > spec.regs_per_sm // 2 or elems // threads > RESIDENT_REGS_PER_THREAD:
                 return False
             if c["DOT"] == "fma" and c["BLOCK_H"] * hp > FMA_TILE_PER_THREAD * threads * 4:
                 return False  # one batch row's product tile [BLOCK_H, H] must stay small
-        if wave and c["RESIDENT"]:
-            return False  # the wavefront streams W_ih and W_hh
         d = derived(shape, c["BLOCK_H"], c["RESIDENT"], c["DOT"], c["num_warps"])
         if (2 if wave else 1) * shape.gates * d["BLOCK_B"] * c["BLOCK_H"] > ACCUMULATORS_PER_THREAD * threads:
             return False  # the gates' accumulators (the input projection's too, in a wavefront) would spill
