@@ -3,7 +3,7 @@ per direction) checked against a float64 run of the recurrent ATen op, then the 
 against cuDNN (the library call, as eager runs it), the eager model and torch.compile of the model,
 with the time per step set against a latency floor.
 
-usage: python3 scripts/rnn_check.py OUT.jsonl [--policies fp32,tf32] [--configs N] PROBLEM.py ...
+usage: python3 scripts/rnn_check.py OUT.jsonl [--policies fp32,tf32] [--configs N] [--wave N] PROBLEM.py ...
 
 One JSON line per result, written as soon as it is known (a config whose programs were not all
 resident would spin forever: run this under `timeout`; the lines before it survive):
@@ -38,6 +38,7 @@ from kernelwright.errors import UserError
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
 from kernelwright.search.units import NodeTuner
+from kernelwright.space import rnn_space
 from kernelwright.space.rnn_space import programs
 
 
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
     ap.add_argument("problems", nargs="+", help="problem files (KernelBench format) with one recurrent layer")
     ap.add_argument("--policies", default="fp32,tf32", help="comma-separated precision policies")
     ap.add_argument("--configs", type=int, default=4, help="configs per policy: the seeds first, then the space in order")
+    ap.add_argument("--wave", type=int, default=0,
+                    help="also the N best-ranked wavefront (WAVE) configs of a stack, half with resident weights")
     ap.add_argument("--small", action="store_true", help="the problems' SMALL sizes (a CPU run in the interpreter)")
     args = ap.parse_args(argv)
     gpu = torch.cuda.is_available()
@@ -92,6 +95,10 @@ def main(argv=None) -> int:
                     tuner = NodeTuner(graph, node, triton_rnn.TEMPLATE, env, policy, device, cache, gpu)
                 configs = list(dict.fromkeys(tuner.seeds + [c for c in tuner.space if c not in tuner.seeds]))
                 configs = configs[:args.configs]
+                waves = sorted((c for c in tuner.space if c.get("WAVE", False) and c not in configs),
+                               key=rnn_space._rank(r.shape(), pname))  # (the default's order)
+                for resident in (True, False):
+                    configs += [c for c in waves if c["RESIDENT"] == resident][:(args.wave + resident) // 2]
                 passing = {}
                 for cfg in configs:
                     P = programs(r.shape(), cfg["BLOCK_H"])
