@@ -451,7 +451,9 @@ def backend(partition: str = "recompute", **options) -> Callable:
             # by-hand attention as one fused call before autograd splits the graph (its backward
             # then the fused kernel's, nothing of the [.., S, L] scores saved): plan/fx_attention.py
             sdpa_in_fx(gm, options.get("precision", "fp32"))
-            dynamo_inputs[0] = [*gm.parameters(), *gm.buffers(), *example_inputs]  # (AOTAutograd's order)
+            # (AOTAutograd's order: aot_module_simplified's parameters, buffers, then the inputs)
+            dynamo_inputs[0] = [*dict(gm.named_parameters(remove_duplicate=False)).values(),
+                                *dict(gm.named_buffers(remove_duplicate=False)).values(), *example_inputs]
             try:
                 return training(gm, example_inputs)
             finally:
