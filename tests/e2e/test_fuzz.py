@@ -235,6 +235,40 @@ def test_the_oracle_flags_an_offset_output(monkeypatch, tmp_path):
 
 
 @pytest.mark.interpreter
+def test_with_backend_the_checks_call_the_model_compiled_with_the_kernelwright_backend(monkeypatch, tmp_path):
+    """--backend: every check runs on the model compiled with torch.compile(backend="kernelwright")
+    (its graphs optimised by the backend: inference graphs, and AOTAutograd's forward and backward
+    graphs for the gradient check), and passes on a fixture with batch norm; a backend whose
+    graphs return a value off by 0.1 is caught by every check that compares values."""
+    from kernelwright import backend as kwb
+    from kernelwright.fuzz.oracle import check
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    graphs = []
+    real = kwb._optimised
+
+    def counted(gm, *a, **k):
+        graphs.append(sum(1 for n in gm.graph.nodes if n.op == "placeholder" and str(n.target).startswith("tangents")))
+        return real(gm, *a, **k)
+    monkeypatch.setattr(kwb, "_optimised", counted)
+    outcome = check(FIX / "bn_eval_running_stats.py", "cpu", "fp32", 1, backend=True)
+    assert outcome.status in ("ok", "kept") and not outcome.wrong, outcome
+    assert [c.name for c in outcome.checks] == ["train", "buffers", "eval", "batch", "grad", "double"]
+    assert all(c.status in ("ok", "skipped") for c in outcome.checks), outcome.checks
+    assert graphs and any(graphs)  # inference graphs, and a backward graph for the gradient check
+
+    def offset(gm, *a, **k):
+        run = real(gm, *a, **k)
+        return lambda *xs: tuple(o + 0.1 if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                                 for o in run(*xs))
+    monkeypatch.setattr(kwb, "_optimised", offset)
+    outcome = check(_write(2, tmp_path), "cpu", "fp32", 1, backend=True)
+    checks = {c.name: c for c in outcome.checks}
+    assert outcome.status == "wrong"
+    assert all(checks[n].status == "wrong" for n in ("train", "eval", "batch", "grad", "double")), checks
+
+
+@pytest.mark.interpreter
 def test_shrink_keeps_the_failing_check_with_fewer_steps(monkeypatch, tmp_path):
     from kernelwright.fuzz.shrink import shrink
 

@@ -25,9 +25,13 @@ def fuzz(files: Optional[List[Path]] = typer.Argument(None, help="Check these pr
          small: bool = typer.Option(False, "--small", help="With files: apply each problem's SMALL overrides."),
          no_library: bool = typer.Option(False, "--no-library",
                                          help="Ship every generated kernel that verifies, even where the library "
-                                              "is faster (checks the generated convolutions and fused pairs).")):
+                                              "is faster (checks the generated convolutions and fused pairs)."),
+         backend: bool = typer.Option(False, "--backend",
+                                      help="Check each program compiled with torch.compile(backend=\"kernelwright\") "
+                                           "instead of its emitted module (training graphs through AOTAutograd).")):
     """Generate random KernelBench-format programs, optimize each, and check the emitted module
-    against eager PyTorch (train and eval mode, another batch size, gradients, float64)."""
+    against eager PyTorch (train and eval mode, another batch size, gradients, float64); with
+    --backend, the model compiled with the torch.compile backend instead."""
     from kernelwright.devices import device_option
     from kernelwright.policy import get_policy
 
@@ -44,10 +48,10 @@ def fuzz(files: Optional[List[Path]] = typer.Argument(None, help="Check these pr
         from kernelwright.problem import discover
 
         summary = run_files(discover([str(f) for f in files]), dev, precision, out, budget, small, log=typer.echo,
-                            no_library=no_library)
+                            no_library=no_library, backend=backend)
     else:
         from kernelwright.fuzz.runner import run
 
-        summary = run(count, seed, dev, precision, out, budget, log=typer.echo, no_library=no_library)
+        summary = run(count, seed, dev, precision, out, budget, log=typer.echo, no_library=no_library, backend=backend)
     if summary.count("wrong"):
         raise typer.Exit(1)

@@ -226,6 +226,40 @@ class _Subject:
             return None, False
 
 
+class _BackendSubject(_Subject):
+    """A program compiled with torch.compile(backend="kernelwright") instead of an emitted module:
+    each pair's second module is a copy of eager's whose forward is compiled with the backend
+    (Dynamo's caches reset first, so every pair compiles afresh; the backend's own cache of
+    optimised graphs is kept), called as a PyTorch user calls a compiled model: under the
+    policy's autocast, as eager."""
+
+    def __init__(self, problem, device: str, policy, budget: int):
+        super().__init__(problem, None, device, policy)
+        self.budget = budget
+        self.kept = ""  # the first graph kept in its captured form, and why
+
+    def pair(self, training: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+        from kernelwright.backend import backend
+
+        torch._dynamo.reset()
+        ref = self.problem.in_mode(training).make_model(self.device)
+        new = copy.deepcopy(ref)
+        new.forward = torch.compile(new.forward, backend=backend(budget_trials=self.budget, precision=self.policy.name),
+                                    dynamic=False)
+        return ref, new
+
+    def run_emitted(self, model, inputs):
+        with self.policy.baseline(self.device):
+            return super().run_emitted(model, inputs)
+
+    def notes(self) -> str:
+        """The backend's warnings since the last call (graphs kept in their captured form)."""
+        text = "; ".join(m.removeprefix("kernelwright: ") for m in dict.fromkeys(self.warned))
+        self.kept = self.kept or next((m.removeprefix("kernelwright: ") for m in self.warned if "keeps" in m), "")
+        self.warned = []
+        return text
+
+
 def _has_dropout(model: torch.nn.Module, source: str) -> bool:
     """Whether the model may draw a dropout mask: a Dropout module with p > 0, or a functional
     dropout call in its source."""
@@ -477,14 +511,17 @@ def _quiet():
 
 
 def check(path: str | Path, device: str = "cpu", precision: str = "fp32", budget: int = 2,
-          work: Path | None = None, small: bool = False, no_library: bool = False) -> Outcome:
+          work: Path | None = None, small: bool = False, no_library: bool = False, backend: bool = False) -> Outcome:
     """Optimize the program at `path` (into `work`, a temporary folder when None; with `small`, its
     SMALL size overrides applied; with `no_library`, every unit that has a generated kernel ships it,
     so the generated convolutions and fused pairs are what the checks see) and run every check on the
-    emitted module; see the module docstring."""
+    emitted module; see the module docstring. With `backend`, the checks call the model compiled
+    with torch.compile(backend="kernelwright") instead (`check_backend`)."""
     policy = get_policy(precision)
     started = time.time()
     problem = load_problem(path, small=small)
+    if backend:
+        return check_backend(path, problem, device, policy, budget)
     temp = None if work is not None else Path(tempfile.mkdtemp(prefix="kw_fuzz_"))
     out_dir = Path(work) if work is not None else temp
     try:
@@ -519,4 +556,26 @@ def check(path: str | Path, device: str = "cpu", precision: str = "fp32", budget
         failure = _verify_failure(result)
         if failure:
             outcome.reason += f" ({failure})"
+    return outcome
+
+
+def check_backend(path, problem, device: str, policy, budget: int) -> Outcome:
+    """Every check of the module docstring on the program compiled with the torch.compile backend
+    (`_BackendSubject`): its inference graphs, and with gradients AOTAutograd's forward and
+    backward graphs, each optimised and verified by the backend. `kept`: a graph the backend
+    kept in its captured form, and why."""
+    started = time.time()
+    subject = _BackendSubject(problem, device, policy, budget)
+    try:
+        with _quiet():
+            checks = check_train(subject) + [check_eval(subject), check_batch(subject), check_grad(subject),
+                                             check_double(subject)]
+    finally:
+        torch._dynamo.reset()
+    outcome = Outcome(str(path), "ok", checks, kept=subject.kept, check_s=time.time() - started)
+    if outcome.wrong:
+        first = outcome.wrong[0]
+        outcome.status, outcome.reason = "wrong", f"{first.name}: {first.detail}"
+    elif subject.kept:
+        outcome.status, outcome.reason = "kept", subject.kept
     return outcome

@@ -61,7 +61,8 @@ def program_line(r: Result) -> str:
     return f"fuzz {r.seed:3d} {o.status:<7} {r.chain}" + (f"  {tail}" if tail else "") + f"  ({r.seconds:.1f} s)"
 
 
-def _one(seed: int, device: str, precision: str, out: Path, budget: int, no_library: bool = False) -> Result:
+def _one(seed: int, device: str, precision: str, out: Path, budget: int, no_library: bool = False,
+         backend: bool = False) -> Result:
     """Generate, write and check the program of `seed`; a failure of the generator or of the
     oracle itself is the program's `failed`."""
     started = time.time()
@@ -73,7 +74,8 @@ def _one(seed: int, device: str, precision: str, out: Path, budget: int, no_libr
                       time.time() - started)
     path.write_text(program.text)
     try:
-        outcome = check(path, device, precision, budget, work=out / "emitted" / path.stem, no_library=no_library)
+        outcome = check(path, device, precision, budget, work=out / "emitted" / path.stem, no_library=no_library,
+                        backend=backend)
     except Exception as e:  # noqa: BLE001 - the oracle's own failure ends this program only
         outcome = Outcome(str(path), "failed", reason=f"oracle raised {first_line(e)}")
     return Result(seed, program.spec.chain, outcome, time.time() - started)
@@ -93,13 +95,13 @@ def _record(r: Result, out: Path) -> None:
 
 
 def _one_file(i: int, path: Path, device: str, precision: str, out: Path, budget: int, small: bool,
-              no_library: bool = False) -> Result:
+              no_library: bool = False, backend: bool = False) -> Result:
     """Check the existing program at `path` (the i-th of a run over files)."""
     started = time.time()
     small = small and re.search(r"^SMALL\s*=", Path(path).read_text(), re.M) is not None  # (fixtures are small)
     try:
         outcome = check(path, device, precision, budget, work=out / "emitted" / f"{i:03d}_{Path(path).stem}",
-                        small=small, no_library=no_library)
+                        small=small, no_library=no_library, backend=backend)
     except Exception as e:  # noqa: BLE001 - the oracle's own failure ends this program only
         outcome = Outcome(str(path), "failed", reason=f"oracle raised {first_line(e)}")
     return Result(i, Path(path).stem, outcome, time.time() - started)
@@ -125,21 +127,22 @@ def _drive(jobs: Iterable[Callable[[], Result]], out: Path, log: Callable[[str],
 
 def run_files(paths: list[Path], device: str = "cpu", precision: str = "fp32", out_dir: Path = Path("kw_fuzz"),
               budget: int = 2, small: bool = False, log: Callable[[str], None] = print,
-              no_library: bool = False) -> Summary:
+              no_library: bool = False, backend: bool = False) -> Summary:
     """The oracle over existing programs (shipped problems, fixtures; `small`: their SMALL size
     overrides) instead of generated ones: one line each, numbered in order and named by file.
-    `no_library`: as check's."""
+    `no_library`, `backend`: as check's."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return _drive((functools.partial(_one_file, i, p, device, precision, out, budget, small, no_library)
+    return _drive((functools.partial(_one_file, i, p, device, precision, out, budget, small, no_library, backend)
                    for i, p in enumerate(paths)), out, log)
 
 
 def run(count: int, seed: int = 0, device: str = "cpu", precision: str = "fp32", out_dir: Path = Path("kw_fuzz"),
-        budget: int = 2, log: Callable[[str], None] = print, no_library: bool = False) -> Summary:
+        budget: int = 2, log: Callable[[str], None] = print, no_library: bool = False,
+        backend: bool = False) -> Summary:
     """Generate and check `count` programs (seeds seed .. seed + count - 1); see the module docstring.
-    `no_library`: as check's."""
+    `no_library`, `backend`: as check's."""
     out = Path(out_dir)
     (out / "programs").mkdir(parents=True, exist_ok=True)
-    return _drive((functools.partial(_one, seed + i, device, precision, out, budget, no_library) for i in range(count)),
-                  out, log)
+    return _drive((functools.partial(_one, seed + i, device, precision, out, budget, no_library, backend)
+                   for i in range(count)), out, log)
