@@ -463,6 +463,60 @@ def test_under_fp32_an_ill_conditioned_model_is_judged_against_float64(monkeypat
     assert off["train"].status == "wrong" and "from float64" in off["train"].detail
 
 
+BIAS_UNDER_A_NORM = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.convt = nn.ConvTranspose2d(3, 5, kernel_size=1, stride=2, output_padding=1)
+        self.ln = nn.LayerNorm([26], elementwise_affine=False)
+
+    def forward(self, x):
+        return torch.erf(self.ln(self.ln(self.convt(x)) * 2.0))
+
+
+def get_inputs():
+    return [torch.randn(3, 3, 16, 13)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.interpreter
+def test_a_gradient_that_is_rounding_noise_in_eager_too_is_judged_against_float64(monkeypatch, tmp_path):
+    """fp32: a transposed convolution's bias under a layer norm over its rows, half of which hold
+    the bias alone (stride 2): its exact gradient is zero and eager's is rounding noise magnified
+    by the norm of constant rows. A gradient off eager's by far more than the tolerance passes when
+    it is no farther from the float64 model's than eager is; an offset gradient still fails."""
+    from kernelwright.fuzz import oracle
+
+    real = oracle._Subject.run_emitted
+
+    def noisy(self, model, inputs):  # the module's bias gradient: eager's noise, drawn afresh
+        out = real(self, model, inputs)
+        if out.requires_grad:
+            model.convt.bias.register_hook(lambda g: g + 0.5 * torch.randn_like(g) * g.abs().max())
+        return out
+    monkeypatch.setattr(oracle._Subject, "run_emitted", noisy)
+    outcome = _check_text(tmp_path, BIAS_UNDER_A_NORM)
+    grad = {c.name: c for c in outcome.checks}["grad"]
+    assert grad.status == "ok" and "within eager's own error" in grad.detail, grad
+
+    def offset(self, model, inputs):
+        out = real(self, model, inputs)
+        if out.requires_grad:
+            model.convt.weight.register_hook(lambda g: g + 0.5)
+        return out
+    monkeypatch.setattr(oracle._Subject, "run_emitted", offset)
+    (tmp_path / "off").mkdir()
+    grad = {c.name: c for c in _check_text(tmp_path / "off", BIAS_UNDER_A_NORM).checks}["grad"]
+    assert grad.status == "wrong" and "from float64" in grad.detail, grad
+
+
 CONV_POOL = """import torch
 import torch.nn as nn
 import torch.nn.functional as F
