@@ -5,7 +5,8 @@ Needs no GPU and no torch.
 
 usage: python3 scripts/results_csv.py BENCH.json --commit C --suite S [--date YYYY-MM-DD] [--csv PATH]
 A problem from KernelBench (its path outside this project's problems/ folder) is named
-kernelbench/levelN/NAME, one of the project's own problems levelN/NAME.
+kernelbench/levelN/NAME, one of the project's own problems levelN/NAME; training steps (bench
+--train, scripts/train_bench.py) add ":train_step".
 """
 import argparse
 import csv
@@ -14,16 +15,18 @@ import json
 import sys
 from pathlib import Path
 
-# bench's timing keys -> the implementation column; keys not listed (A/B side runs) are skipped.
+# bench's (and scripts/train_bench.py's) timing keys -> the implementation column; keys not listed
+# (A/B side runs) are skipped.
 IMPLEMENTATIONS = {"eager": "eager", "compile": "torch.compile", "compile:reduce-overhead": "torch.compile:reduce-overhead",
+                   "compile-ro": "torch.compile:reduce-overhead", "compile-ma": "torch.compile:max-autotune",
                    "kernelwright:graphs": "kernelwright:graphs", "kernelwright:plain": "kernelwright:plain",
-                   "kernelwright": "kernelwright"}
+                   "kernelwright-plain": "kernelwright:plain", "kernelwright": "kernelwright"}
 COLUMNS = ["commit", "date", "gpu", "policy", "suite", "problem", "implementation", "median_ms", "verified"]
 
 
-def problem_name(row: dict) -> str:
+def problem_name(row: dict, train: bool = False) -> str:
     own = "problems/" in Path(row.get("path", "")).as_posix()
-    return f"{'' if own else 'kernelbench/'}level{row.get('level')}/{row['problem']}"
+    return f"{'' if own else 'kernelbench/'}level{row.get('level')}/{row['problem']}" + (":train_step" if train else "")
 
 
 def rows_of(data: dict, commit: str, suite: str, date: str):
@@ -36,7 +39,8 @@ def rows_of(data: dict, commit: str, suite: str, date: str):
                 continue
             ms = times.get(key)
             verified = ("true" if r.get("correct") else "false") if ours else ""
-            yield dict(commit=commit, date=date, gpu=gpu, policy=policy, suite=suite, problem=problem_name(r),
+            yield dict(commit=commit, date=date, gpu=gpu, policy=policy, suite=suite,
+                       problem=problem_name(r, bool(data.get("train"))),
                        implementation=impl, median_ms="" if ms is None else f"{ms:.4f}", verified=verified)
 
 

@@ -120,6 +120,26 @@ def test_results_csv_appends_one_row_per_implementation(tmp_path):
     assert len(lines) == 7  # fast_one and slow_one: 3 each; broken: its failed kernelwright row
 
 
+def test_results_csv_takes_a_training_runs_implementations_and_names_its_steps(tmp_path):
+    """scripts/train_bench.py's JSON: its implementation keys (compile-ro, compile-ma,
+    kernelwright-plain) map to the column's names and each problem is named NAME:train_step."""
+    csv_path = tmp_path / "results.csv"
+    data = {"train": True, "gpu": "Test GPU", "options": {"precision": "bf16", "steps": 40, "timed": 13},
+            "rows": [{"problem": "resnet_basic_block", "level": 3, "path": "problems/level3/resnet_basic_block.py",
+                      "correct": True, "times": {"eager": 3.0, "compile": 2.5, "compile-ro": 2.0, "compile-ma": 2.2,
+                                                 "kernelwright": 2.1, "kernelwright-plain": 3.2}}]}
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(data))
+    r = py("results_csv.py", path, "--commit", "abc1234", "--suite", "train_steps", "--date", "2026-01-02",
+           "--csv", csv_path)
+    assert r.returncode == 0, r.stderr
+    rows = {line.split(",")[6]: line for line in csv_path.read_text().splitlines()}
+    assert set(rows) == {"eager", "torch.compile", "torch.compile:reduce-overhead", "torch.compile:max-autotune",
+                         "kernelwright", "kernelwright:plain"}
+    assert rows["kernelwright:plain"] == ("abc1234,2026-01-02,Test GPU,bf16,train_steps,"
+                                          "level3/resnet_basic_block:train_step,kernelwright:plain,3.2000,true")
+
+
 def test_results_csv_unreadable_bench(tmp_path):
     r = py("results_csv.py", tmp_path / "missing.json", "--commit", "c", "--suite", "s", "--csv", tmp_path / "x.csv")
     assert r.returncode == 1 and "cannot read" in r.stderr and not (tmp_path / "x.csv").exists()

@@ -188,6 +188,7 @@ def run_train_bench(files, policy, impls: dict, steps: int, timed: int, json_out
         except Exception as e:  # noqa: BLE001 - a failing problem is a row
             row = {"problem": Path(f).stem, "level": None, "correct": False,
                    "error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
+        row["path"] = str(f)
         row["wall_s"] = round(time.perf_counter() - start, 2)
         if "kernelwright" in row.get("train", {}):
             row["correct"] = row["train"]["kernelwright"]["correct"]  # what summarise counts
@@ -201,7 +202,8 @@ def run_train_bench(files, policy, impls: dict, steps: int, timed: int, json_out
         echo(line + (f"  ERROR {row['error'][:80]}" if row.get("error") else ""))
         summary = summarise(rows, baseline_only=False)
         if json_out:
-            Path(json_out).write_text(json.dumps({"rows": rows, "summary": summary, "train": True,
+            gpu = torch.cuda.get_device_name(0) if torch.device(device).type == "cuda" else "cpu"
+            Path(json_out).write_text(json.dumps({"rows": rows, "summary": summary, "train": True, "gpu": gpu,
                                                   "options": {"precision": policy.name, "steps": steps, "timed": timed},
                                                   "torch": torch.__version__}, indent=2, default=str))
     summary = summarise(rows, baseline_only=False)
