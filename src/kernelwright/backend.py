@@ -136,11 +136,28 @@ def state_positions(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
     return out
 
 
+_SOURCE: list[str] = []  # the package's source digest, computed once per process
+
+
+def source_digest() -> str:
+    """A digest of kernelwright's own source (its modules and kernel templates): cached results of
+    another version of the code are not reused (what a graph's optimisation kept or shipped, and
+    why, may differ)."""
+    if not _SOURCE:
+        root = Path(__file__).resolve().parent
+        h = hashlib.sha256()
+        for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".j2", ".cu", ".cuh") and p.is_file()):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+        _SOURCE.append(h.hexdigest()[:16])
+    return _SOURCE[0]
+
+
 def _cache_dir(gm: torch.fx.GraphModule, example_inputs, options: dict) -> Path:
     sig = [(tuple(x.shape), str(x.dtype), x.stride(), x.requires_grad, x.device.type)
            if isinstance(x, torch.Tensor) else repr(x) for x in example_inputs]
     key = hashlib.sha256(json.dumps([gm.code, sig, sorted((k, repr(v)) for k, v in options.items()),
-                                     torch.__version__], default=str).encode()).hexdigest()[:20]
+                                     torch.__version__, source_digest()], default=str).encode()).hexdigest()[:20]
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kernelwright" / "compiled"
     return root / key
 
@@ -458,9 +475,37 @@ def backend(partition: str = "recompute", **options) -> Callable:
                 return training(gm, example_inputs)
             finally:
                 dynamo_inputs[0] = ()
-        return _optimised(gm, example_inputs, state_positions(gm, example_inputs), options)
+        under = caller_autocast(example_inputs)
+        if under is None:
+            return _optimised(gm, example_inputs, state_positions(gm, example_inputs), options)
+        # an inference graph Dynamo calls under the caller's autocast: optimised, verified and run
+        # without it, its casts the bf16 policy's (verified against eager under that autocast)
+        device, dtype = under
+        precision = options.get("precision") or ("bf16" if dtype == torch.bfloat16 else None)
+        if precision != "bf16" or dtype != torch.bfloat16:
+            return _as_captured(gm, f"the caller's {str(dtype).removeprefix('torch.')} autocast is not the "
+                                    f"precision policy ({options.get('precision') or 'fp32'})")
+        with torch.autocast(device, enabled=False):
+            run = _optimised(gm, example_inputs, state_positions(gm, example_inputs), dict(options, precision="bf16"))
+        return without_autocast(run, device)
 
     return compile_graph
+
+
+def caller_autocast(example_inputs) -> tuple[str, torch.dtype] | None:
+    """(device type, dtype) of the autocast the caller has on for the graph's tensors' device, or None."""
+    for kind in dict.fromkeys(x.device.type for x in example_inputs if isinstance(x, torch.Tensor)):
+        if torch.is_autocast_enabled(kind):
+            return kind, torch.get_autocast_dtype(kind)
+    return None
+
+
+def without_autocast(run: Callable, device: str) -> Callable:
+    """`run` called with the caller's autocast off on `device` (its casts are its own)."""
+    def call(*args):
+        with torch.autocast(device, enabled=False):
+            return run(*args)
+    return call
 
 
 def saved_positions(gm: torch.fx.GraphModule) -> tuple[int, ...]:

@@ -326,6 +326,45 @@ def test_every_graph_keeps_the_cuda_graphs_option_training_graphs_too(net, monke
             assert any(t.shape == want.shape and torch.equal(t, want.detach()) for t in forward)
 
 
+def test_an_inference_graph_under_the_callers_bf16_autocast_runs_generated_code_without_it(net, tmp_path):
+    """Inference under the caller's bf16 autocast (a graph Dynamo calls with autocast on): the
+    graph is optimised and verified under the bf16 policy, without the caller's autocast (the
+    emitted module refuses calls made under one), and called with it off: its generated forward
+    ships and matches eager under the autocast; with another precision policy the graph runs as
+    captured, saying why in one warning."""
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = net(x)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = torch.compile(net, backend=kwb.backend(budget_trials=1), dynamic=False)(x)
+    said = [str(w.message) for w in caught if "kernelwright" in str(w.message)]
+    assert not said, said
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    (result,) = _results(tmp_path)
+    assert result["verify"]["passed"] and result["precision"] == "bf16"
+    torch._dynamo.reset()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = torch.compile(net, backend=kwb.backend(budget_trials=1, precision="tf32"), dynamic=False)(x)
+    said = [str(w.message) for w in caught if "kernelwright" in str(w.message)]
+    assert len(said) == 1 and "bfloat16 autocast is not the precision policy (tf32)" in said[0], said
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_cached_results_belong_to_one_version_of_the_source(net, monkeypatch):
+    """The backend's cache key holds a digest of kernelwright's own source: what another version
+    of the code kept or shipped for a graph is optimised again."""
+    gm = torch.fx.symbolic_trace(net)
+    x = [torch.randn(2, 3, 8, 8)]
+    here = kwb._cache_dir(gm, x, {})
+    assert kwb._cache_dir(gm, x, {}) == here and len(kwb.source_digest()) == 16
+    monkeypatch.setattr(kwb, "_SOURCE", ["another version"])
+    assert kwb._cache_dir(gm, x, {}) != here
+
+
 class _Swishy(torch.nn.Module):
     def __init__(self):
         super().__init__()
