@@ -517,6 +517,42 @@ def test_a_gradient_that_is_rounding_noise_in_eager_too_is_judged_against_float6
     assert grad.status == "wrong" and "from float64" in grad.detail, grad
 
 
+ATTENTION_ON_A_TRANSPOSE = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc0 = nn.Linear(16, 5, bias=False)
+
+    def forward(self, x0):
+        h2 = torch.relu(self.fc0(x0).transpose(1, 2))
+        q = h2.view(h2.shape[0], 5, 4, 2).transpose(1, 2)
+        return (torch.softmax((q @ (q * 0.5).transpose(-2, -1)) / 1.4142135623730951, dim=-1) @ q
+                ).transpose(1, 2).reshape(h2.shape)
+
+
+def get_inputs():
+    return [torch.randn(2, 8, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.interpreter
+def test_views_of_values_the_rewrites_lay_out_anew_still_run(tmp_path):
+    """Self-attention by hand on a transposed activation, under tf32: the exact rewrites (no-op
+    expands dropped, repeated views merged) and the generated kernels hand some views a value in
+    another layout than the traced one, on which the recorded view cannot be taken; the emitted
+    forward calls views as reshape, so the generated forward ships (with view it raised in
+    verification, and the original forward was kept)."""
+    outcome = _check_text(tmp_path, ATTENTION_ON_A_TRANSPOSE, precision="tf32")
+    assert outcome.status == "ok" and not outcome.kept, outcome
+
+
 CONV_POOL = """import torch
 import torch.nn as nn
 import torch.nn.functional as F

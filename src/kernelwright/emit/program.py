@@ -74,8 +74,11 @@ def weight_masked_sdpa(graph: Graph, n) -> bool:
 # op, reached through the generated bindings in about half the host time (torch.ops' OpOverload
 # path costs ~2-4 us more per call, measured on the CPU); these sit on the host-bound path of small
 # models. (method or function, name, keyword arguments the public API takes under the same names)
+# A view is called as reshape: the graph is functional, and its input may come from a generated
+# kernel or a rewrite in another layout than the traced one, where view would raise (a reshape of
+# a transposed attention output); reshape is that view wherever the view exists.
 FAST_CALLS = {
-    "aten.view.default": ("method", "view", ()),
+    "aten.view.default": ("method", "reshape", ()),
     "aten.reshape.default": ("method", "reshape", ()),
     "aten.permute.default": ("method", "permute", ()),
     "aten.transpose.int": ("method", "transpose", ()),
