@@ -293,7 +293,7 @@ def test_the_summary_line_has_the_exact_format():
 def test_run_prints_a_line_per_program_and_survives_the_oracle(monkeypatch, tmp_path):
     statuses = iter(["ok", "wrong", "raise", "kept"])
 
-    def fake_check(path, device, precision, budget, work=None, no_library=False):
+    def fake_check(path, device, precision, budget, work=None, no_library=False, backend=False):
         status = next(statuses)
         if status == "raise":
             raise RuntimeError("oracle bug\nsecond line")
@@ -314,7 +314,7 @@ def test_run_prints_a_line_per_program_and_survives_the_oracle(monkeypatch, tmp_
 def test_ctrl_c_ends_the_run_with_the_summary_so_far(monkeypatch, tmp_path):
     calls = []
 
-    def fake_check(path, device, precision, budget, work=None, no_library=False):
+    def fake_check(path, device, precision, budget, work=None, no_library=False, backend=False):
         calls.append(path)
         if len(calls) == 3:
             raise KeyboardInterrupt
@@ -333,7 +333,7 @@ def test_the_command_exits_1_when_a_program_is_wrong(monkeypatch, tmp_path):
 
     from kernelwright.fuzz.command import fuzz
 
-    def fake_run(count, seed, device, precision, out, budget, log, no_library=False):
+    def fake_run(count, seed, device, precision, out, budget, log, no_library=False, backend=False):
         log("fuzz: 1 programs, 1 wrong, 0 failed to optimize, 0 kept original")
         return runner.Summary([runner.Result(0, "x", Outcome("p", "wrong"), 0.1)])
 
@@ -586,16 +586,18 @@ def test_no_library_puts_the_generated_convolution_through_every_check(tmp_path)
     assert any("max-pooled over [2, 2]" in k for k in kernels)
 
 
-def test_the_no_library_flag_reaches_the_oracle(monkeypatch, tmp_path):
+def test_the_no_library_and_backend_flags_reach_the_oracle(monkeypatch, tmp_path):
     seen = []
 
-    def fake_check(path, device, precision, budget, work=None, no_library=False):
-        seen.append(no_library)
+    def fake_check(path, device, precision, budget, work=None, small=False, no_library=False, backend=False):
+        seen.append((no_library, backend))
         return Outcome(str(path), "ok")
 
     monkeypatch.setattr(runner, "check", fake_check)
     runner.run(2, 0, "cpu", "fp32", tmp_path, 1, log=lambda s: None, no_library=True)
-    assert seen == [True, True]
+    runner.run(1, 0, "cpu", "fp32", tmp_path, 1, log=lambda s: None, backend=True)
+    runner.run_files([FIX / "bn_eval_running_stats.py"], "cpu", "fp32", tmp_path, 1, log=lambda s: None, backend=True)
+    assert seen == [(True, False), (True, False), (False, True), (False, True)]
 
 
 

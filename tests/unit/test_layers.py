@@ -28,8 +28,9 @@ LAYERS = [
     {"search"},
     {"emit"},
     {"pipeline"},
-    {"fuzz", "bench"},  # both drive the whole pipeline
-    {"cli", "__main__", "doctor", "__init__", "backend"},  # `__init__`: optimize(); `backend`: torch.compile's
+    {"bench"},  # drives the whole pipeline
+    # `__init__`: optimize(); `backend`: torch.compile's; `fuzz`: drives the pipeline and the backend
+    {"cli", "__main__", "doctor", "__init__", "backend", "fuzz"},
 ]
 
 # names the package root defines before any import; any layer may read them
