@@ -221,14 +221,15 @@ WAVE_CASES = [
 def test_a_stack_as_one_wavefront_launch_matches_torch(kind, kw, tmp_path):
     """A unidirectional stack's WAVE configs (every layer in one launch, layer l at step t beside
     layer l + 1 at step t - 1; layers after the first project their input in the kernel), with the
-    weights streamed and held in registers, against torch's layer (in the interpreter one program
+    weights streamed or held in registers (case by case), against torch's layer (in the interpreter one program
     per layer, run in order); they are in the space but not among the seeds (not measured on a GPU
     in this form); a bidirectional or one-layer node has no WAVE axis."""
     _, _, graph, node, env = _case(kind, **kw)
     waves = [c for c in TEMPLATE.space(graph, node, H200) if c["WAVE"]]
     assert {c["RESIDENT"] for c in waves} == {True, False}
     assert not any(c["WAVE"] for c in TEMPLATE.seeds(graph, node, H200)) and not TEMPLATE.default(graph, node, H200)["WAVE"]
-    for cfg in (next(c for c in waves if c["RESIDENT"] == r) for r in (False, True)):
+    resident = WAVE_CASES.index((kind, kw)) % 2 == 1  # (the cases alternate; the dot test runs both)
+    for cfg in [next(c for c in waves if c["RESIDENT"] == resident)]:
         k, _ = _run(graph, node, env, cfg, tmp_path)
         assert "_rnn_kernel_wave[" in k.source or "_rnn_kernel_wave," in k.source
     for other in (dict(layers=2, bidirectional=True), dict(layers=1)):
