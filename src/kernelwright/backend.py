@@ -372,17 +372,13 @@ def forward_examples(fakes, values) -> list:
     The weights and inputs of the call being compiled make the verification inputs drawn near them
     meaningful (independent normal weights grow a transformer's activations past a bf16 softmax's
     range)."""
+    from torch._subclasses.fake_tensor import is_fake
+
     if len(values) != len(fakes):
         values = [None] * len(fakes)
-    return [same_strides_copy(v) if isinstance(v, torch.Tensor) and isinstance(x, torch.Tensor) and not _is_fake(v)
+    return [same_strides_copy(v) if isinstance(v, torch.Tensor) and isinstance(x, torch.Tensor) and not is_fake(v)
             and (v.shape, v.stride(), v.dtype, v.device) == (x.shape, x.stride(), x.dtype, x.device) else _real(x)
             for x, v in zip(fakes, values)]
-
-
-def _is_fake(x) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    return isinstance(x, FakeTensor)
 
 
 def _real(x):
