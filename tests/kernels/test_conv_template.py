@@ -198,9 +198,10 @@ def test_transposed_box_tiles_per_phase_class(mods, case):
     _close(mod.launch(x, w, **args, **tile), ref)
 
 
-def test_box_tiles_with_an_epilogue_and_bf16(mods):
+def test_box_tiles_with_an_epilogue_and_bf16(mods, monkeypatch):
     """The box path feeds the same epilogue (col, full and scalar operands over the output's
-    coordinates) and rounds float32 tiles to bf16 with CAST_BF16."""
+    coordinates) and rounds float32 tiles to bf16 with CAST_BF16; an NCHW float32 input is copied
+    channels-last once, in bf16 (the dot's dtype), by the tiled copy kernel."""
     mod = mods(False, EPI, name="kw_conv_box_epi")
     x, w = _case(False, 2, 16, 16, (6, 7), (3, 3), 1, seed=7)
     g = _gen(8)
@@ -211,6 +212,10 @@ def test_box_tiles_with_an_epilogue_and_bf16(mods):
     xb, wb = _bf16(x), _bf16(w)
     refb = torch.relu((_ref(xb, wb, False, padding=1) + e0[:, None, None].double()) * e2.double() + e1.double())
     _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, CAST_BF16=True, **tile), refb, tol=1e-3)
+    copies, copy = [], mod._padded_channels_last
+    monkeypatch.setattr(mod, "_padded_channels_last", lambda t, pad, dtype: copies.append((pad, dtype)) or copy(t, pad, dtype))
+    _close(mod.launch(x, w, e0, e1, e2, padding=1, CAST_BF16=True, **tile), refb, tol=1e-3)
+    assert copies == [((0, 0), torch.bfloat16)]
 
 
 # boxes of two rows: (batch, Cin, Cout, spatial, kernel, conv args, box, transposed)
