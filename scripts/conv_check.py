@@ -16,7 +16,7 @@ then torch's pool, against the template with the pool fused (box configs pool wh
 each box). Prints and appends one JSON row per measurement to OUT/conv_check.jsonl.
 
 usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7]
-       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--no-rows] [--flat] [--pool 2]
+       [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--no-rows] [--flat] [--pool 2] [--float32-in]
        [--extra-configs '[{"BLOCK_M": 256, ..., "BOX_W": 128}]'] [--once] [--out DIR]
 """
 import argparse
@@ -61,6 +61,9 @@ ap.add_argument("--no-rows", action="store_true",
                 help="read small-channel inputs as folded (tap, channel) pairs, not input rows (an A/B of ROW_C)")
 ap.add_argument("--flat", action="store_true",
                 help="offer the padded-grid (FLAT) configs in the space where they apply (stride-1 convolutions, no pool)")
+ap.add_argument("--float32-in", action="store_true",
+                help="under bf16, float32 input and weight as a model's are: cuDNN under bf16 autocast, the "
+                     "template rounding them to bf16 itself (CAST_BF16), each side's casts and copies timed")
 ap.add_argument("--pool", type=int, default=0, help="max-pool window (= stride) fused after the convolution")
 ap.add_argument("--extra-configs", default="[]",
                 help="a JSON list of configs (BLOCK_M, BLOCK_N, ..., BOX_*) timed after the space's first ones")
@@ -127,7 +130,8 @@ for name in args.shapes:
     pixels = n * int(torch.tensor(osp).prod())
     flops = 2 * pixels * co * c * k ** nd // (st ** nd if transposed else 1)  # (taps that meet an input)
     for prec in args.precision:
-        dt = torch.bfloat16 if prec == "bf16" else torch.float32
+        cast = prec == "bf16" and args.float32_in
+        dt = torch.bfloat16 if prec == "bf16" and not cast else torch.float32
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
         for layout in args.layouts:
             x = torch.randn(n, c, *sp, device="cuda", dtype=dt)
@@ -138,12 +142,16 @@ for name in args.shapes:
             if pool:
                 pool_fn = F.max_pool2d if nd == 2 else F.max_pool3d
                 extra["pool_window"] = args.pool
-                def lib(): return pool_fn(conv(x, w, padding=p, stride=extra["stride"]), args.pool)  # noqa: E704
+                def op(): return pool_fn(conv(x, w, padding=p, stride=extra["stride"]), args.pool)  # noqa: E704
             else:
-                def lib(): return conv(x, w, padding=p, **extra)  # noqa: E704
+                def op(): return conv(x, w, padding=p, **extra)  # noqa: E704
+
+            def lib():
+                with torch.autocast("cuda", torch.bfloat16, enabled=cast):
+                    return op()
             ref = lib()
             ms = None if args.once else device_ms(lib)
-            base = dict(shape=name, precision=prec, layout=layout, pixel_runs=not args.no_pixel_runs, rows=not args.no_rows,
+            base = dict(shape=name, precision=prec, float32_in=cast, layout=layout, pixel_runs=not args.no_pixel_runs, rows=not args.no_rows,
                         pool=args.pool)
             emit(**base, impl="cuDNN", ms=ms, tflops=flops / ms / 1e9 if ms else None)
             configs = conv_space(M=pixels, N=co, K=c * k ** nd, precision=prec, elem_bytes=x.element_size(),
@@ -154,7 +162,7 @@ for name in args.shapes:
             configs += [c for c in json.loads(args.extra_configs) if c not in configs]
             for cfg in configs:
                 kw = dict(cfg, padding=p, **extra, out_channels_last=layout == "channels-last",
-                          INPUT_PRECISION="tf32" if prec == "tf32" else "ieee")
+                          INPUT_PRECISION="tf32" if prec == "tf32" else "ieee", **({"CAST_BF16": True} if cast else {}))
                 try:
                     y = mod.launch(x, w, **kw)
                     err = ((y.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
