@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from kernelwright.analyze.device import H200
-from kernelwright.space.conv_space import (BOX_KEYS, CONFIG_KEYS, ROW_KEYS, SEEDS, best_box, block_k_cap, conv_space, programs,
+from kernelwright.space.conv_space import (BOX_KEYS, BOXES_FIRST_PIXELS, CONFIG_KEYS, ROW_KEYS, SEEDS, best_box, block_k_cap, conv_space, programs,
                                            smem_bytes, split_k)
 
 RESNET = dict(M=32 * 56 * 56, N=256, K=256 * 9, channels=256)  # ResNet 3x3 256 -> 256, 56 x 56, batch 32
@@ -170,12 +170,18 @@ def test_box_configs_alternate_with_the_others_where_the_descriptor_path_applies
 @pytest.mark.parametrize("precision,eb", [("tf32", 4), ("bf16", 2)])
 def test_two_row_boxes_come_second_where_rows_are_wide(precision, eb):
     """KernelBench level-2 #1's 126 x 126 output: a 256-pixel box is two 128-pixel rows, the second
-    config (after the probe's fastest box), at 8 warps (no two-row box's reshape: the bf16 4-warp
-    rule does not apply) and within shared memory; 56 x 56 rows take no such config."""
+    box config (after the probe's fastest box), at 8 warps (no two-row box's reshape: the bf16 4-warp
+    rule does not apply) and within shared memory; 56 x 56 rows take no such config. So large an
+    output (BOXES_FIRST_PIXELS) takes both boxes before the first gather config; a smaller one
+    alternates from the first."""
     wide = dict(M=128 * 126 * 126, N=128, K=64 * 9, channels=64)
     space = conv_space(**wide, precision=precision, elem_bytes=eb, spec=H200, box_out=(1, 126, 126))
     two = [c for c in space if c.get("TWO_ROWS")]
-    assert len(two) == 1 and space.index(two[0]) == 2 and "BOX_W" in space[0] and "BOX_W" not in space[1]
+    assert len(two) == 1 and space.index(two[0]) == 1 and "BOX_W" in space[0] and "BOX_W" not in space[2]
+    assert wide["M"] >= BOXES_FIRST_PIXELS
+    small = conv_space(**dict(wide, M=BOXES_FIRST_PIXELS - 1), precision=precision, elem_bytes=eb, spec=H200,
+                       box_out=(1, 126, 126))
+    assert ["BOX_W" in c for c in small[:3]] == [True, False, True] and small[2].get("TWO_ROWS")
     c = two[0]
     assert (c["BLOCK_M"], c["BLOCK_N"], c["num_warps"]) == (256, 128, 8)
     assert (c["BOX_D"], c["BOX_H"], c["BOX_W"]) == (1, 2, 128) and set(c) == set(CONFIG_KEYS + BOX_KEYS + ROW_KEYS)

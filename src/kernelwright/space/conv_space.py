@@ -67,6 +67,14 @@ FLAT_SEEDS = {
 # though both operands stay in shared memory; the path is there for explicit configs and probes
 # (scripts/conv_check.py --flat)
 FLAT_AFTER = 2
+# outputs of at least this many pixels (batch x output spatial) take their first two box configs
+# before the first gather config: on every such shape timed the box configs beat the gathers of
+# the same tiles, 1.2-2.5x (s17 and s11 of KernelBench level-2 #1 / #54, 32 x 224 x 224, 128 x 64 x 64,
+# a 3-D 16 x 32 x 64 x 64; tf32 and bf16; docs/benchmarks.md "The convolution's input through
+# tensor descriptors", "Two-row boxes", "The box path's input copy in the dots' dtype"), and the
+# second box config was the faster of the two on s17 (the two-row box under tf32, 128 x 64 under
+# bf16); smaller outputs keep one box, then one gather (where a gather won: 32 x 56 x 56, 14 x 14)
+BOXES_FIRST_PIXELS = 1 << 19
 
 AXES = dict(
     BLOCK_M=(32, 64, 128, 256),
@@ -216,6 +224,8 @@ def conv_space(
         boxes = [c for c in box_configs(box_out, prec, cap_n, cap_k, whole_n, spec, eb, box_window) if ok(c)]
         rest = [c for c in out if c not in boxes]
         mixed = [c for pair in itertools.zip_longest(boxes, rest[:len(boxes)]) for c in pair if c is not None]
+        if M and M >= BOXES_FIRST_PIXELS and len(boxes) > 1 and len(mixed) > 2:
+            mixed[1], mixed[2] = mixed[2], mixed[1]  # (two boxes, then the first gather)
         out = mixed + rest[len(boxes):]
     if flat and prec in FLAT_SEEDS:
         # (the padded copy holds the dots' dtype: bf16 operands of float32 tensors take 2 bytes)
@@ -320,5 +330,5 @@ def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: in
     return seeds
 
 
-__all__ = ["CONFIG_KEYS", "BOX_KEYS", "FLAT_KEYS", "FLAT_SEEDS", "flat_configs", "ROW_KEYS", "SPLIT_KEYS", "WARP_KEYS", "TWO_ROW_SEEDS", "split_k", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
+__all__ = ["CONFIG_KEYS", "BOX_KEYS", "BOXES_FIRST_PIXELS", "FLAT_KEYS", "FLAT_SEEDS", "flat_configs", "ROW_KEYS", "SPLIT_KEYS", "WARP_KEYS", "TWO_ROW_SEEDS", "split_k", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
            "block_k_cap", "smem_bytes", "programs"]
