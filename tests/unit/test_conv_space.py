@@ -190,6 +190,21 @@ def test_two_row_boxes_come_second_where_rows_are_wide(precision, eb):
     assert not any(c.get("TWO_ROWS") for c in narrow)
 
 
+def test_box_configs_are_sized_for_the_operands_they_load():
+    """Under bf16 a float32 NCHW input reaches the box configs as a bf16 copy: with box_elem_bytes=2
+    their shared memory is counted in 2-byte operands, which keeps the two-row 256 x 128 x 64 box
+    (3 stages: 288 KiB in float32, 144 KiB in bf16) the float32 count leaves out; the other configs
+    keep elem_bytes' count."""
+    wide = dict(M=128 * 126 * 126, N=128, K=64 * 9, channels=64, precision="bf16", spec=H200, box_out=(1, 126, 126))
+    as_f32 = conv_space(**wide, elem_bytes=4)
+    as_bf16 = conv_space(**wide, elem_bytes=4, box_elem_bytes=2)
+    assert not any(c.get("TWO_ROWS") for c in as_f32)
+    (two,) = [c for c in as_bf16 if c.get("TWO_ROWS")]
+    assert smem_bytes(two, 4) > H200.smem_per_block >= smem_bytes(two, 2)
+    gathers = [c for c in as_bf16 if "BOX_W" not in c]  # (one fewer within max_configs)
+    assert gathers == [c for c in as_f32 if "BOX_W" not in c][:len(gathers)]
+
+
 def test_box_configs_respect_whole_n_and_the_channel_cap():
     space = conv_space(M=4096, N=48, K=32 * 9, channels=32, precision="bf16", elem_bytes=2, spec=H200,
                        whole_n=True, box_out=(1, 64, 64))

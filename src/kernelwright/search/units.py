@@ -18,6 +18,7 @@ from kernelwright.analyze.device import DeviceSpec, device_spec
 from kernelwright.build.compile_ahead import compile_ahead
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture.execute import input_device, run_node
+from kernelwright.capture.shapes import channels_last_strides
 from kernelwright.codegen import conv_epilogue, cudnn_epilogue, gemm_epilogue, library_epilogue, node_kernels, pool_chain
 from kernelwright.codegen.triton_pool import TEMPLATE as POOL_TEMPLATE
 from kernelwright.codegen.helpers import launch_out_params
@@ -494,8 +495,11 @@ class ConvTuner(KernelTuner):
         precision = "bf16" if bf16 else policy.name
         cin = f.weight_shape[0] // groups if f.transposed else f.weight_shape[1]
         box_out = f.box_out(graph, precision)
+        xm = graph.meta(f.x)
+        # (launch copies an NCHW input channels-last for the box configs, in bf16 under CAST_BF16)
+        box_bytes = 2 if f.cast_bf16 and tuple(xm.stride) != channels_last_strides(xm.shape) else None
         self.space = [Config.make("triton.conv", **c) for c in
-                      conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=graph.meta(f.x).itemsize,
+                      conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=xm.itemsize, box_elem_bytes=box_bytes,
                                  spec=spec or device_spec(),
                                  # (an input pooled as it loads takes K steps of at most its channels: no folded taps)
                                  channels=1 << (cin.bit_length() - 1) if f.in_pool and cin >= 16 else cin, groups=groups,

@@ -138,6 +138,7 @@ def conv_space(
     box_out: tuple[int, int, int] | None = None,
     box_window: tuple[int, int, int] = (1, 1, 1),
     flat: bool = False,
+    box_elem_bytes: int | None = None,
 ) -> list[dict]:
     """Configs for the convolution template, seeds first.
 
@@ -155,7 +156,9 @@ def conv_space(
     the (D, H, W) every box side is a multiple of (a fused pool's window, powers of two). flat: the
     template's padded-grid path applies (a convolution of stride 1, one group, tf32 / bf16, no fused
     pool or input prologue): `flat_configs` come after the first `FLAT_AFTER` configs, one before
-    each of the next."""
+    each of the next. box_elem_bytes: the box configs' operand bytes where they differ from
+    elem_bytes (default elem_bytes): under bf16, launch copies an NCHW float32 input channels-last
+    in bf16 for them and rounds the weights once, so their tiles hold 2-byte operands."""
     if whole_n and N and N > AXES["BLOCK_N"][-1]:
         return []
     prec = PRECISIONS.get(precision)
@@ -221,7 +224,8 @@ def conv_space(
         # box and gather configs alternate: boxes win on large outputs and lose on small ones (where
         # host-side descriptor set-up and short rows cost more than the gathers), so a search of any
         # budget >= 2 times both
-        boxes = [c for c in box_configs(box_out, prec, cap_n, cap_k, whole_n, spec, eb, box_window) if ok(c)]
+        beb = box_elem_bytes or eb
+        boxes = [c for c in box_configs(box_out, prec, cap_n, cap_k, whole_n, spec, beb, box_window) if ok(c, beb)]
         rest = [c for c in out if c not in boxes]
         mixed = [c for pair in itertools.zip_longest(boxes, rest[:len(boxes)]) for c in pair if c is not None]
         if M and M >= BOXES_FIRST_PIXELS and len(boxes) > 1 and len(mixed) > 2:
