@@ -496,8 +496,10 @@ class ConvTuner(KernelTuner):
         cin = f.weight_shape[0] // groups if f.transposed else f.weight_shape[1]
         box_out = f.box_out(graph, precision)
         xm = graph.meta(f.x)
-        # (launch copies an NCHW input channels-last for the box configs, in bf16 under CAST_BF16)
-        box_bytes = 2 if f.cast_bf16 and tuple(xm.stride) != channels_last_strides(xm.shape) else None
+        # (launch copies an NCHW input channels-last for the box configs, in bf16 under CAST_BF16
+        # where no input prologue computes on its float32 values)
+        box_bytes = 2 if (f.cast_bf16 and f.prologue.empty
+                          and tuple(xm.stride) != channels_last_strides(xm.shape)) else None
         self.space = [Config.make("triton.conv", **c) for c in
                       conv_space(M=M, N=N, K=K, precision=precision, elem_bytes=xm.itemsize, box_elem_bytes=box_bytes,
                                  spec=spec or device_spec(),
