@@ -69,9 +69,11 @@ FLAT_SEEDS = {
 FLAT_AFTER = 2
 # outputs of at least this many pixels (batch x output spatial) take their first two box configs
 # before the first gather config: on every such shape timed the box configs beat the gathers of
-# the same tiles, 1.2-2.5x (s17 and s11 of KernelBench level-2 #1 / #54, 32 x 224 x 224, 128 x 64 x 64,
-# a 3-D 16 x 32 x 64 x 64; tf32 and bf16; docs/benchmarks.md "The convolution's input through
-# tensor descriptors", "Two-row boxes", "The box path's input copy in the dots' dtype"), and the
+# the same tiles, 1.09-2.5x (s17 and s11 of KernelBench level-2 #1 / #54, 32 x 224 x 224, 128 x 64 x 64,
+# a 3-D 16 x 32 x 64 x 64, stride-2 transposed ones; tf32 and bf16; docs/benchmarks.md sections "The
+# convolution's input through tensor descriptors", "The convolution template's first configs",
+# "The batch-norm backward and two-row boxes on the H100", "Padded-grid convolution tiles", "The box
+# path's input copy in the dots' dtype"), or tied them, and the
 # second box config was the faster of the two on s17 (the two-row box under tf32, 128 x 64 under
 # bf16); smaller outputs keep one box, then one gather (where a gather won: 32 x 56 x 56, 14 x 14)
 BOXES_FIRST_PIXELS = 1 << 19
