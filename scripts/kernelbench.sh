@@ -5,9 +5,11 @@
 # device machine returns few files). KernelBench's files are not shipped: point DIR at a checkout's
 # KernelBench/levelN folder.
 # usage: scripts/kernelbench.sh NAME DIR NUM...
-#   NAME   stem of the files written: $OUT/NAME.json (bench JSON, rows in NUM order), $OUT/NAME.log,
-#          $OUT/NAME_reports.md (scripts/collect_reports.py: problems below 0.95x torch.compile),
-#          $OUT/NAME_progress.txt (each optimize's log, every line with its seconds: where time went)
+#   NAME   stem of the files written, at most three (the device machine returns at most 8 files a
+#          call): $OUT/NAME.json (bench JSON, rows in NUM order), $OUT/NAME.log (each problem's bench
+#          output, then each optimize's log with every line's seconds: where time went, then the
+#          table), $OUT/NAME_reports.md where a problem is incorrect, failed or below 0.95x
+#          torch.compile (scripts/collect_reports.py)
 #   DIR    a folder of KernelBench files named NUM_Name.py
 #   env: PRECISION  fp32, tf32 (default) or bf16
 #        BUDGET     trials per unit (default 2)
@@ -63,7 +65,8 @@ json.dump({"rows": rows, "summary": summarise(rows, opts.get("baseline_only"), T
            "gpu": parts[0]["gpu"], "torch": parts[0]["torch"]}, open(out, "w"), indent=2, default=str)
 PY
 python3 scripts/collect_reports.py "$OUT/$name.json" "$work/runs" "$OUT/${name}_reports.md"
+[ -s "$OUT/${name}_reports.md" ] || rm -f "$OUT/${name}_reports.md"
 for p in "$work"/runs/level*/*.progress.log; do  # each optimize's log, its lines timed
-  [ -f "$p" ] && { echo "== $p"; cat "$p"; }
-done > "$OUT/${name}_progress.txt"
+  [ -f "$p" ] && { echo "== progress: $p"; cat "$p"; }
+done >> "$OUT/$name.log"
 python3 scripts/bench_table.py "$OUT/$name.json" | tee -a "$OUT/$name.log"

@@ -225,6 +225,24 @@ def test_kernelbench_runs_each_number_and_says_what_is_missing(tmp_path, fake_py
     assert r.returncode == 1 and "no problem finished" in r.stderr  # (the stand-in writes no bench JSON)
 
 
+def test_kernelbench_writes_few_files(tmp_path, fake_python):
+    """The device machine returns at most 8 files a call: one run writes its log (each optimize's
+    timed progress appended to it) and JSON, and a reports file only where there is a report."""
+    kb, work, out = tmp_path / "level2", tmp_path / "work", tmp_path / "out"
+    kb.mkdir()
+    (kb / "7_Conv2d_ReLU.py").write_text("")
+    (work / "runs" / "level2").mkdir(parents=True)
+    (work / "7.json").write_text("{}")  # (as if the bench had written it: the stand-in writes nothing)
+    (work / "runs" / "level2" / "7_Conv2d_ReLU.progress.log").write_text("[ 1.0 s] modes: any\n")
+    r = run(["bash", str(SCRIPTS / "kernelbench.sh"), "l2", str(kb), "7"],
+            env={**fake_python, "OUT": str(out), "WORK": str(work)})
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["l2.log"]  # (the stand-in merges and reports nothing)
+    log = (out / "l2.log").read_text()
+    assert "== progress: " in log and "[ 1.0 s] modes: any" in log
+    assert log.index("[ 1.0 s] modes: any") < log.rindex("args: scripts/bench_table.py")
+
+
 def test_device_session_packs_results(tmp_path, fake_python):
     out, work = tmp_path / "out", tmp_path / "work"
     r = run(["bash", str(SCRIPTS / "device_session.sh"), "bf16 tf32", "2", "p.py"],
