@@ -12,7 +12,7 @@
 #          torch.compile (scripts/collect_reports.py)
 #   DIR    a folder of KernelBench files named NUM_Name.py
 #   env: PRECISION  fp32, tf32 (default) or bf16
-#        BUDGET     trials per unit (default 2)
+#        BUDGET     trials per problem, shared among its units (default 2)
 #        LIMIT      seconds one problem may take, optimize and timing together (default 300)
 #        DEADLINE   seconds this script may run: each problem's limit is cut to what is left of it
 #                   (less 20 s for the merge), so the files under $OUT are written before an outer
