@@ -27,6 +27,7 @@ backend=kernelwright.backend.backend(budget_trials=4))``.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -136,21 +137,17 @@ def state_positions(gm: torch.fx.GraphModule, example_inputs) -> list[int]:
     return out
 
 
-_SOURCE: list[str] = []  # the package's source digest, computed once per process
-
-
+@functools.cache
 def source_digest() -> str:
-    """A digest of kernelwright's own source (its modules and kernel templates): cached results of
-    another version of the code are not reused (what a graph's optimisation kept or shipped, and
-    why, may differ)."""
-    if not _SOURCE:
-        root = Path(__file__).resolve().parent
-        h = hashlib.sha256()
-        for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".j2", ".cu", ".cuh") and p.is_file()):
-            h.update(str(f.relative_to(root)).encode())
-            h.update(f.read_bytes())
-        _SOURCE.append(h.hexdigest()[:16])
-    return _SOURCE[0]
+    """A digest of kernelwright's own source (its modules and kernel templates), computed once per
+    process: cached results of another version of the code are not reused (what a graph's
+    optimisation kept or shipped, and why, may differ)."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".j2", ".cu", ".cuh") and p.is_file()):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _cache_dir(gm: torch.fx.GraphModule, example_inputs, options: dict) -> Path:
@@ -477,8 +474,7 @@ def backend(partition: str = "recompute", **options) -> Callable:
         # an inference graph Dynamo calls under the caller's autocast: optimised, verified and run
         # without it, its casts the bf16 policy's (verified against eager under that autocast)
         device, dtype = under
-        precision = options.get("precision") or ("bf16" if dtype == torch.bfloat16 else None)
-        if precision != "bf16" or dtype != torch.bfloat16:
+        if dtype != torch.bfloat16 or options.get("precision") not in (None, "bf16"):
             return _as_captured(gm, f"the caller's {str(dtype).removeprefix('torch.')} autocast is not the "
                                     f"precision policy ({options.get('precision') or 'fp32'})")
         with torch.autocast(device, enabled=False):
