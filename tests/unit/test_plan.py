@@ -162,6 +162,21 @@ def test_group_outputs_are_read_outside():
                     assert n in g.outputs
 
 
+class RmsNormInFloat(nn.Module):
+    """A half-precision model's RMSNorm: computed in float32, returned in the input's dtype."""
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return h.to(x.dtype)
+
+
+def test_dtype_conversions_leave_no_checks_that_keep_values_alive():
+    graph, plan = _plan(RmsNormInFloat(), torch.randn(4, 8, dtype=torch.bfloat16))
+    assert not any("assert" in n.op for n in graph.nodes)
+    assert len(plan.groups) == 1 and plan.groups[0].outputs == graph.outputs
+
+
 def test_run_graph_keeps_only_the_values_asked_for():
     """The tuning run keeps what crosses a unit's boundary: intermediates inside a fusion group
     are let go after their last use, the units' outputs and the graph's inputs stay."""

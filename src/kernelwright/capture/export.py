@@ -186,6 +186,12 @@ def _device_of(inputs: list, model: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+# A `.to(dtype)` in a forward exports as the copy plus an assertion on the source's dtype and
+# device, which export has already checked: kept, it would read the source tensor, so a fused group
+# computing that tensor would store it for nothing.
+METADATA_CHECKS = frozenset({"aten._assert_tensor_metadata.default"})
+
+
 def _to_graph(ep, name: str, model: torch.nn.Module | None = None) -> Graph:
     sig: ExportGraphSignature = ep.graph_signature
     params = sig.inputs_to_parameters
@@ -224,6 +230,8 @@ def _to_graph(ep, name: str, model: torch.nn.Module | None = None) -> Graph:
             val = n.meta.get("val")
             outs = [tensor_meta(v) for v in val] if isinstance(val, (list, tuple)) else [tensor_meta(val)]
             target, args = _target_name(n.target), _convert(n.args)
+            if target in METADATA_CHECKS:
+                continue
             if target in RECURRENT_INPUT and len(args) == 9 and args[5] == 0:
                 args = (*args[:6], False, *args[7:])  # (see RECURRENT_INPUT)
             nodes.append(OpNode(n.name, target, args, _convert(dict(n.kwargs)), outs, fx=n))
