@@ -436,9 +436,13 @@ def test_saved_tensors_stay_channels_last_between_the_training_graphs(tmp_path, 
     x = torch.randn(2, 3, 10, 10)
     torch.compile(net, backend=kwb.backend(precision="tf32", budget_trials=1))(x).sum().backward()
     ref(x).sum().backward()
+    # the first convolution's bias has a zero gradient in exact arithmetic (the batch norm takes
+    # out its mean): float32 rounding noise on the scale of the largest gradient, which any order
+    # of summation moves
+    atol = 1e-6 * max(p.grad.abs().max().item() for p in ref.parameters())
     for a, b in zip(net.parameters(), ref.parameters()):
         assert a.grad.stride() == b.grad.stride()
-        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=atol)
     results = _results(tmp_path)
     assert len(results) == 2 and all(r["verify"]["passed"] for r in results)
     notes = [n for r in results for n in r["rewrites"]]

@@ -55,18 +55,24 @@ def group_space(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *,
     if needs_split(M, R, spec=spec):
         return _split_space(M, R, spec.sms)
     configs: list[Config] = _split_space(M, R, spec.sms) if strided_long_rows(M, R, r_contiguous, spec=spec) else []
+    # strided rows: neighbouring rows share cache lines, so a tile takes at least 16 of them (a
+    # 32-byte sector of bf16); one row alone reads a line per element (KernelBench level-2 17's
+    # instance norm over channels-last data on the H100: 2.0-4.1 ms in one-row tiles against 0.97
+    # in 64 x 32 ones, `0e4bf65`)
+    bm_min = 1 if r_contiguous else min(16, mp)
     # L2 eviction hints for multi-pass rows (first reads evict_last, last reads evict_first): on
     # the H200 they sped up two-pass rms/layer norm and 65536-wide log-softmax; a one-pass row's
     # evict_first loads measured slower, so one-pass configs carry none
     evict = Axis("EVICT", [False, True])
     if rp <= 16384:
         configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("num_warps", [1, 2, 4, 8, 16])],
-                         [lambda c: c["BLOCK_M"] <= mp and c["BLOCK_M"] * rp <= 16384, _warps_fit],
+                         [lambda c: bm_min <= c["BLOCK_M"] <= mp and c["BLOCK_M"] * rp <= 16384, _warps_fit],
                          fixed={"BLOCK_R": rp, "one_pass": True, "num_stages": 1, "EVICT": False}).configs()
     if rp >= 32:
         configs += Space("triton.row", [Axis("BLOCK_M", pow2_range(1, 128)), Axis("BLOCK_R", pow2_range(16, min(rp // 2, 4096))),
                                         Axis("num_warps", [1, 2, 4, 8, 16]), evict],
-                         [lambda c: c["BLOCK_M"] <= mp and 512 <= c["BLOCK_M"] * c["BLOCK_R"] <= 8192, _warps_fit],
+                         [lambda c: bm_min <= c["BLOCK_M"] <= mp and 512 <= c["BLOCK_M"] * c["BLOCK_R"] <= 8192,
+                          _warps_fit],
                          fixed={"one_pass": False, "num_stages": 1}).configs()
     return configs
 
