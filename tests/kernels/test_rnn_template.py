@@ -222,12 +222,21 @@ def test_a_stack_as_one_wavefront_launch_matches_torch(kind, kw, tmp_path):
     """A unidirectional stack's WAVE configs (every layer in one launch, layer l at step t beside
     layer l + 1 at step t - 1; layers after the first project their input in the kernel), with the
     weights streamed or held in registers (case by case), against torch's layer (in the interpreter one program
-    per layer, run in order); they are in the space but not among the seeds (not measured on a GPU
-    in this form); a bidirectional or one-layer node has no WAVE axis."""
+    per layer, run in order); under tensor-core policies a streamed wavefront is the second seed,
+    under fp32 none is, and the default is never one; a bidirectional or one-layer node has no WAVE
+    axis."""
     _, _, graph, node, env = _case(kind, **kw)
     waves = [c for c in TEMPLATE.space(graph, node, H200) if c["WAVE"]]
     assert {c["RESIDENT"] for c in waves} == {True, False}
-    assert not any(c["WAVE"] for c in TEMPLATE.seeds(graph, node, H200)) and not TEMPLATE.default(graph, node, H200)["WAVE"]
+    assert not any(c["WAVE"] for c in TEMPLATE.seeds(graph, node, H200, policy="fp32"))
+    for policy in ("tf32", "bf16"):
+        seeds = TEMPLATE.seeds(graph, node, H200, policy=policy)
+        if seeds[0]["DOT"] != policy:  # too narrow for tensor cores (H < 16): no wavefront seed either
+            assert not any(c["WAVE"] for c in seeds)
+            continue
+        assert not seeds[0]["WAVE"] and seeds[1]["WAVE"] and not seeds[1]["RESIDENT"] and seeds[1]["DOT"] == policy
+        assert seeds[1] in TEMPLATE.space(graph, node, H200, policy=policy)
+        assert not TEMPLATE.default(graph, node, H200, policy=policy)["WAVE"]
     resident = WAVE_CASES.index((kind, kw)) % 2 == 1  # (the cases alternate; the dot test runs both)
     for cfg in [next(c for c in waves if c["RESIDENT"] == resident)]:
         k, _ = _run(graph, node, env, cfg, tmp_path)

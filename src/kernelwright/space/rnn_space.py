@@ -176,21 +176,22 @@ def rnn_default(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: s
 def rnn_seeds(shape: RnnShape, *, spec: DeviceSpec | None = None, precision: str = "fp32",
               interpreter: bool = False, count: int = 5) -> list[Config]:
     """The default first, then the best-ranked config of: each other matvec, the other W_hh
-    residency, and BLOCK_H twice the default's (fewer programs, shorter barriers). The wavefront
-    over a stack (WAVE) stays in the space but is no seed: its first form (every program running
-    every layer in turn) ran 2.4x slower than a resident launch per layer on the H100
-    (docs/benchmarks.md, "The backward's replay settles; the RNN wavefront measured"), and the
-    layers-side-by-side form that replaced it is not measured yet."""
+    residency, and BLOCK_H twice the default's (fewer programs, shorter barriers). Under tensor-core
+    policies a stack's wavefront (WAVE) with streamed weights comes second: on the H100 it ran the
+    6-layer lstm_cn in 6.5 ms against 16.8 for the best launch per layer, and lost on the 2-layer
+    H = 1024 lstm (10.2 against 6.0), which the search then keeps (docs/benchmarks.md, "The
+    layer-parallel wavefront"). Under fp32 it lost on both and is no seed."""
     configs = rnn_space(shape, spec=spec, precision=precision, interpreter=interpreter)
     rank = _rank(shape, precision)
     first = min(configs, key=rank) if configs else rnn_default(shape, spec=spec, precision=precision,
                                                                interpreter=interpreter)
-    wants = [{"DOT": m} for m in reversed(dot_modes(precision)) if m != first["DOT"]]
+    wants = [{"DOT": first["DOT"], "WAVE": True, "RESIDENT": False}] if first["DOT"] in ("tf32", "bf16") else []
+    wants += [{"DOT": m} for m in reversed(dot_modes(precision)) if m != first["DOT"]]
     wants += [{"DOT": first["DOT"], "RESIDENT": not first["RESIDENT"]},
               {"DOT": first["DOT"], "BLOCK_H": first["BLOCK_H"] * 2}]
     out = [first]
     for want in wants:
-        pick = [c for c in configs if all(c[k] == v for k, v in want.items()) and c not in out]
+        pick = [c for c in configs if all(c.get(k, False) == v for k, v in want.items()) and c not in out]
         if pick:
             out.append(min(pick, key=rank))
     return out[:count]
