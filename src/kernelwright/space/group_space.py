@@ -161,13 +161,16 @@ def seed_configs(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *,
                 base.replace(num_warps=nw * 2), base.replace(num_warps=max(1, nw // 2)),
                 base.replace(BLOCK_M=base["BLOCK_M"] * 2), base.replace(BLOCK_M=base["BLOCK_M"] * 4, num_warps=nw * 2)]
     if not r_contiguous:
-        # strided rows: twice the rows next, then half the warps, and no one-row streaming (a row's
-        # elements are a line apart): KernelBench level-2 17's instance norm (M=16384, R=15876,
-        # bf16, H100, `0e4bf65`) took 0.966 ms in 64 x 32 tiles with 8 warps, 0.975 in 32 x 32
-        # with 8, 1.018 with 4, 1.038 with the eviction hints, 1.196 in 64 x 32 with 4, 2.0-4.1
-        # in one-row tiles; on the H200 (float32, `803f7b4`) 5.06 streaming one row
-        variants = [base.replace(BLOCK_M=base["BLOCK_M"] * 2), base.replace(num_warps=max(1, nw // 2)),
-                    base.replace(EVICT=True)]
+        # strided rows: no one-row streaming (a row's elements are a line apart). KernelBench
+        # level-2 17's instance norm (M=16384, R=15876, bf16, H100, `0e4bf65`) took 0.966 ms in
+        # 64 x 32 tiles with 8 warps, 0.975 in 32 x 32 with 8, 1.018 with 4, 1.038 with the
+        # eviction hints, 1.196 in 64 x 32 with 4, 2.0-4.1 in one-row tiles (on the H200, float32,
+        # `803f7b4`: 5.06 streaming one row). Those tiles all keep about 8 KiB of loads in flight
+        # per SM, under half what the H100's bandwidth times its latency asks, and ran at 48% of
+        # it; so the second seed is 32 x 128 (four times the bytes a program loads per step;
+        # untimed), then the two fastest above, then half the warps
+        variants = [base.replace(BLOCK_R=base["BLOCK_R"] * 4), base.replace(BLOCK_M=base["BLOCK_M"] * 2),
+                    base.replace(num_warps=max(1, nw // 2)), base.replace(EVICT=True)]
     for c in variants:
         if c in space and c not in out:
             out.append(c)
