@@ -136,6 +136,29 @@ def test_narrowing_is_exact():
     assert again is low and more == []  # nothing left to narrow
 
 
+def test_bf16_copies_move_bf16_values():
+    """Under bf16 a copy between a value and its narrowing cast moves bf16: the attention result
+    (bf16) transposed and made contiguous for the output projection is copied in bf16 (no widening
+    and no cast back), and the grouped-query keys (float32, after the rotary embedding) are narrowed
+    before they are repeated for every head, so no float32 copy is left in the graph."""
+    torch.manual_seed(3)
+    prob = load_problem(ROOT / "level3" / "llama_block.py", small=True)
+    g = capture(prob)
+    r, notes = rewrite(g, "bf16")
+    assert any("narrowed before its copies" in n for n in notes)
+    assert sum("no float32 round trip" in n for n in notes) >= 2  # the values and the attention result
+    clones = [n for n in r.nodes if n.target == "aten.clone.default"]
+    assert len(clones) == 3 and all(n.meta.dtype == "bfloat16" for n in clones)
+    sdpa = next(n for n in r.nodes if n.target == SDPA)
+    assert [u.target for u in r.users(sdpa.name)] == ["aten.permute.default"]  # no widening cast
+    model, inputs = prob.make_model("cpu"), prob.make_inputs(0, "cpu")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model(*inputs)
+    with torch.no_grad():
+        out = run_graph(r, model, inputs)[0]
+    torch.testing.assert_close(out, ref.float(), rtol=5e-2, atol=5e-2)
+
+
 class Causal(nn.Module):
     """minGPT's causal self-attention: scores masked by a lower-triangular buffer, dropout p=0."""
 

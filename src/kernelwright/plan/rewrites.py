@@ -905,11 +905,20 @@ def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph,
     return out, notes
 
 
+def _copies(n: OpNode) -> bool:
+    """A copy whose values are its input's, moved (`x.contiguous()`, a repeat's `clone`)."""
+    return n.target == "aten.clone.default" and set(n.kwargs) <= {"memory_format"}
+
+
 def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
-    """A bf16 value widened to float32, viewed (reshaped, permuted, split) and cast back to bf16
-    is those views of the bf16 value: exact (widening then narrowing is the identity), and the two
-    casts and their memory traffic disappear (e.g. attention's q, k, v taken from a bf16 projection
-    and its bf16 result fed to the next projection). Values left unread are dropped after."""
+    """A bf16 value widened to float32, viewed or copied (reshaped, permuted, split, made
+    contiguous) and cast back to bf16 is those views and copies of the bf16 value: exact (widening
+    then narrowing is the identity), and the two casts and their memory traffic disappear (e.g.
+    attention's q, k, v taken from a bf16 projection, and its bf16 result transposed and fed to the
+    next projection). A float32 value computed in the graph, copied (a grouped-query attention's
+    keys repeated for every head) and then narrowed, is narrowed first where nothing else reads
+    the float32 copies: the copies move half the bytes, and the cast fuses into the kernel that
+    computes the value or into the first copy. Values left unread are dropped after."""
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     copied: dict[str, str] = {}  # float32 view -> its bf16 twin
     new_nodes: dict[str, list[OpNode]] = {}  # inserted before the node named
@@ -925,7 +934,7 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         n = graph.node(name)
         if plain_cast(graph, n) and n.meta.dtype == "float32" and graph.meta(n.args[0].name).dtype == "bfloat16":
             return n.args[0].name
-        if not (is_view(n) and n.args and isinstance(n.args[0], Ref)) or any(
+        if not ((is_view(n) or _copies(n)) and n.args and isinstance(n.args[0], Ref)) or any(
                 isinstance(a, (Ref, torch.dtype)) for a in list(n.args[1:]) + list(n.kwargs.values())):
             return None  # (a view with a dtype reinterprets bits: not the same view of a bf16 value)
         src = twin(n.args[0].name)
@@ -937,6 +946,29 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         copied[name] = copy.name
         return copy.name
 
+    def only_read_by(name: str, reader: str) -> bool:
+        return name not in graph.outputs and name not in graph.mutations \
+            and [u.name for u in graph.users(name)] == [reader]
+
+    def narrowed_first(name: str, reader: str) -> str | None:
+        """The bf16 twin of `name` (read only by `reader`) built by narrowing the float32 value
+        its views and copies start from, where those copies are read by nothing else."""
+        chain, cur = [], name
+        while not graph.is_input(cur) and only_read_by(cur, reader):
+            n = graph.node(cur)
+            if not ((is_view(n) or _copies(n)) and n.args and isinstance(n.args[0], Ref)):
+                break
+            chain.append(n)
+            reader, cur = n.name, n.args[0].name
+        if not any(_copies(n) for n in chain) or graph.is_input(cur) or graph.meta(cur).dtype != "float32":
+            return None
+        while chain and not _copies(chain[-1]):  # (views before the first copy stay float32)
+            cur = chain.pop().name
+        cast = _cast(_unique(names, f"{cur}_bf16"), cur, graph.meta(cur), torch.bfloat16)
+        new_nodes.setdefault(chain[-1].name, []).append(cast)
+        copied[cur] = cast.name
+        return twin(name)
+
     for n in graph.nodes:
         if plain_cast(graph, n) and n.meta.dtype == "bfloat16" and n.name not in graph.outputs \
                 and n.name not in graph.mutations and graph.meta(n.args[0].name).dtype == "float32":
@@ -944,6 +976,11 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
             if src is not None and src != n.args[0].name:
                 mapping[n.name] = src
                 notes.append(f"{n.name}: {src}, the same views of the bf16 value (no float32 round trip)")
+                continue
+            src = narrowed_first(n.args[0].name, n.name)
+            if src is not None:
+                mapping[n.name] = src
+                notes.append(f"{n.name}: {src}, narrowed before its copies (they move bf16)")
     if not notes:
         return graph, []
     nodes = []
