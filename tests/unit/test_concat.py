@@ -1,5 +1,6 @@
 """plan.concat: the values a cat joins computed into its buffer's slices, and the emitted forward
 that allocates the buffer once, passes the slices to the kernels and copies the rest."""
+import re
 from pathlib import Path
 
 import pytest
@@ -249,7 +250,8 @@ def test_a_convolution_whose_epilogue_lies_in_a_cat_writes_its_slice(tmp_path, p
                                       db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
     assert result["verify"]["passed"]
     text = (out / "model_new.py").read_text()
-    assert text.count("out0=cat.narrow(1, ") == 2 and "_cp." not in text
+    # (under bf16 the cat joins the bf16 results, its pieces rounded in the kernels that write them)
+    assert len(re.findall(r"out0=cat\w*\.narrow\(1, ", text)) == 2 and "_cp." not in text
     fused = [r for r in result["groups"] if r["kind"] == "conv_epilogue"]
     assert len(fused) == 3 and all(r["seconds"] > 0 for r in fused)  # each search's wall time, recorded
 

@@ -21,6 +21,7 @@ from kernelwright.plan.algebra import algebra as exact_algebra
 from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, attention
 from kernelwright.plan.dead_code import drop_unread
 from kernelwright.plan.norm_split import split_norms_before_pools
+from kernelwright.plan.pieces import compute_by_pieces
 from kernelwright.plan.recompute import recompute_reads
 from kernelwright.plan.instance_norm import instance_norm_rows
 from kernelwright.plan.weights import pure, weight_roots
@@ -1018,8 +1019,9 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     convolution and GEMM biases split off, max pools moved
     before non-decreasing elementwise ops, row rewrites, instance norms over their own dims, by-hand attention as one fused call (fp32 and
     bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
-    bf16 operands for GEMMs and convolutions (the rounding the policy allows), and under the
-    tensor-core policies (tf32, bf16) channels-last convolutions. Last, training batch norms, layer
+    bf16 operands for GEMMs and convolutions (the rounding the policy allows); elementwise work over
+    a concatenation done per piece (plan.pieces); under the tensor-core policies (tf32, bf16)
+    channels-last convolutions. Last, training batch norms, layer
     norms and group norms that feed a pool split into statistics and a pointwise apply (plan.norm_split), and with
     `recompute`, cheap elementwise values a reduction kernel would store for another kernel computed
     again by that kernel (plan.recompute). `out_dtypes` (bf16
@@ -1034,6 +1036,7 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
         steps += [bf16_operands, narrow_through_views, max_pool_first]
         if out_dtypes:
             steps.append(lambda g: bf16_outputs(g, out_dtypes))
+    steps.append(compute_by_pieces)  # (after the policy's casts, which it moves into the pieces too)
     if policy in ("tf32", "bf16"):
         steps += [lambda g: channels_last_convs(g, free_names(g, free)), lambda g: saved_copies(g, free)]
     steps.append(split_norms_before_pools)  # (in the layouts chosen above)
