@@ -1036,7 +1036,8 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
         steps += [bf16_operands, narrow_through_views, max_pool_first]
         if out_dtypes:
             steps.append(lambda g: bf16_outputs(g, out_dtypes))
-    steps.append(compute_by_pieces)  # (after the policy's casts, which it moves into the pieces too)
+    steps += [compute_by_pieces, dedupe]  # (after the policy's casts, which it moves into the pieces too;
+    # then one of each slice it made of a value, e.g. a cos table's halves for q and for k)
     if policy in ("tf32", "bf16"):
         steps += [lambda g: channels_last_convs(g, free_names(g, free)), lambda g: saved_copies(g, free)]
     steps.append(split_norms_before_pools)  # (in the layouts chosen above)
