@@ -21,6 +21,7 @@ from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import contiguous_strides
 from kernelwright.ops import POINTWISE
 from kernelwright.plan.dead_code import drop_unread
+from kernelwright.plan.weights import pure
 
 CAT = "aten.cat.default"
 SLICE = "aten.slice.Tensor"
@@ -32,7 +33,7 @@ def _tensor_args(n: OpNode) -> list[int]:
 
 
 def _elementwise(graph: Graph, n: OpNode) -> bool:
-    return (n.target in POINTWISE and len(n.outs) == 1 and n.meta is not None
+    return (n.target in POINTWISE and pure(n.target) and len(n.outs) == 1 and n.meta is not None
             and all(graph.meta(n.args[k].name) is not None for k in _tensor_args(n))
             and not any(isinstance(a, (list, tuple)) for a in n.args))
 
