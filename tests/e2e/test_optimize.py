@@ -307,3 +307,21 @@ def test_a_model_that_fails_under_the_policys_autocast_is_a_one_line_problem_err
     result = optimize_problem(problem, tmp_path / "fp32", Options(device="cpu", budget_trials=2, db_path=str(tmp_path / "db.jsonl"),
                                                                   log=lambda s: None))
     assert result["verify"]["passed"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_llama_layer_optimizes_with_its_rotary_embedding_in_two_kernels(tmp_path, precision):
+    """The Llama decoder layer of the suite (small sizes): verified; each rotary embedding is two
+    elementwise kernels writing the halves of its result (no negation, copy or sum over a joined
+    tensor), and under bf16 no float32 copy feeds the attention."""
+    problem = load_problem(ROOT / "problems" / "level3" / "llama_block.py", small=True)
+    result = optimize_problem(problem, tmp_path / "out", Options(device="cpu", budget_trials=2, precision=precision,
+                                                               db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"]
+    units = [line for line in (tmp_path / "out" / "model_new.py").read_text().splitlines() if line.startswith("#   ")]
+    halves = [u for u in units if "[pointwise]" in u and u.count("mul") == 2 and "add" in u]
+    assert len(halves) == 4, units  # q's and k's two halves
+    assert sum(" neg" in u for u in halves) == 2 and not any(u.split(":")[0].endswith("neg") for u in units)
+    assert sum("in place (its own buffer" in u for u in units) == 2
+    if precision == "bf16":
+        assert not any("clone" in u and "bf16" not in u for u in units if "library (aten.clone" in u)
