@@ -111,6 +111,8 @@ def _cat_down(graph: Graph, n: OpNode, b: _Builder) -> list[OpNode] | None:
     try:
         for p in pieces:
             size = graph.meta(p.name).shape[d - rank + crank]
+            if size == 0:
+                return None
             nodes = b.part(n, rank, d, start, start + size, {cats[0]: p})
             made += nodes
             parts.append(Ref(nodes[-1].name))
@@ -122,9 +124,9 @@ def _cat_down(graph: Graph, n: OpNode, b: _Builder) -> list[OpNode] | None:
 
 def _slice_up(graph: Graph, s: OpNode, b: _Builder) -> list[OpNode] | None:
     """Nodes replacing slice `s` of an elementwise value that only slices read."""
-    if s.target != SLICE or not isinstance(s.args[0], Ref) or graph.is_input(s.args[0].name) \
-            or (len(s.args) > 4 and s.args[4] != 1):
-        return None
+    if s.target != SLICE or len(s.args) < 4 or not isinstance(s.args[0], Ref) or graph.is_input(s.args[0].name) \
+            or not all(isinstance(a, int) for a in s.args[1:4]) or (len(s.args) > 4 and s.args[4] != 1):
+        return None  # (start / end given as numbers, step 1)
     src = graph.node(s.args[0].name)
     rank = len(src.meta.shape) if src.meta else 0
     users = graph.users(src.name)
@@ -154,10 +156,10 @@ def compute_by_pieces(graph: Graph) -> tuple[Graph, list[str]]:
             reads = {a.name for a in n.args if isinstance(a, Ref)}
             new, note = None, None
             if not reads & touched:  # (this pass's view of a rewritten operand is stale)
-                cat = next((graph.node(r) for r in reads if not graph.is_input(r) and graph.node(r).target == CAT), None)
                 new = _cat_down(graph, n, b)
                 if new is not None:
-                    note = f"{n.name}: computed per piece of {cat.name}"
+                    cat = next(r for r in reads if not graph.is_input(r) and graph.node(r).target == CAT)
+                    note = f"{n.name}: computed per piece of {cat}"
                 else:
                     new = _slice_up(graph, n, b)
                     note = f"{n.name}: computed from slices of {n.args[0].name}'s operands" if new is not None else None
