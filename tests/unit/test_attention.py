@@ -159,6 +159,37 @@ def test_bf16_copies_move_bf16_values():
     torch.testing.assert_close(out, ref.float(), rtol=5e-2, atol=5e-2)
 
 
+class PackedHeads(nn.Module):
+    """nn.MultiheadAttention: one packed in-projection, q, k and v selected from its contiguous copy."""
+
+    def __init__(self, d=32, h=4):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d, h, batch_first=True)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+def test_bf16_packed_projection_is_narrowed_before_its_copy():
+    """Under bf16 the packed projection's result (bias added in float32) is narrowed once, before
+    the copy q, k and v are selected from, where every use of it ends in a cast to bf16: the copy
+    moves bf16 and no per-head casts are left."""
+    torch.manual_seed(4)
+    model, x = PackedHeads().eval(), torch.randn(2, 8, 32)
+    r, notes = rewrite(capture(from_module(model, [x])), "bf16")
+    assert any("narrowed before its copies" in n for n in notes)
+    clones = [n for n in r.nodes if n.target == "aten.clone.default"]
+    assert clones and all(n.meta.dtype == "bfloat16" for n in clones)
+    sdpa = next(n for n in r.nodes if n.target == SDPA)
+    for a in sdpa.args[:3]:
+        assert r.node(a.name).target != "aten._to_copy.default"  # a view of the bf16 copy, not a cast
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model(x)
+    with torch.no_grad():
+        out = run_graph(r, model, [x])[0]
+    torch.testing.assert_close(out, ref.float(), rtol=5e-2, atol=5e-2)
+
+
 class Causal(nn.Module):
     """minGPT's causal self-attention: scores masked by a lower-triangular buffer, dropout p=0."""
 

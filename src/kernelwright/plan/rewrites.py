@@ -916,9 +916,10 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
     contiguous) and cast back to bf16 is those views and copies of the bf16 value: exact (widening
     then narrowing is the identity), and the two casts and their memory traffic disappear (e.g.
     attention's q, k, v taken from a bf16 projection, and its bf16 result transposed and fed to the
-    next projection). A float32 value computed in the graph, copied (a grouped-query attention's
-    keys repeated for every head) and then narrowed, is narrowed first where nothing else reads
-    the float32 copies: the copies move half the bytes, and the cast fuses into the kernel that
+    next projection). A float32 value computed in the graph, copied and then narrowed (a
+    grouped-query attention's keys repeated for every head; a packed projection's q, k and v made
+    contiguous and cast for the attention) is narrowed before its first copy where every use of it
+    ends in a cast to bf16: the copies move half the bytes, and the cast fuses into the kernel that
     computes the value or into the first copy. Values left unread are dropped after."""
     names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
     copied: dict[str, str] = {}  # float32 view -> its bf16 twin
@@ -947,27 +948,37 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         copied[name] = copy.name
         return copy.name
 
-    def only_read_by(name: str, reader: str) -> bool:
-        return name not in graph.outputs and name not in graph.mutations \
-            and [u.name for u in graph.users(name)] == [reader]
+    order = {n.name: k for k, n in enumerate(graph.nodes)}
+    narrows: dict[str, bool] = {}
 
-    def narrowed_first(name: str, reader: str) -> str | None:
-        """The bf16 twin of `name` (read only by `reader`) built by narrowing the float32 value
-        its views and copies start from, where those copies are read by nothing else."""
-        chain, cur = [], name
-        while not graph.is_input(cur) and only_read_by(cur, reader):
+    def movable(n: OpNode) -> bool:
+        return (is_view(n) or _copies(n)) and bool(n.args) and isinstance(n.args[0], Ref) and not any(
+            isinstance(a, (Ref, torch.dtype)) for a in list(n.args[1:]) + list(n.kwargs.values()))
+
+    def narrow_only(name: str) -> bool:
+        """Whether every use of float32 `name` ends, through views and copies, in a cast to bf16."""
+        if name not in narrows:
+            users = graph.users(name)
+            narrows[name] = bool(users) and name not in graph.outputs and name not in graph.mutations and all(
+                (plain_cast(graph, u) and u.meta.dtype == "bfloat16") or (movable(u) and narrow_only(u.name))
+                for u in users)
+        return narrows[name]
+
+    def narrowed_first(name: str) -> str | None:
+        """The bf16 twin of `name` built by narrowing the float32 value that its views and copies
+        start from, just above the first copy, where every use of that value and of the copies
+        ends in a cast to bf16 (a packed projection's q, k and v, each cast for the attention)."""
+        cur, above = name, None
+        while not graph.is_input(cur) and movable(graph.node(cur)) and narrow_only(graph.node(cur).args[0].name):
             n = graph.node(cur)
-            if not ((is_view(n) or _copies(n)) and n.args and isinstance(n.args[0], Ref)):
-                break
-            chain.append(n)
-            reader, cur = n.name, n.args[0].name
-        if not any(_copies(n) for n in chain) or graph.is_input(cur) or graph.meta(cur).dtype != "float32":
+            cur = n.args[0].name
+            if _copies(n):
+                above = cur
+        if above is None or graph.meta(above).dtype != "float32":
             return None
-        while chain and not _copies(chain[-1]):  # (views before the first copy stay float32)
-            cur = chain.pop().name
-        cast = _cast(_unique(names, f"{cur}_bf16"), cur, graph.meta(cur), torch.bfloat16)
-        new_nodes.setdefault(chain[-1].name, []).append(cast)
-        copied[cur] = cast.name
+        cast = _cast(_unique(names, f"{above}_bf16"), above, graph.meta(above), torch.bfloat16)
+        new_nodes.setdefault(min((u.name for u in graph.users(above)), key=order.get), []).insert(0, cast)
+        copied[above] = cast.name
         return twin(name)
 
     for n in graph.nodes:
@@ -978,7 +989,7 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
                 mapping[n.name] = src
                 notes.append(f"{n.name}: {src}, the same views of the bf16 value (no float32 round trip)")
                 continue
-            src = narrowed_first(n.args[0].name, n.name)
+            src = narrowed_first(n.args[0].name)
             if src is not None:
                 mapping[n.name] = src
                 notes.append(f"{n.name}: {src}, narrowed before its copies (they move bf16)")
