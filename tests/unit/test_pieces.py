@@ -53,6 +53,21 @@ def test_a_rotary_embedding_is_two_elementwise_halves_joined():
     assert len(plan.groups) == 2 and all(g.rdims is None for g in plan.groups)
 
 
+class RopeHeads(Rope):
+    """The rotary embedding of heads taken from a [batch, seq, heads, dim] projection and put back
+    with a view: the embedding's result has the projection's (permuted) layout, which the view needs."""
+
+    def forward(self, x):
+        q = x.transpose(1, 2)
+        return super().forward(q).transpose(1, 2).view(x.shape[0], x.shape[1], -1)
+
+
+def test_the_joined_result_keeps_the_layout_of_the_value_it_replaces():
+    g, r, notes = _rewritten(RopeHeads(), torch.randn(2, 8, 3, 8))  # (the view would fail on a contiguous cat)
+    cat = next(n for n in r.nodes if n.target == CAT)
+    assert notes and cat.meta.stride == g.node(cat.name).meta.stride != (192, 64, 8, 1)
+
+
 class Joined(nn.Module):
     def __init__(self, pieces=2, twice=False, broadcast=False):
         super().__init__()

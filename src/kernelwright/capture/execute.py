@@ -63,12 +63,19 @@ def fixed_layout(target: str, out):
     return out.transpose(1, 2).contiguous().transpose(1, 2) if out.dim() == 4 else out.contiguous()
 
 
+# ops whose result takes the layout of the node's metadata: a concatenation plan.pieces made in
+# place of an elementwise value keeps that value's layout (the views after it assume it), where
+# torch.cat returns its own (free when the two agree, as for every captured cat)
+RECORDED_LAYOUT = frozenset({"aten.cat.default"})
+
+
 def run_node(node: OpNode, env: dict, device: torch.device | None = None):
     fn = resolve(node.target)
     args = substitute(node.args, env, device)
     if node.target in CONTIGUOUS_INPUT and isinstance(args[0], torch.Tensor):
         args = (args[0].contiguous(), *args[1:])
-    return fixed_layout(node.target, fn(*args, **substitute(node.kwargs, env, device)))
+    out = fixed_layout(node.target, fn(*args, **substitute(node.kwargs, env, device)))
+    return in_planned_layout(out, node.meta) if node.target in RECORDED_LAYOUT else out
 
 
 def bind_inputs(graph: Graph, model: torch.nn.Module, inputs: list) -> dict:
