@@ -38,18 +38,21 @@ def _elementwise(graph: Graph, n: OpNode) -> bool:
             and not any(isinstance(a, (list, tuple)) for a in n.args))
 
 
-def _only_reader(graph: Graph, name: str) -> str | None:
-    """The one node reading `name`, if exactly one does and the graph neither returns nor updates it."""
-    users = graph.users(name)
-    if len(users) != 1 or name in graph.outputs or name in graph.mutations or graph.is_input(name):
-        return None
-    return users[0].name
-
-
 class _Builder:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
+        self.users: dict[str, list[OpNode]] = {}  # value -> the nodes reading it (once per pass)
+        for n in graph.nodes:
+            for v in dict.fromkeys(n.inputs):
+                self.users.setdefault(v, []).append(n)
+
+    def only_reader(self, name: str) -> str | None:
+        """The one node reading `name`, if exactly one does and the graph neither returns nor updates it."""
+        users, g = self.users.get(name, []), self.graph
+        if len(users) != 1 or name in g.outputs or name in g.mutations or g.is_input(name):
+            return None
+        return users[0].name
 
     def name(self, base: str) -> str:
         k, name = 0, base
@@ -101,7 +104,7 @@ def _cat_down(graph: Graph, n: OpNode, b: _Builder) -> list[OpNode] | None:
     cat = graph.node(n.args[cats[0]].name)
     pieces, d = cat.args[0], cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
     rank, crank = len(n.meta.shape), len(cat.meta.shape)
-    if _only_reader(graph, cat.name) != n.name or not 2 <= len(pieces) <= MAX_PIECES \
+    if b.only_reader(cat.name) != n.name or not 2 <= len(pieces) <= MAX_PIECES \
             or not all(isinstance(p, Ref) for p in pieces):
         return None
     d = (d % crank) + rank - crank
@@ -129,7 +132,7 @@ def _slice_up(graph: Graph, s: OpNode, b: _Builder) -> list[OpNode] | None:
         return None  # (start / end given as numbers, step 1)
     src = graph.node(s.args[0].name)
     rank = len(src.meta.shape) if src.meta else 0
-    users = graph.users(src.name)
+    users = b.users.get(src.name, [])
     if not _elementwise(graph, src) or src.name in graph.outputs or src.name in graph.mutations \
             or len(users) > MAX_PIECES or any(u.target != SLICE for u in users):
         return None

@@ -949,6 +949,10 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         return copy.name
 
     order = {n.name: k for k, n in enumerate(graph.nodes)}
+    readers: dict[str, list[OpNode]] = {}
+    for n in graph.nodes:
+        for v in dict.fromkeys(n.inputs):
+            readers.setdefault(v, []).append(n)
     narrows: dict[str, bool] = {}
 
     def movable(n: OpNode) -> bool:
@@ -958,7 +962,7 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
     def narrow_only(name: str) -> bool:
         """Whether every use of float32 `name` ends, through views and copies, in a cast to bf16."""
         if name not in narrows:
-            users = graph.users(name)
+            users = readers.get(name, [])
             narrows[name] = bool(users) and name not in graph.outputs and name not in graph.mutations and all(
                 (plain_cast(graph, u) and u.meta.dtype == "bfloat16") or (movable(u) and narrow_only(u.name))
                 for u in users)
@@ -977,7 +981,7 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         if above is None or graph.meta(above).dtype != "float32":
             return None
         cast = _cast(_unique(names, f"{above}_bf16"), above, graph.meta(above), torch.bfloat16)
-        new_nodes.setdefault(min((u.name for u in graph.users(above)), key=order.get), []).insert(0, cast)
+        new_nodes.setdefault(min((u.name for u in readers[above]), key=order.get), []).insert(0, cast)
         copied[above] = cast.name
         return twin(name)
 
