@@ -139,6 +139,15 @@ def reading(node: "OpNode", mapping: dict[str, str]) -> "OpNode":
                   node.fx)
 
 
+def unique_name(taken: set[str], base: str) -> str:
+    """`base`, or `base_1`, `base_2`, ... : the first not in `taken` (which then holds it)."""
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
+
+
 def rebuilt(nodes: "list[OpNode]", gone: set[str], swap: dict, emit: Callable) -> "list[OpNode]":
     """`nodes` in order without those named in `gone`; each node named in `swap` is replaced by what
     `emit(node, swap[node.name], out)` appends to `out`, the list being built."""

@@ -38,7 +38,7 @@ from kernelwright.analyze.classify import is_view
 from kernelwright.analyze.cost import graph_cost
 from kernelwright.capture.execute import resolve, substitute
 from kernelwright.capture.export import tensor_meta
-from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, iter_refs, reading
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, iter_refs, reading, unique_name
 from kernelwright.capture.shapes import contiguous_strides
 from kernelwright.plan.dead_code import drop_unread
 
@@ -93,11 +93,7 @@ class _Build:
         meta = tensor_meta(out)
         if meta is None:
             raise _Skip(f"{target} returned no tensor")
-        name = base
-        k = 1
-        while name in self.taken:
-            name, k = f"{base}_{k}", k + 1
-        self.taken.add(name)
+        name = unique_name(self.taken, base)
         self.nodes.append(OpNode(name, target, tuple(args), dict(kwargs), [meta]))
         self.metas[name] = meta
         return Ref(name)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kernelwright.analyze.cost import consumers
 from kernelwright.capture.graph import Graph, Ref, TensorMeta
 from kernelwright.capture.shapes import dense_permuted
 
@@ -82,10 +83,7 @@ def _aliasing(target: str) -> bool:
 def place_concats(graph: Graph) -> list[str]:
     """Give `graph.slots` a Slot for each value joined in place (module docstring) and the placed
     values (and cats narrowed from a buffer) the buffer's strides; one line per buffer."""
-    users: dict[str, list] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            users.setdefault(i, []).append(n)
+    users = consumers(graph)
     outputs, mutated = set(graph.outputs), set(graph.mutations)
     slots: dict[str, Slot] = {}
     strides: dict[str, tuple[int, ...]] = {}  # buffer -> its strides

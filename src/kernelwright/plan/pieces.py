@@ -17,7 +17,8 @@ took three passes (the negation, the copy of `q1` into the joined tensor, the su
 """
 from __future__ import annotations
 
-from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
+from kernelwright.analyze.cost import consumers
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, unique_name
 from kernelwright.capture.shapes import contiguous_strides
 from kernelwright.ops import POINTWISE
 from kernelwright.plan.dead_code import drop_unread
@@ -42,10 +43,7 @@ class _Builder:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
-        self.users: dict[str, list[OpNode]] = {}  # value -> the nodes reading it (once per pass)
-        for n in graph.nodes:
-            for v in dict.fromkeys(n.inputs):
-                self.users.setdefault(v, []).append(n)
+        self.users = consumers(graph)  # (once per pass: Graph.users scans every node)
 
     def only_reader(self, name: str) -> str | None:
         """The one node reading `name`, if exactly one does and the graph neither returns nor updates it."""
@@ -53,14 +51,6 @@ class _Builder:
         if len(users) != 1 or name in g.outputs or name in g.mutations or g.is_input(name):
             return None
         return users[0].name
-
-    def name(self, base: str) -> str:
-        k, name = 0, base
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
 
     def sliced(self, ref: Ref, rank: int, dim: int, start: int, end: int, full: int) -> tuple[Ref, list[OpNode]]:
         """`ref` (an operand of an op of `rank` dims) beside the op's [start, end) along `dim`:
@@ -72,7 +62,7 @@ class _Builder:
         if meta.shape[d] != full:
             raise ValueError("operand neither spans nor broadcasts along the dim")
         shape = tuple(end - start if j == d else s for j, s in enumerate(meta.shape))
-        node = OpNode(self.name(f"{ref.name}_{start}_{end}"), SLICE, (ref, d, start, end), {},
+        node = OpNode(unique_name(self.names, f"{ref.name}_{start}_{end}"), SLICE, (ref, d, start, end), {},
                       [TensorMeta(shape, meta.stride, meta.dtype)])
         return Ref(node.name), [node]
 
@@ -88,7 +78,7 @@ class _Builder:
                 args[k], nodes = self.sliced(n.args[k], rank, dim, start, end, full)
                 made += nodes
         shape = tuple(end - start if j == dim else s for j, s in enumerate(n.meta.shape))
-        made.append(OpNode(self.name(f"{n.name}_{start}_{end}"), n.target, tuple(args), dict(n.kwargs),
+        made.append(OpNode(unique_name(self.names, f"{n.name}_{start}_{end}"), n.target, tuple(args), dict(n.kwargs),
                            [TensorMeta(shape, contiguous_strides(shape), n.meta.dtype)]))
         return made
 

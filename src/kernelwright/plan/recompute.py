@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 
+from kernelwright.analyze.cost import consumers
 from kernelwright.capture.graph import Graph, OpNode, reading
 from kernelwright.plan.fusion import Group, _is_pointwise, plan_graph
 
@@ -61,10 +62,7 @@ def recompute_reads(graph: Graph) -> tuple[Graph, list[str]]:
     """`graph` with the copies described in the module docstring, and one note per value."""
     plan = plan_graph(graph)
     owner = {n: g for g in plan.groups for n in g.nodes}
-    readers: dict[str, list[OpNode]] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
+    readers = consumers(graph)
     keep = set(graph.outputs) | set(graph.mutations)
     copies: dict[str, list[tuple[str, list[str]]]] = {}  # reader group id -> (value, closure)
     notes = []

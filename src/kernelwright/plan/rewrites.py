@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from kernelwright.analyze.classify import is_view
-from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, rebuilt, reading
+from kernelwright.analyze.cost import consumers
+from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta, rebuilt, reading, unique_name
 from kernelwright.capture.shapes import channels_last_strides, refine_strides
 from kernelwright.ops import COMPOSITES, EVAL_BN, NORMS, POINTWISE, POOLS, REDUCTIONS, reduction_spec
 from kernelwright.plan.algebra import algebra as exact_algebra
@@ -106,14 +107,6 @@ def simplify(graph: Graph) -> tuple[Graph, list[str]]:
 _FULL_REDUCE = {"aten.sum.default": "aten.sum.dim_IntList", "aten.mean.default": "aten.mean.dim"}
 
 
-def _unique(taken: set[str], base: str) -> str:
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}_{k}", k + 1
-    taken.add(name)
-    return name
-
-
 def _row_dims_upstream(graph: Graph, name: str) -> tuple[int, ...] | None:
     """Trailing reduced dims of a row reduction or row composite that `name` is computed from
     through same-shaped ops, or None."""
@@ -161,7 +154,7 @@ def split_full_reductions(graph: Graph) -> tuple[Graph, list[str]]:
             if rd is not None:
                 rows = tuple(s for i, s in enumerate(meta.shape) if i not in rd)
                 mean = "mean" in n.target
-                inner = OpNode(_unique(names, f"{n.name}_rows"), "aten.mean.dim" if mean else "aten.sum.dim_IntList",
+                inner = OpNode(unique_name(names, f"{n.name}_rows"), "aten.mean.dim" if mean else "aten.sum.dim_IntList",
                                (Ref(x), list(rd), False), {}, [TensorMeta.dense(rows, meta.dtype)])
                 outer = "aten.mean.default" if mean else "aten.sum.default"
                 nodes += [inner, OpNode(n.name, outer, (Ref(inner.name),), {}, n.outs)]
@@ -204,7 +197,7 @@ def gather_log_softmax(graph: Graph) -> tuple[Graph, list[str]]:
         full = TensorMeta.dense(xm.shape, xm.dtype)
 
         def node(base, target, args, meta):
-            out = OpNode(_unique(names, f"{n.name}_{base}"), target, args, {}, [meta])
+            out = OpNode(unique_name(names, f"{n.name}_{base}"), target, args, {}, [meta])
             nodes.append(out)
             return Ref(out.name)
 
@@ -297,9 +290,9 @@ def split_conv_bias(graph: Graph) -> tuple[Graph, list[str]]:
             continue
         bm, m = graph.meta(b.name), n.meta
         view_shape = (bm.shape[0],) + (1,) * (len(m.shape) - 2)
-        conv = OpNode(_unique(names, f"{n.name}_nobias"), n.target, (*n.args[:2], None, *n.args[3:]), dict(n.kwargs),
+        conv = OpNode(unique_name(names, f"{n.name}_nobias"), n.target, (*n.args[:2], None, *n.args[3:]), dict(n.kwargs),
                       [m], n.fx)
-        view = OpNode(_unique(names, f"{b.name}_view"), "aten.view.default", (b, list(view_shape)), {},
+        view = OpNode(unique_name(names, f"{b.name}_view"), "aten.view.default", (b, list(view_shape)), {},
                       [TensorMeta.dense(view_shape, bm.dtype)])
         nodes += [conv, view, OpNode(n.name, "aten.add.Tensor", (Ref(conv.name), Ref(view.name)), {}, n.outs)]
         fuses = n.name not in graph.outputs and all(_fuses_over(graph, u, n.meta.shape) for u in graph.users(n.name))
@@ -330,7 +323,7 @@ def split_addmm_bias(graph: Graph) -> tuple[Graph, list[str]]:
                 or not all(_fuses_over(graph, u, n.meta.shape) for u in graph.users(n.name)):
             nodes.append(n)
             continue
-        mm = OpNode(_unique(names, f"{n.name}_mm"), "aten.mm.default", tuple(n.args[1:3]), {}, [n.meta], n.fx)
+        mm = OpNode(unique_name(names, f"{n.name}_mm"), "aten.mm.default", tuple(n.args[1:3]), {}, [n.meta], n.fx)
         nodes += [mm, OpNode(n.name, "aten.add.Tensor", (Ref(mm.name), b), {}, n.outs)]
         notes.append(f"{n.name}: bias {b.name} added in the epilogue after a plain GEMM ({mm.name})")
     if not notes:
@@ -408,7 +401,7 @@ def fold_eval_batch_norm(graph: Graph) -> tuple[Graph, list[str]]:
 
     def fold(n, pair, nodes):
         def add(base, target, args, shape, dtype):
-            node = OpNode(_unique(names, base), target, tuple(args), {}, [TensorMeta.dense(tuple(shape), dtype)])
+            node = OpNode(unique_name(names, base), target, tuple(args), {}, [TensorMeta.dense(tuple(shape), dtype)])
             names.add(node.name)
             nodes.append(node)
             return Ref(node.name)
@@ -531,12 +524,12 @@ def max_pool_first(graph: Graph) -> tuple[Graph, list[str]]:
             n = OpNode(n.name, n.target, (Ref(src), *n.args[1:]), dict(n.kwargs), outs, n.fx)
         elif n.target == "getitem" and isinstance(n.args[0], Ref) and n.args[0].name in chains:
             chain = chains[n.args[0].name]
-            picked = OpNode(_unique(names, f"{n.name}_max"), n.target, n.args, dict(n.kwargs),
+            picked = OpNode(unique_name(names, f"{n.name}_max"), n.target, n.args, dict(n.kwargs),
                             [_with_dtype(n.meta, graph.meta(chain[0].args[0].name).dtype)], n.fx)
             nodes.append(picked)
             prev = picked.name
             for k, op in enumerate(chain):
-                name = n.name if k == len(chain) - 1 else _unique(names, f"{op.name}_pooled")
+                name = n.name if k == len(chain) - 1 else unique_name(names, f"{op.name}_pooled")
                 meta = TensorMeta(n.meta.shape, n.meta.stride, op.meta.dtype)
                 nodes.append(OpNode(name, op.target, (Ref(prev), *op.args[1:]), dict(op.kwargs), [meta]))
                 prev = name
@@ -567,7 +560,7 @@ def _view_of_channels_last(graph: Graph, n: OpNode, names: set[str], nodes: list
         return OpNode(n.name, n.target, n.args, dict(n.kwargs), [TensorMeta(n.meta.shape, strides, n.meta.dtype)],
                       n.fx)
     if src not in restored:
-        back = OpNode(_unique(names, f"{src}_contiguous"), "aten.clone.default", (Ref(src),),
+        back = OpNode(unique_name(names, f"{src}_contiguous"), "aten.clone.default", (Ref(src),),
                       {"memory_format": torch.contiguous_format},
                       [TensorMeta.dense(m.shape, m.dtype)])
         nodes.append(back)
@@ -609,7 +602,7 @@ def _view_of_copy(graph: Graph, n: OpNode, names: set[str], nodes: list[OpNode],
     src = n.args[0].name
     if src not in restored:
         m = graph.meta(src)
-        back = OpNode(_unique(names, f"{src}_contiguous"), "aten.clone.default", (Ref(src),),
+        back = OpNode(unique_name(names, f"{src}_contiguous"), "aten.clone.default", (Ref(src),),
                       {"memory_format": torch.contiguous_format},
                       [TensorMeta.dense(m.shape, m.dtype)])
         nodes.append(back)
@@ -641,7 +634,7 @@ def _random_over_eager_layout(graph: Graph, n: OpNode, names: set[str], nodes: l
     layout eager gives that value instead, so its draws land on the same elements as eager's."""
     src = n.args[0].name
     m = graph.meta(src)
-    back = OpNode(_unique(names, f"{src}_eager"), "aten.clone.default", (Ref(src),),
+    back = OpNode(unique_name(names, f"{src}_eager"), "aten.clone.default", (Ref(src),),
                   {"memory_format": _eager_format(m)}, [m])
     nodes.append(back)
     notes.append(f"{back.name}: {src} copied to eager's layout for {n.name} (it draws random numbers in memory order)")
@@ -694,7 +687,7 @@ def channels_last_convs(graph: Graph, free: frozenset[str] = frozenset()) -> tup
         """The channels-last copy of `src` (made here, before its first reader)."""
         if src not in converted:
             m = graph.meta(src)
-            nodes.append(OpNode(_unique(names, f"{src}_cl"), "aten.clone.default", (Ref(src),),
+            nodes.append(OpNode(unique_name(names, f"{src}_cl"), "aten.clone.default", (Ref(src),),
                                 {"memory_format": fmt[len(m.shape)]}, [_channels_last(m)]))
             converted[src] = nodes[-1].name
         return converted[src]
@@ -728,7 +721,7 @@ def channels_last_convs(graph: Graph, free: frozenset[str] = frozenset()) -> tup
                     if cast is not None and plain_cast(graph, cast) and len(graph.users(src)) == 1 \
                             and src not in graph.outputs:
                         # a bf16 operand cast read only here: cast and change layout in one copy
-                        conv = OpNode(_unique(names, f"{src}_cl"), cast.target, cast.args,
+                        conv = OpNode(unique_name(names, f"{src}_cl"), cast.target, cast.args,
                                       {**cast.kwargs, "memory_format": fmt[len(m.shape)]}, [_channels_last(m)])
                         dead.add(src)
                         nodes.append(conv)
@@ -861,11 +854,11 @@ def bf16_operands(graph: Graph) -> tuple[Graph, list[str]]:
             if k < len(args) and isinstance(args[k], Ref):
                 src = args[k].name
                 if src not in narrowed:
-                    cast = _cast(_unique(names, f"{src}_bf16"), src, graph.meta(src), torch.bfloat16)
+                    cast = _cast(unique_name(names, f"{src}_bf16"), src, graph.meta(src), torch.bfloat16)
                     nodes.append(cast)
                     narrowed[src] = cast.name
                 args[k] = Ref(narrowed[src])
-        low = OpNode(_unique(names, f"{n.name}_bf16"), n.target, tuple(args), dict(n.kwargs),
+        low = OpNode(unique_name(names, f"{n.name}_bf16"), n.target, tuple(args), dict(n.kwargs),
                      [TensorMeta(n.meta.shape, n.meta.stride, "bfloat16")], n.fx)
         nodes += [low, _cast(n.name, low.name, n.meta, torch.float32)]
         notes.append(f"{n.name}: {n.op} on bf16 operands ({', '.join(narrowed[r.name] for r in refs)}), "
@@ -893,7 +886,7 @@ def bf16_outputs(graph: Graph, dtypes: list[torch.dtype | None]) -> tuple[Graph,
             outputs[k] = src
             widened.add(out)  # the widening itself is dropped below if nothing else reads it
         else:
-            cast = _cast(_unique(names, f"{out}_bf16"), out, meta, torch.bfloat16)
+            cast = _cast(unique_name(names, f"{out}_bf16"), out, meta, torch.bfloat16)
             nodes.append(cast)
             outputs[k] = cast.name
         notes.append(f"{out}: returned as bf16, as eager returns it under bf16 autocast")
@@ -942,17 +935,14 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         src = twin(n.args[0].name)
         if src is None:
             return None
-        copy = OpNode(_unique(names, f"{name}_bf16v"), n.target, (Ref(src),) + tuple(n.args[1:]), dict(n.kwargs),
+        copy = OpNode(unique_name(names, f"{name}_bf16v"), n.target, (Ref(src),) + tuple(n.args[1:]), dict(n.kwargs),
                       [None if m is None else _with_dtype(m, "bfloat16") for m in n.outs], n.fx)
         new_nodes.setdefault(name, []).append(copy)
         copied[name] = copy.name
         return copy.name
 
     order = {n.name: k for k, n in enumerate(graph.nodes)}
-    readers: dict[str, list[OpNode]] = {}
-    for n in graph.nodes:
-        for v in dict.fromkeys(n.inputs):
-            readers.setdefault(v, []).append(n)
+    readers = consumers(graph)
     narrows: dict[str, bool] = {}
 
     def movable(n: OpNode) -> bool:
@@ -980,7 +970,7 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
                 above = cur
         if above is None or graph.meta(above).dtype != "float32":
             return None
-        cast = _cast(_unique(names, f"{above}_bf16"), above, graph.meta(above), torch.bfloat16)
+        cast = _cast(unique_name(names, f"{above}_bf16"), above, graph.meta(above), torch.bfloat16)
         new_nodes.setdefault(min((u.name for u in readers[above]), key=order.get), []).insert(0, cast)
         copied[above] = cast.name
         return twin(name)
