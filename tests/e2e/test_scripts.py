@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py", "results_csv.py"]
+CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py", "loss_curves.py", "results_csv.py"]
 GPU_TOOLS = ["conv_check.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py", "train_bench.py"]
 SHELL_TOOLS = ["cpu_sweep.sh", "device_session.sh", "gpu_bench.sh", "kernelbench.sh"]
 
@@ -104,6 +104,18 @@ def test_collect_reports(tmp_path):
 def test_collect_reports_unreadable_bench(tmp_path):
     r = py("collect_reports.py", tmp_path / "missing.json", tmp_path, tmp_path / "out.md")
     assert r.returncode == 1 and "cannot read" in r.stderr
+
+
+def test_loss_curves_draws_a_panel_per_problem_and_refuses_rows_without_curves(tmp_path):
+    train = {"eager": {"losses": [1.0, 0.9, 0.8]}, "kernelwright": {"losses": [1.0, 0.9001, 0.8002]}}
+    bench = tmp_path / "train.json"
+    bench.write_text(json.dumps({"rows": [{"problem": "a", "train": train}, {"problem": "b", "train": train}],
+                                 "options": {"precision": "bf16"}}))
+    r = py("loss_curves.py", tmp_path / "curves.png", bench)
+    assert r.returncode == 0, r.stderr
+    assert "2 panels" in r.stdout and (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    r = py("loss_curves.py", tmp_path / "none.png", bench_json(tmp_path))
+    assert r.returncode == 1 and "no loss curves" in r.stderr and not (tmp_path / "none.png").exists()
 
 
 def test_results_csv_appends_one_row_per_implementation(tmp_path):

@@ -49,6 +49,7 @@ def test_training_under_the_backend_matches_float64_eager_and_follows_eagers_los
         assert r["correct"] and r["grad_excess"] <= get_policy("fp32").tol, (name, r)
         assert r["loss_drift"] < 1e-4 and r["step_ms"] is None and r["first_s"] >= 0  # no CUDA events on the CPU
         assert r["kernels"] is None  # nor a kernel profile
+        assert len(r["losses"]) == 4 and r["losses"][-1] == r["last_loss"]  # the curve, one loss a step
     assert row["train"]["eager"]["loss_drift"] == 0.0 and row["correct"]
     # the backend's first step captures and optimises the forward and backward graphs
     assert row["train"]["kernelwright"]["first_s"] > row["train"]["eager"]["first_s"]

@@ -14,7 +14,8 @@ implementation reports
   parameter gradient against float64 eager, under the policy's tolerance: at most ``tol`` is
   correct (the verification protocol of docs/design.md, applied to the backward),
 - ``loss_drift``: the largest relative difference of its loss curve from eager's (training is
-  chaotic over many steps: reported, not judged),
+  chaotic over many steps: reported, not judged), and ``losses``, the curve itself (one loss a
+  step; scripts/loss_curves.py draws the curves of a bench JSON),
 - ``peak_mib``: the peak GPU memory of its steps,
 - ``kernels``: on a GPU, the kernels of one more step (torch.profiler, after an L2 flush):
   ``[name, us per step, launches per step]``, longest first, the first KERNEL_ROWS of them (which
@@ -159,7 +160,7 @@ def train_problem(problem: Problem, policy, impls: dict[str, Callable[[torch.nn.
             if eager_losses is None:
                 eager_losses = losses
             drift = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, eager_losses))
-            row["train"][name] = dict(r, grad_excess=ex, loss_drift=drift, last_loss=losses[-1],
+            row["train"][name] = dict(r, grad_excess=ex, loss_drift=drift, last_loss=losses[-1], losses=losses,
                                       correct=ex <= policy.tol)
             if r["step_ms"] is not None:
                 row["times"][name] = r["step_ms"]
