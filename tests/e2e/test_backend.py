@@ -108,6 +108,30 @@ def test_with_recompute_the_gradient_kernel_computes_the_relu_mask_again(net, tm
     assert any(n.startswith("where") and "computed again where it is read" in n for r in results for n in r["rewrites"])
 
 
+class ConstantMin(torch.nn.Module):
+    """KernelBench level-2 31's forward: a tensor made from a Python number inside the forward,
+    which Dynamo hands over as a plain tensor attribute of its graph module."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bias = torch.nn.Parameter(torch.randn(4, 1, 1))
+
+    def forward(self, x):
+        return torch.min(self.conv(x), torch.tensor(0.5)) + self.bias
+
+
+def test_a_tensor_made_in_the_forward_is_captured_in_eval_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    torch._dynamo.reset()
+    model, x = ConstantMin().eval(), torch.randn(2, 3, 8, 8)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(torch.compile(model, backend=kwb.backend())(x), model(x), rtol=1e-4, atol=1e-5)
+    assert not any("kernelwright" in str(w.message) for w in seen), [str(w.message) for w in seen]
+    assert [r["verify"]["passed"] for r in _results(tmp_path)] == [True]
+
+
 def test_a_failure_runs_the_graph_as_captured_and_a_verified_result_is_reused(net, tmp_path, monkeypatch):
     import kernelwright
 

@@ -69,11 +69,13 @@ def capture(problem: Problem, device: str = "meta", decompose: bool = True) -> G
     try:
         graph = capture_module(model, inputs, problem.name, decompose)
     except CaptureError as e:
-        if device == "meta" and ("meta tensor" in str(e) or ("devices" in str(e) and "meta" in str(e))):
+        if device == "meta" and ("meta tensor" in str(e) or ("devices" in str(e) and "meta" in str(e))
+                                 or "convert all Tensors to FakeTensors" in str(e)):
             # the forward reads a value (.item()) the meta device does not have, or a tensor a
             # module holds as a plain attribute stays where it was made when the module moves
-            # (the CPU, or the GPU for a live module's graph: an AOTAutograd backward's constant):
-            # trace with data, on that GPU where the error names one
+            # (the CPU, or the GPU for a live module's graph: an AOTAutograd backward's constant,
+            # or Dynamo's `torch.tensor(0.5)` of the forward, which export meets as a real tensor
+            # among fake ones): trace with data, on that GPU where the error names one
             gpu = re.search(r"\bcuda(?::\d+)?", str(e))
             return capture(problem, gpu.group(0) if gpu else "cpu", decompose)
         raise
