@@ -92,3 +92,29 @@ def test_a_graphs_float64_copy_computes_cudnn_attention_from_its_definition():
     assert got[0].dtype == torch.float64
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
     torch.testing.assert_close(got[1][..., 0], want[1], rtol=0, atol=0)
+
+
+def test_results_come_back_in_the_ops_strides_so_a_graphs_views_of_them_work():
+    """Heads-transposed inputs ([B, L, H, D] in memory, as a transformer makes them): the ops lay out
+    their output (and the backward its gradients) the same way, and the graph after them views the
+    output as [B, L, H * D] without a copy; a contiguous result would make that view fail."""
+    x = torch.randn(2, 6, 4, 8, dtype=torch.float64)
+    q, k, v = ((x + i).transpose(1, 2) for i in range(3))
+    g = torch.randn(2, 6, 4, 8, dtype=torch.float64).transpose(1, 2)
+    none = torch.zeros(())
+    cudnn = wa.cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=0.5)
+    flash = wa.flash_attention(q, k, v, 0.0, True, False, scale=0.5)
+    for out, op in ((cudnn[0], aten._scaled_dot_product_cudnn_attention.default),
+                    (flash[0], aten._scaled_dot_product_flash_attention.default)):
+        assert out.stride() == (192, 8, 32, 1)
+        torch.testing.assert_close(out.transpose(1, 2).view(2, 6, 32),
+                                   wa.attention(q, k, v, None, True, 0.5)[0].transpose(1, 2).reshape(2, 6, 32),
+                                   rtol=0, atol=0)
+    grads = [wa.cudnn_attention_backward(g, q, k, v, cudnn[0], cudnn[1], none, none, None, none, none, 6, 6, 0.0,
+                                         True, scale=0.5),
+             wa.flash_attention_backward(g, q, k, v, flash[0], flash[1], none, none, 6, 6, 0.0, True, none, none,
+                                         scale=0.5)]
+    for got in grads:
+        assert [t.stride() for t in got] == [(192, 8, 32, 1)] * 3
+        for a, b in zip(got, wa._gradients(g, q, k, v, None, True, 0.5)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -6,8 +6,11 @@ non-finite values in a quarter of its output where the model's were finite (docs
 arguments and returns what the op returns: the attention output and its log-sum-exp from
 softmax(q k^T * scale + mask) v in the inputs' dtype, the random-number state and the other
 bookkeeping outputs as zeros of the shapes the op's meta kernel gives; the backward ops return
-the gradients of that definition (autograd through it). With dropout the op itself runs (its
-mask is random: no definition to compare with)."""
+the gradients of that definition (autograd through it). Every tensor comes back in the strides the
+op's meta kernel gives it: a graph views the results as the op lays them out (cuDNN's output of
+heads-transposed inputs is [B, L, H, D] in memory, and the transformer's `transpose(1, 2).view(B,
+L, E)` after it only works on that layout). With dropout the op itself runs (its mask is random: no
+definition to compare with)."""
 from __future__ import annotations
 
 import math
@@ -39,13 +42,27 @@ def attention(q, k, v, attn_bias=None, is_causal: bool = False, scale=None):
     return torch.exp(s - lse.unsqueeze(-1)) @ v, lse
 
 
-def _as_op_returns(op, args, kwargs, out, lse) -> tuple:
-    """`out` and `lse` in the places and shapes `op` returns them; its other tensors as zeros."""
+def _meta_results(op, args, kwargs) -> tuple:
+    """What `op` returns for these arguments on the meta device: its results' shapes and strides."""
     def meta(x):
         return x.to("meta") if isinstance(x, torch.Tensor) else x
-    shapes = op(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+    return op(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+
+
+def _laid_out(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`value` (of `like`'s shape) in `like`'s strides."""
+    if value.stride() == like.stride():
+        return value
+    return torch.empty_strided(like.shape, like.stride(), dtype=value.dtype, device=value.device).copy_(value)
+
+
+def _as_op_returns(op, args, kwargs, out, lse) -> tuple:
+    """`out` and `lse` in the places, shapes and strides `op` returns them; its other tensors as
+    zeros."""
+    shapes = _meta_results(op, args, kwargs)
     kept = shapes[1].numel() == lse.numel()  # (none where the op was not asked for it)
-    results: list = [out, lse.reshape(shapes[1].shape) if kept else lse.new_zeros(shapes[1].shape)]
+    results: list = [_laid_out(out, shapes[0]),
+                     _laid_out(lse.reshape(shapes[1].shape), shapes[1]) if kept else lse.new_zeros(shapes[1].shape)]
     for m in shapes[2:]:
         if isinstance(m, torch.Tensor):
             dtype = out.dtype if m.dtype.is_floating_point else m.dtype
@@ -90,7 +107,10 @@ def cudnn_attention_backward(grad_out, query, key, value, out, logsumexp, philox
         return aten._scaled_dot_product_cudnn_attention_backward.default(
             grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
             cum_seq_k, max_q, max_k, dropout_p, is_causal, scale=scale)
-    return _gradients(grad_out, query, key, value, attn_bias, is_causal, scale)
+    like = _meta_results(aten._scaled_dot_product_cudnn_attention_backward.default,
+                         (grad_out, query, key, value, out, logsumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
+                          cum_seq_k, max_q, max_k, dropout_p, is_causal), {"scale": scale})
+    return tuple(map(_laid_out, _gradients(grad_out, query, key, value, attn_bias, is_causal, scale), like))
 
 
 def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
@@ -100,7 +120,10 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
         return aten._scaled_dot_product_flash_attention_backward.default(
             grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
             philox_seed, philox_offset, scale=scale)
-    return _gradients(grad_out, query, key, value, None, is_causal, scale)
+    like = _meta_results(aten._scaled_dot_product_flash_attention_backward.default,
+                         (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                          is_causal, philox_seed, philox_offset), {"scale": scale})
+    return tuple(map(_laid_out, _gradients(grad_out, query, key, value, None, is_causal, scale), like))
 
 
 # op -> its definition, for graphs that compute in float64
