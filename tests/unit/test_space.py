@@ -148,18 +148,23 @@ def test_long_strided_rows_search_split_and_row_schedules():
     assert M * seeds[0]["SPLIT"] // seeds[0]["BLOCK_M"] >= 264
 
 
-def test_strided_rows_start_with_eight_warps_then_larger_tiles_and_never_stream_one_row():
+def test_strided_rows_start_with_large_tiles_and_four_warps_and_never_stream_one_row():
     """A reduction over strided rows that fill the GPU (an instance norm over a channels-last
-    result): the 32 x 32 default with 8 warps, then a tile four times as long, twice the rows,
-    half the warps; no one-row streaming seed, whose row elements lie a cache line apart."""
+    result): the 64 x 128 default with 4 warps (16 KiB of loads a step), then the sample's
+    runners-up: half the rows twice as long, a quarter of them four times as long with 16 warps,
+    half the rows with 8 warps; no one-row streaming seed, whose row elements lie a cache line apart."""
     from kernelwright.space.group_space import default_config, group_space, seed_configs, strided_long_rows
 
     M, R = 16384, 15876
     assert not strided_long_rows(M, R, False)
     base = default_config(M, R, False, r_contiguous=False)
     seeds = seed_configs(M, R, False, r_contiguous=False)
-    assert seeds[0] == base and (base["BLOCK_M"], base["BLOCK_R"], base["num_warps"]) == (32, 32, 8)
-    assert seeds[1:4] == [base.replace(BLOCK_R=128), base.replace(BLOCK_M=64), base.replace(num_warps=4)]
+    assert seeds[0] == base and (base["BLOCK_M"], base["BLOCK_R"], base["num_warps"]) == (64, 128, 4)
+    assert [(c["BLOCK_M"], c["BLOCK_R"], c["num_warps"]) for c in seeds[1:4]] == [(32, 256, 4), (16, 512, 16), (32, 128, 8)]
+    # rows shorter than the tile: one pass over a tile that holds them
+    short = default_config(M, 100, False, r_contiguous=False)
+    assert (short["BLOCK_M"], short["BLOCK_R"], short["one_pass"]) == (64, 128, True)
+    assert short in set(group_space(M, 100, False, r_contiguous=False))
     space = group_space(M, R, False, r_contiguous=False)
     assert all(c["BLOCK_M"] > 1 for c in seeds) and set(seeds) <= set(space)
     # no tile narrower than 16 rows (one row alone reads a cache line per element); contiguous
