@@ -43,6 +43,7 @@ from kernelwright.capture.shapes import contiguous_strides
 from kernelwright.plan.dead_code import drop_unread
 
 FLOATS = ("float32", "float64", "float16", "bfloat16")
+NARROW = ("float16", "bfloat16")  # products computed wider where a rewrite changes their rounding
 MAX_REWRITES = 200  # a bound on the fixed-point loop (every applied rewrite lowers the FLOPs anyway)
 
 
@@ -540,7 +541,8 @@ def linear_reduction(graph: Graph, n: OpNode) -> _Hit | None:
     with the chain's per-column factors applied (alpha, c, 1 / c, signs) and C collects the bias and
     the additive operands times the factors after them. Summing over n:
     sum_n v = A @ (sum_n B'[:, n]) + sum_n C, a matrix-vector product with weights reduced over
-    their output dim (mean: both terms divided by N); the remaining dims of D are reduced after.
+    their output dim (mean: both terms divided by N), computed as sum_k A[m, k] * w[k] (a multiply
+    and a row sum); the remaining dims of D are reduced after.
     B' and its sum depend on B and the operands only: for a Linear, on the parameters, recomputed
     from them on every call. Exact in real arithmetic (distributivity), the rounding of a
     reassociated sum in floating point; NaN anywhere propagates. Infinities: pulling A out of the
@@ -631,8 +633,22 @@ def linear_reduction(graph: Graph, n: OpNode) -> _Hit | None:
                         cp = b(f"{node.name}_{op}", f"aten.{op}.Tensor", cp, c)
                 else:
                     cs = cs + c if op == "add" else cs - c
-        wsum = _reduce(b, kind, wp, [len(b.meta(wp).shape) - 1], True, f"{w.name}_reduced")
-        z = b(f"{n.name}_gemv", "aten.bmm.default" if gemm.target == "aten.bmm.default" else "aten.mm.default", a, wsum)
+        # the matrix-vector product as a multiply and a row sum, not a matrix product: the precision
+        # policies narrow matrix products (tf32, bf16 operands), which would round the reduced
+        # weights, a sum of N columns, where the original rounded each of the N products (the
+        # plan fuses the two into one pass over A). A bf16 / fp16 product also sums its reduced
+        # weights and the terms in float32, rounded once at the end: KernelBench level-2 14 under
+        # bf16 autocast measured 4.6x eager's error against float64 with the reduced weights
+        # rounded to bf16.
+        wide = {"dtype": torch.float32} if gm.dtype in NARROW else {}
+        rank_w = len(b.meta(wp).shape)
+        wsum = b(f"{w.name}_reduced", "aten.sum.dim_IntList" if kind == "sum" else "aten.mean.dim", wp,
+                 [rank_w - 1], True, **wide)
+        av = b(f"{a.name}_wide", "aten._to_copy.default", a, **wide) if wide else a
+        terms = b(f"{n.name}_terms", "aten.mul.Tensor", av, b(f"{w.name}_row", "aten.transpose.int", wsum, rank_w - 2, rank_w - 1))
+        z = b(f"{n.name}_gemv", "aten.sum.dim_IntList", terms, [rank_w - 1], True)
+        if wide:
+            z = b(f"{n.name}_gemv_narrow", "aten._to_copy.default", z, dtype=getattr(torch, gm.dtype))
         if flat:
             z = b(f"{n.name}_rows", "aten.view.default", z, list(vm.shape[:-1]) + [1])
         if cp is not None:
