@@ -42,10 +42,10 @@ def main(argv: list[str]) -> int:
     for (title, curves), top, bottom in zip(panels, axes[0], axes[1]):
         eager = curves.get("eager")
         for name, losses in curves.items():
-            top.plot(range(1, len(losses) + 1), losses, label=name, lw=1.2)
-            if eager and name != "eager":
-                bottom.plot(range(1, len(losses) + 1),
-                            [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, eager)], label=name, lw=1)
+            (line,) = top.plot(range(1, len(losses) + 1), losses, label=name, lw=1.2)
+            if eager and name != "eager":  # (in the same colour as its curve above)
+                bottom.plot(range(1, len(losses) + 1), [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, eager)],
+                            label=name, lw=1, color=line.get_color())
         top.set_title(title, fontsize=9)
         top.set_ylabel("loss")
         top.legend(fontsize=7)

@@ -117,7 +117,7 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *
     if not r_contiguous:
         # 64 x 128 tiles with 4 warps (64 elements a thread): of 146 configs sampled at random on
         # KernelBench level-2 17's instance norm over channels-last bf16 data (M=16384, R=15876;
-        # H100, `07ad2ae`'s tree, docs/benchmarks.md "The strided-row norm sampled") the fastest,
+        # H100, `3408976`, docs/benchmarks.md "The strided-row norm sampled") the fastest,
         # 0.666 ms against 0.991 for 32 x 32 with 8 warps and torch.compile's 0.787: a program keeps
         # 16 KiB of loads in flight a step, where 2 KiB tiles left the bandwidth idle
         bm, br = min(64, next_pow2(M)), min(128, rp)
