@@ -413,6 +413,25 @@ def _in_float64(forward):
     return exact
 
 
+def _in_float64_with_gradients(forward):
+    """`_in_float64` with the module's own parameters (cast to float64 where they are read), so
+    gradients reach them."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    def exact(self, x):
+        if not self.training:
+            return forward(self, x)
+        wide = {n: p.double() for n, p in self.named_parameters()}
+        buffers = {n: b.double() if b.is_floating_point() else b.clone() for n, b in self.named_buffers()}
+        with _reparametrize_module(self, {**wide, **buffers}):
+            out = forward(self, x.double())
+        with torch.no_grad():
+            for n, b in self.named_buffers():
+                b.copy_(buffers[n])
+        return out.float()
+    return exact
+
+
 @pytest.mark.interpreter
 def test_under_fp32_an_ill_conditioned_model_is_judged_against_float64(monkeypatch, tmp_path):
     """fp32, a batch norm over two values of 1e4 + 1e-3 * noise: eager's own float32 result is far
@@ -427,6 +446,16 @@ def test_under_fp32_an_ill_conditioned_model_is_judged_against_float64(monkeypat
     (tmp_path / "off").mkdir()
     off = {c.name: c for c in _check_text(tmp_path / "off", ILL_CONDITIONED).checks}
     assert off["train"].status == "wrong" and "from float64" in off["train"].detail
+
+
+@pytest.mark.interpreter
+def test_the_gradient_checks_outputs_are_judged_against_float64_too(monkeypatch, tmp_path):
+    """The gradient check compares the outputs of its call before the gradients: a module computing
+    the ill-conditioned batch norm in float64 (its parameters' gradients flowing) is off eager's
+    float32 output by more than the tolerance there too, and passes as in the train check."""
+    _patched_import(monkeypatch, _in_float64_with_gradients)
+    grad = {c.name: c for c in _check_text(tmp_path, ILL_CONDITIONED).checks}["grad"]
+    assert grad.status == "ok" and "within eager's own error" in grad.detail.split(";")[0], grad
 
 
 CONV_POOL = """import torch
