@@ -333,6 +333,25 @@ def test_an_output_eager_itself_does_not_reproduce_is_not_held_to_change():
     assert not r.passed and r.failed_check in ("constant_outputs", "excess")
 
 
+def test_a_reference_output_moving_by_rounding_alone_is_not_a_change_a_constant_candidate_must_follow():
+    """A bf16 output of two values in a narrow range (a log-sum-exp over 16 sigmoids): between two
+    input sets the reference moved one value by one unit in the last place, a more accurate
+    candidate rounded both sets to the same values; that is no constant output. A reference that
+    moves by more than rounding still holds the candidate to it, in any dtype."""
+    ulp = 2.0 ** -6  # bf16's spacing at 2.84
+    ref_a = torch.tensor([2.84375, 2.84375], dtype=torch.bfloat16)
+    ref_b = torch.tensor([2.84375, 2.84375 - ulp], dtype=torch.bfloat16)
+    cand = torch.tensor([2.828125, 2.84375], dtype=torch.bfloat16)
+    assert anticheat.check_constant_outputs([ref_a], [ref_b], [cand], [cand.clone()]) is None
+    far = torch.tensor([2.84375, 2.75], dtype=torch.bfloat16)
+    assert "constant output: output 0" in anticheat.check_constant_outputs([ref_a], [far], [cand], [cand.clone()])
+    x = torch.tensor([1.0, 2.0])
+    for moved in (x + 1e-3, torch.tensor([1.0, float("inf")]), torch.tensor([1.0, float("nan")])):
+        assert anticheat.check_constant_outputs([x], [moved], [x], [x.clone()]) is not None
+    ints = torch.tensor([1, 2])
+    assert anticheat.check_constant_outputs([ints], [ints + 1], [ints], [ints.clone()]) is not None
+
+
 def test_float64_reference_is_used():
     """Against a float32 reference running the same ops eager's error would be <= 0; against the
     float64 reference BigSum's float32 rounding shows up."""
