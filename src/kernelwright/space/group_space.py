@@ -96,8 +96,9 @@ def default_config(M: int, R: int, pointwise: bool, r_contiguous: bool = True, *
     read once; on the H200 rms_norm's 8192-wide rows ran at 99% of copy bandwidth that way) with a
     tile of at least 2048 elements and at most 32 elements a thread; longer rows: 1024-element
     chunks; reductions over a strided (non-innermost) dim: 64 x 128 tiles with 4 warps, so
-    neighbouring rows share coalesced loads and a program has 16 KiB of them in flight; few long rows, or long strided rows: a split reduction (about eight programs
-    per SM over contiguous rows)."""
+    neighbouring rows share coalesced loads and a program has 16 KiB of them in flight; few long
+    rows, or long strided rows: a split reduction (about eight programs per SM over contiguous
+    rows)."""
     if pointwise:
         return Config.make("triton.pointwise", BLOCK_M=1024, BLOCK_R=1, num_warps=4, one_pass=False, num_stages=1)
     spec = spec or device_spec()
