@@ -27,8 +27,10 @@ pytestmark = pytest.mark.interpreter
 ROOT = Path(__file__).resolve().parents[2] / "problems"
 ANCHORED = ("gemm", "conv", "matmul", "linear", "matrix_vector", "mlp", "cnn", "resnet", "transformer", "attention")
 # the deep level-3 CNNs repeat the blocks of resnet18, mobilenet_v1 and inception_block (which stay)
-# 20-30 times each: minutes apiece in the interpreter for no path the others do not take
-DEEP = ("resnet50", "mobilenet_v2", "regnet", "efficientnet_mbconv")
+# 20-30 times each: minutes apiece in the interpreter for no path the others do not take; the
+# ConvNeXt block is depthwise_conv2d's 7x7 kernel and a channels-last LayerNorm MLP (checked by
+# `kernelwright fuzz problems/level3/convnext_block.py --small`)
+DEEP = ("resnet50", "mobilenet_v2", "regnet", "efficientnet_mbconv", "convnext_block")
 PROBLEMS = sorted(p for p in ROOT.glob("level*/*.py") if any(k in p.stem for k in ANCHORED) and p.stem not in DEEP)
 ALL = os.environ.get("KW_E2E_ALL") == "1"
 # Not under fp32: the fp32 search picks the row-streaming depthwise kernel with one-channel tiles,
