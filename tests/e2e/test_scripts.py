@@ -18,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py", "loss_curves.py", "results_csv.py"]
+CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py", "loss_curves.py", "results_csv.py",
+             "shrink_problems.py"]
 GPU_TOOLS = ["conv_check.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py", "train_bench.py"]
 SHELL_TOOLS = ["cpu_sweep.sh", "device_session.sh", "gpu_bench.sh", "kernelbench.sh"]
 
@@ -116,6 +117,53 @@ def test_loss_curves_draws_a_panel_per_problem_and_refuses_rows_without_curves(t
     assert "2 panels" in r.stdout and (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
     r = py("loss_curves.py", tmp_path / "none.png", bench_json(tmp_path))
     assert r.returncode == 1 and "no loss curves" in r.stderr and not (tmp_path / "none.png").exists()
+
+
+KB_CONV = """import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, bias_shape, num_groups):
+        super().__init__()
+        self.conv = nn.Conv3d(in_channels, out_channels, kernel_size)
+        self.norm = nn.GroupNorm(num_groups, out_channels)
+        self.bias = nn.Parameter(torch.randn(bias_shape))
+
+    def forward(self, x):
+        return torch.max_pool3d(self.norm(self.conv(x)) + self.bias, 2)
+
+batch_size = 128
+in_channels = 3
+out_channels = 64  # a comment
+depth = 16; height = width = 64
+kernel_size = 3
+num_groups = 8
+bias_shape = (out_channels, 1, 1, 1)
+
+def get_inputs():
+    return [torch.rand(batch_size, in_channels, depth, height, width)]
+
+def get_init_inputs():
+    return [in_channels, out_channels, kernel_size, bias_shape, num_groups]
+"""
+
+
+def test_shrink_problems_rewrites_sizes_where_assigned_and_leaves_out_what_cannot_run(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "conv.py").write_text(KB_CONV)
+    (src / "broken.py").write_text(KB_CONV.replace("return torch.max_pool3d", "raise ValueError('no'); return"))
+    r = py("shrink_problems.py", tmp_path / "out", src, "--pixels", "2,8")
+    assert r.returncode == 0, r.stderr
+    assert "broken.py: left out (ValueError: no)" in r.stdout and "wrote 1 of 2 problems" in r.stdout
+    text = (tmp_path / "out" / "conv.py").read_text()
+    # 2 pixels are fewer than the 3x3x3 kernel: the next size runs
+    for line in ("batch_size = 2", "in_channels = 3", "out_channels = 16", "depth = 8; height = width = 8",
+                 "kernel_size = 3", "num_groups = 4", "bias_shape = (out_channels, 1, 1, 1)"):
+        assert line in text.splitlines(), (line, text)
+    assert not (tmp_path / "out" / "broken.py").exists()
+    r = py("shrink_problems.py", tmp_path / "out", tmp_path / "missing")
+    assert r.returncode == 2 and "no such file or folder" in r.stderr
 
 
 def test_results_csv_appends_one_row_per_implementation(tmp_path):
