@@ -192,9 +192,9 @@ def _sum_mean(graph: Graph, n: OpNode):
     return kind, n.args[0], _norm_dims(_arg(n, 1, "dim"), rank), bool(_arg(n, 2, "keepdim", False))
 
 
-def _reduce(b: _Build, kind: str, x: Ref, dims, keep: bool, base: str) -> Ref:
+def _reduce(b: _Build, kind: str, x: Ref, dims, keep: bool, base: str, **kwargs) -> Ref:
     target = "aten.sum.dim_IntList" if kind == "sum" else "aten.mean.dim"
-    return b(base, target, x, list(dims), keep)
+    return b(base, target, x, list(dims), keep, **kwargs)
 
 
 def _number(v) -> bool:
@@ -642,8 +642,7 @@ def linear_reduction(graph: Graph, n: OpNode) -> _Hit | None:
         # rounded to bf16.
         wide = {"dtype": torch.float32} if gm.dtype in NARROW else {}
         rank_w = len(b.meta(wp).shape)
-        wsum = b(f"{w.name}_reduced", "aten.sum.dim_IntList" if kind == "sum" else "aten.mean.dim", wp,
-                 [rank_w - 1], True, **wide)
+        wsum = _reduce(b, kind, wp, [rank_w - 1], True, f"{w.name}_reduced", **wide)
         av = b(f"{a.name}_wide", "aten._to_copy.default", a, **wide) if wide else a
         terms = b(f"{n.name}_terms", "aten.mul.Tensor", av, b(f"{w.name}_row", "aten.transpose.int", wsum, rank_w - 2, rank_w - 1))
         z = b(f"{n.name}_gemv", "aten.sum.dim_IntList", terms, [rank_w - 1], True)

@@ -904,6 +904,13 @@ def _copies(n: OpNode) -> bool:
     return n.target == "aten.clone.default" and set(n.kwargs) <= {"memory_format"}
 
 
+def _movable(n: OpNode) -> bool:
+    """A view or copy of its first operand with no other tensor or dtype argument: the same op
+    applies to a bf16 twin of that operand (a view with a dtype reinterprets bits, so it does not)."""
+    return (is_view(n) or _copies(n)) and bool(n.args) and isinstance(n.args[0], Ref) and not any(
+        isinstance(a, (Ref, torch.dtype)) for a in list(n.args[1:]) + list(n.kwargs.values()))
+
+
 def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
     """A bf16 value widened to float32, viewed or copied (reshaped, permuted, split, made
     contiguous) and cast back to bf16 is those views and copies of the bf16 value: exact (widening
@@ -929,9 +936,8 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         n = graph.node(name)
         if plain_cast(graph, n) and n.meta.dtype == "float32" and graph.meta(n.args[0].name).dtype == "bfloat16":
             return n.args[0].name
-        if not ((is_view(n) or _copies(n)) and n.args and isinstance(n.args[0], Ref)) or any(
-                isinstance(a, (Ref, torch.dtype)) for a in list(n.args[1:]) + list(n.kwargs.values())):
-            return None  # (a view with a dtype reinterprets bits: not the same view of a bf16 value)
+        if not _movable(n):
+            return None
         src = twin(n.args[0].name)
         if src is None:
             return None
@@ -945,16 +951,12 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
     readers = consumers(graph)
     narrows: dict[str, bool] = {}
 
-    def movable(n: OpNode) -> bool:
-        return (is_view(n) or _copies(n)) and bool(n.args) and isinstance(n.args[0], Ref) and not any(
-            isinstance(a, (Ref, torch.dtype)) for a in list(n.args[1:]) + list(n.kwargs.values()))
-
     def narrow_only(name: str) -> bool:
         """Whether every use of float32 `name` ends, through views and copies, in a cast to bf16."""
         if name not in narrows:
             users = readers.get(name, [])
             narrows[name] = bool(users) and name not in graph.outputs and name not in graph.mutations and all(
-                (plain_cast(graph, u) and u.meta.dtype == "bfloat16") or (movable(u) and narrow_only(u.name))
+                (plain_cast(graph, u) and u.meta.dtype == "bfloat16") or (_movable(u) and narrow_only(u.name))
                 for u in users)
         return narrows[name]
 
@@ -963,7 +965,7 @@ def narrow_through_views(graph: Graph) -> tuple[Graph, list[str]]:
         start from, just above the first copy, where every use of that value and of the copies
         ends in a cast to bf16 (a packed projection's q, k and v, each cast for the attention)."""
         cur, above = name, None
-        while not graph.is_input(cur) and movable(graph.node(cur)) and narrow_only(graph.node(cur).args[0].name):
+        while not graph.is_input(cur) and _movable(graph.node(cur)) and narrow_only(graph.node(cur).args[0].name):
             n = graph.node(cur)
             cur = n.args[0].name
             if _copies(n):
