@@ -17,10 +17,11 @@ each box). Prints and appends one JSON row per measurement to OUT/conv_check.jso
 
 usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7]
        [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--no-rows] [--flat] [--pool 2] [--float32-in]
-       [--extra-configs '[{"BLOCK_M": 256, ..., "BOX_W": 128}]'] [--once] [--out DIR]
+       [--extra-configs '[{"BLOCK_M": 256, ..., "BOX_W": 128}]'] [--box-sample 40 --seed 0] [--once] [--out DIR]
 """
 import argparse
 import json
+import random
 from pathlib import Path
 
 import torch
@@ -67,6 +68,10 @@ ap.add_argument("--float32-in", action="store_true",
 ap.add_argument("--pool", type=int, default=0, help="max-pool window (= stride) fused after the convolution")
 ap.add_argument("--extra-configs", default="[]",
                 help="a JSON list of configs (BLOCK_M, BLOCK_N, ..., BOX_*) timed after the space's first ones")
+ap.add_argument("--box-sample", type=int, default=0,
+                help="after the space's first configs, this many box configs drawn at random from the box path's "
+                     "whole product (tile, K step, warps, stages, box shape, two-row reads), where the shape has boxes")
+ap.add_argument("--seed", type=int, default=0, help="the --box-sample draw's seed")
 ap.add_argument("--once", action="store_true",
                 help="run each kernel once and check it, no timing (for compute-sanitizer: its timing loops take minutes)")
 ap.add_argument("--out", default=".")
@@ -77,7 +82,7 @@ from kernelwright.measure.timer import time_interleaved  # noqa: E402  (after --
 from kernelwright.analyze.device import device_spec  # noqa: E402
 from kernelwright.build.pyload import load_module_from_source  # noqa: E402
 from kernelwright.codegen.triton_conv import render_conv  # noqa: E402
-from kernelwright.space.conv_space import conv_space  # noqa: E402
+from kernelwright.space.conv_space import box_space, conv_space  # noqa: E402
 
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
@@ -160,6 +165,11 @@ for name in args.shapes:
                                  min_block_m=2 * args.pool ** nd if pool else 1,
                                  flat=args.flat and not transposed and not pool and st == 1)[:args.configs]
             configs += [c for c in json.loads(args.extra_configs) if c not in configs]
+            if args.box_sample and box is not None:
+                pool_ = [c for c in box_space((1,) * (3 - nd) + box, prec, co, c * k ** nd, spec, 2 if prec == "bf16" else 4,
+                                              (1,) * (3 - nd) + (max(args.pool, 1),) * nd)]
+                pool_ = [b for b in pool_ if b not in configs]
+                configs += random.Random(args.seed).sample(pool_, min(args.box_sample, len(pool_)))
             for cfg in configs:
                 kw = dict(cfg, padding=p, **extra, out_channels_last=layout == "channels-last",
                           INPUT_PRECISION="tf32" if prec == "tf32" else "ieee", **({"CAST_BF16": True} if cast else {}))

@@ -244,3 +244,23 @@ def test_padded_grid_configs_enter_after_the_first_measured_ones():
                                           if smem_bytes(c, 2 if prec == "bf16" else 4) <= H200.smem_per_block]
     big = conv_space(precision="bf16", flat=True, **dict(kw, N=128))
     assert dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4, FLAT=True) in big
+
+
+@pytest.mark.parametrize("precision,eb", [("tf32", 4), ("bf16", 2)])
+def test_the_box_space_holds_the_seeds_and_only_configs_the_template_takes(precision, eb):
+    """box_space, the box path's whole product a probe samples: every config's box holds BLOCK_M
+    pixels in rows of at least 16, within the output's padded sides and whole pool windows; it fits
+    shared memory; two-row reads only of two-row boxes; and the seeds (box_configs, cap as in
+    conv_space) are among them."""
+    from kernelwright.space.conv_space import box_configs, box_space
+    out = (1, 126, 126)
+    space = box_space(out, precision, 128, 64 * 9, H200, eb)
+    assert len(space) > 100 and len({tuple(sorted(c.items())) for c in space}) == len(space)
+    for c in space:
+        assert c["BOX_D"] * c["BOX_H"] * c["BOX_W"] == c["BLOCK_M"] and c["BOX_W"] >= 16 and c["BOX_H"] <= 128
+        assert smem_bytes(c, eb) <= H200.smem_per_block and c["BLOCK_N"] <= 128 and 32 <= c["BLOCK_K"] * eb <= 256
+        assert not c.get("TWO_ROWS") or c["BOX_D"] * c["BOX_H"] == 2
+    seeds = box_configs(out, precision, 128, 64, False, H200, eb)
+    assert seeds and all(s in space for s in seeds)
+    pooled = box_space((1, 56, 56), precision, 64, 64 * 9, H200, eb, window=(1, 4, 4))
+    assert pooled and all(c["BOX_H"] % 4 == 0 and c["BOX_W"] % 4 == 0 for c in pooled)

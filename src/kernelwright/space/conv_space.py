@@ -340,5 +340,33 @@ def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: in
     return seeds
 
 
-__all__ = ["CONFIG_KEYS", "BOX_KEYS", "BOXES_FIRST_PIXELS", "FLAT_KEYS", "FLAT_SEEDS", "flat_configs", "ROW_KEYS", "SPLIT_KEYS", "WARP_KEYS", "TWO_ROW_SEEDS", "split_k", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
+def box_space(out: tuple[int, int, int], precision: str, n: int, k: int, spec: DeviceSpec, elem_bytes: int,
+              window: tuple[int, int, int] = (1, 1, 1)) -> list[dict]:
+    """Every box config of the template's tensor-descriptor path for an output of (D, H, W) pixels
+    per image, N = `n` output channels and K = `k` (input channels x taps): the product of tiles
+    (BLOCK_M 64-256 pixels, BLOCK_N up to N's power of two, K steps of 32-128 bytes x 2), warps,
+    stages and every box of BLOCK_M pixels holding whole `window`s with rows of at least 16 pixels,
+    the two-row reads (TWO_ROWS) where a box has two rows, that fit the device's shared memory.
+    The seeds (`box_configs`) are a few of these; this is the space a probe samples."""
+    cap_n, cap_k = max(16, next_pow2(n)), block_k_cap(k, None)
+    configs = []
+    for bm, bn, bk, w, s in itertools.product((64, 128, 256), (64, 128, 256), (16, 32, 64, 128), (4, 8), (2, 3, 4, 5)):
+        if bn > cap_n or bk > cap_k or not 32 <= bk * elem_bytes <= 256 or not 8 <= bm * bn / (32 * w) <= 128:
+            continue
+        boxes = [(d, h, bm // (d * h)) for d in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16)
+                 if bm % (d * h) == 0 and bm // (d * h) >= 16]
+        for box in boxes:
+            if any(x % q for x, q in zip(box, window)) or any(x > max(next_pow2(o), q) for x, o, q in zip(box, out, window)):
+                continue
+            c = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=AXES["GROUP_M"][0], num_warps=w, num_stages=s,
+                     BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
+            if smem_bytes(c, elem_bytes) > spec.smem_per_block:
+                continue
+            configs.append(c)
+            if box[0] * box[1] == 2:
+                configs.append(dict(c, TWO_ROWS=1))
+    return configs
+
+
+__all__ = ["box_space", "CONFIG_KEYS", "BOX_KEYS", "BOXES_FIRST_PIXELS", "FLAT_KEYS", "FLAT_SEEDS", "flat_configs", "ROW_KEYS", "SPLIT_KEYS", "WARP_KEYS", "TWO_ROW_SEEDS", "split_k", "AXES", "SEEDS", "BOX_SEEDS", "conv_space", "box_configs", "best_box",
            "block_k_cap", "smem_bytes", "programs"]
