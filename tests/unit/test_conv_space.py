@@ -1,6 +1,7 @@
 """The convolution template's schedule space (space/conv_space.py): shared-memory budget, BLOCK_K
 cap, seed order, SM fill."""
 import dataclasses
+import math
 
 import pytest
 
@@ -264,3 +265,21 @@ def test_the_box_space_holds_the_seeds_and_only_configs_the_template_takes(preci
     assert seeds and all(s in space for s in seeds)
     pooled = box_space((1, 56, 56), precision, 64, 64 * 9, H200, eb, window=(1, 4, 4))
     assert pooled and all(c["BOX_H"] % 4 == 0 and c["BOX_W"] % 4 == 0 for c in pooled)
+
+
+def test_bf16_starts_from_a_two_row_box_where_it_pads_no_more():
+    """Under bf16 the first box config is 128 x 128 x 64 at 4 warps on a 2 x 64 box where two rows pad
+    the output no more than best_box's one 128-pixel row (126 x 126), the rest of the seeds after it;
+    where two rows pad more (14 x 14 rows, a 3-D output of 32-pixel rows) the seeds start as before,
+    and tf32 keeps its order."""
+    wide = dict(M=128 * 126 * 126, N=128, K=64 * 9, channels=64, spec=H200, box_out=(1, 126, 126))
+    first = conv_space(**wide, precision="bf16", elem_bytes=4, box_elem_bytes=2)[0]
+    assert first == dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3,
+                         BOX_D=1, BOX_H=2, BOX_W=64)
+    tf32 = conv_space(**wide, precision="tf32", elem_bytes=4)[0]
+    assert (tf32["BOX_H"], tf32["BOX_W"], tf32["num_warps"]) == (1, 128, 8)
+    for out in ((1, 14, 14), (16, 32, 32)):
+        m = 32 * math.prod(out)
+        boxes = [c for c in conv_space(M=m, N=128, K=64 * 9, channels=64, spec=H200, box_out=out, precision="bf16",
+                                       elem_bytes=2) if "BOX_W" in c]
+        assert boxes and boxes[0]["BOX_H"] * boxes[0]["BOX_D"] != 2

@@ -44,6 +44,17 @@ BOX_SEEDS = {
     "bf16": tiles("128x128x64/8/3 128x64x64/4/3 128x128x64/4/3 64x128x64/4/3"),
 }
 
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of a box config tried first, per precision, on a box of
+# two rows where one pads the output no more than the box `best_box` picks (whose ties go to one long
+# row). Under bf16 on an H100 (`232d929`, docs/benchmarks.md "The box path's space sampled"), 50
+# configs of KernelBench level-2 #1's convolution (126 x 126 outputs, 64 -> 128 channels, a float32
+# input): 128 x 128 x 64 at 4 warps and 3 stages on a 2 x 64 box ran fastest, 1.043 ms, against
+# 1.357 for the first seed below on a 1 x 128 box; a two-row read of the same box (TWO_ROWS, K steps
+# of 32) 1.050
+TWO_ROW_BOX_FIRST = {
+    "bf16": tiles("128x128x64/4/3"),
+}
+
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of the two-row box configs, per precision, where the
 # output's rows are wide enough for a 256-pixel box of two rows: a third fewer operand bytes per FLOP
 # than a 128 x 128 tile. On an H100 (`fc7cd46`, docs/benchmarks.md "The batch-norm backward and
@@ -305,17 +316,31 @@ def best_box(out: tuple[int, int, int], pixels: int, window: tuple[int, int, int
     return min(fits or [b for b in cands if b[2] == widest], key=lambda b: (round(waste(b), 6), -b[2], -b[1]))
 
 
+def _two_row_box(out: tuple[int, int, int], pixels: int, window: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """The box of `pixels` pixels in two rows (along H, or along D where the output has one row) that
+    pads `out` no more than `best_box`'s, with rows of at least 16 pixels; None where there is none."""
+    best = best_box(out, pixels, window)
+    two = (1, 2, pixels // 2) if out[1] > 1 else (2, 1, pixels // 2)
+    if best is None or pixels // 2 < 16 or any(x % k for x, k in zip(two, window)):
+        return None
+    def padded(b):
+        return math.prod(math.ceil(o / x) * x for o, x in zip(out, b))
+    return two if padded(two) <= padded(best) else None
+
+
 def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: int, whole_n: bool,
                 spec: DeviceSpec, elem_bytes: int, window: tuple[int, int, int] = (1, 1, 1)) -> list[dict]:
     """The box configs of `BOX_SEEDS[precision]` for an output of (D, H, W) pixels per image, each
-    with the box of its BLOCK_M that pads the output least and holds whole `window`s. bf16
+    with the box of its BLOCK_M that pads the output least and holds whole `window`s, after
+    `TWO_ROW_BOX_FIRST[precision]`'s on a box of two rows where that pads no more (`_two_row_box`). bf16
     multi-row boxes stay at 4 warps: on Triton 3.6 their 8-warp kernels computed wrong results in
     the probe (the same docs section). Then `TWO_ROW_SEEDS`' configs, second, where the best box
     of their BLOCK_M is two rows of at least 64 pixels (TWO_ROWS: no two-row box's reshape)."""
     seeds = []
-    for bm, bn, bk, w, s in BOX_SEEDS[precision]:
+    first = [(t, True) for t in TWO_ROW_BOX_FIRST.get(precision, ())]
+    for (bm, bn, bk, w, s), two_rows in first + [(t, False) for t in BOX_SEEDS[precision]]:
         bn, bk = cap_n if whole_n else min(bn, cap_n), min(bk, cap_k)
-        box = best_box(out, bm, window)
+        box = _two_row_box(out, bm, window) if two_rows else best_box(out, bm, window)
         if box is None:
             continue
         if w == 8 and (bm * bn < 128 * 128 or (precision == "bf16" and box[0] * box[1] > 1)):
