@@ -5,7 +5,7 @@ usage: PYTHONPATH=src python3 scripts/cost_model_curve.py [DB.jsonl ...] [--size
        [--precision tf32] [--min-configs 6] [--seed 0]
        PYTHONPATH=src python3 scripts/cost_model_curve.py --replay [DB.jsonl ...] [--precision tf32]
        [--min-configs 20] [--seeds 0,1,2] [--strategies random,model-cold,model-warm,shipped,recorded]
-       [--with-priors] [--kappa K] [--explore E] [--trials N] [--hard T]
+       [--with-priors] [--kappa K] [--explore E] [--no-prior] [--trials N] [--hard T]
 Without a file it reads the packaged priors (the trials measured on the H200). The curve: a markdown
 table per training size of the held-out tasks, mean Spearman rho, and the geometric-mean regret of
 the predicted-fastest config (and of the best of the predicted three) against the fastest measured
@@ -14,7 +14,8 @@ unit's fastest measured config, median over units (the spread: one median per se
 unit (kernelwright.search.study; warm models learn from the other problems' records), then the
 "hard" units (random needs at least --hard trials to 95%, mean over seeds): per strategy its mean
 trials to 95% there and the geometric mean of its trials over random's. --kappa / --explore set
-the model-based strategies' acquisition (default: ModelBased's); --trials caps each replay.
+the model-based strategies' acquisition (default: ModelBased's), --no-prior drops their analytic
+prior (first pick random, the model's ties in candidate order); --trials caps each replay.
 """
 import argparse
 import sys
@@ -36,6 +37,7 @@ def main() -> int:
     ap.add_argument("--strategies", default="random,model-cold,model-warm,shipped,recorded")
     ap.add_argument("--kappa", type=float, help="--replay: ModelBased's kappa (lower confidence bound weight)")
     ap.add_argument("--explore", type=float, help="--replay: ModelBased's share of random picks")
+    ap.add_argument("--no-prior", action="store_true", help="--replay: ModelBased without its analytic prior")
     ap.add_argument("--trials", type=int, help="--replay: trials per replay at most (default: every config)")
     ap.add_argument("--hard", type=float, default=6.0, help="--replay: random's trials to 95%% that make a unit hard")
     ap.add_argument("--with-priors", action="store_true",
@@ -99,6 +101,8 @@ def replay(a) -> int:
     if a.with_priors and a.db:
         warm = records + [r for p in packaged_priors() for r in TrialDB(p)]
     acquisition = {k: v for k, v in (("kappa", a.kappa), ("explore", a.explore)) if v is not None}
+    if a.no_prior:
+        acquisition["prior"] = None
     if a.explore is not None and not 0.0 <= a.explore <= 1.0:
         print(f"error: --explore must be within [0, 1], got {a.explore}", file=sys.stderr)
         return 2

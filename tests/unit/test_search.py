@@ -445,3 +445,55 @@ def test_before_its_model_has_data_model_based_spreads_its_picks():
         assert logs[1] in (4, 12) and min(abs(a - b) for i, a in enumerate(logs) for b in logs[:i]) >= 3, logs
         more = [int(math.log2(dict(c.params)["BLOCK"])) for c in s.ask(2)]
         assert not set(more) & set(logs) and min(abs(a - b) for a in more for b in logs) >= 1
+
+
+def test_the_analytic_prior_scores_configs_without_measurements():
+    """A memory-bound row tile ranks best at about 8 elements per thread, a row that fits the tile
+    before one that takes passes, and, given the device's SMs, a grid with fewer programs than SMs
+    below one that fills them; a GEMM tile ranks bigger output tiles and a 4-stage pipeline first; a config without
+    warps or BLOCK_ sizes scores 0."""
+    from kernelwright.search.cost_model import analytic_prior, make_features
+
+    task = {"log2_M": 13.0, "log2_R": 12.0}  # 8192 rows of 4096
+
+    def row(**params):
+        return analytic_prior(make_features(Config.make("triton.row", **params), task))
+
+    eight = row(BLOCK_M=1, BLOCK_R=4096, num_warps=16)  # 4096 over 512 threads
+    assert eight < row(BLOCK_M=1, BLOCK_R=4096, num_warps=1) and eight < row(BLOCK_M=1, BLOCK_R=512, num_warps=16)
+    assert row(BLOCK_M=1, BLOCK_R=4096, num_warps=16) < row(BLOCK_M=1, BLOCK_R=512, num_warps=2)  # 8 passes
+    few_rows = make_features(Config.make("triton.row", BLOCK_M=1, BLOCK_R=4096, num_warps=16), {"log2_M": 5.0, "log2_R": 12.0})
+    assert analytic_prior(few_rows, sms=132) == pytest.approx(eight + math.log2(132) - 5)  # 32 programs, 132 SMs
+    assert analytic_prior(few_rows) == pytest.approx(eight)  # (no device, no count of SMs to fill)
+    from kernelwright.search.strategies import choose_strategy
+    shipped = choose_strategy(100, 10, sms=132)  # (tune passes its device's count)
+    assert shipped.prior(few_rows) == pytest.approx(analytic_prior(few_rows, sms=132))
+    gemm = {"log2_M": 13.0, "log2_N": 12.0, "log2_K": 12.0}
+
+    def tile(bm, bn, stages):
+        cfg = Config.make("triton.gemm", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=32, num_warps=8, num_stages=stages)
+        return analytic_prior(make_features(cfg, gemm))
+
+    assert tile(128, 256, 4) < tile(128, 128, 4) < tile(64, 128, 4) and tile(128, 256, 4) < tile(128, 256, 2)
+    assert analytic_prior(make_features(Config.make("triton.row", BLOCK=64), task)) == 0.0
+    assert analytic_prior(make_features(Config.make("triton.row", num_warps=4), task)) == 0.0
+
+
+def test_model_based_starts_at_the_priors_pick_and_orders_ties_by_it():
+    """Cold, the first pick is the config the prior ranks first (whatever the seed; without a prior
+    it is random); once fitted on records that all took the same time (one predicted value for
+    every config), picks follow the prior's order, not the candidates'."""
+    space = [Config.make("triton.row", BLOCK_R=2 ** k, num_warps=w) for k in range(4, 13) for w in (1, 4, 16)]
+    feats = task_feature_fn({"log2_M": 13.0, "log2_R": 12.0})
+    prior = lambda f: abs(f["BLOCK_R"] - 10.0) + abs(f["num_warps"] - 2.0)  # noqa: E731 (1024 over 4 warps first)
+    best = Config.make("triton.row", BLOCK_R=1024, num_warps=4)
+    assert {ModelBased(seed=s, prior=prior).bind(space, feats).ask(1)[0] for s in range(5)} == {best}
+    assert len({ModelBased(seed=s, prior=None).bind(space, feats).ask(1)[0] for s in range(8)}) > 1
+    s = ModelBased(seed=0, prior=prior, explore=0.0).bind(space[::-1], feats)
+    first = s.ask(3)
+    s.tell([RunResult(c, 1.0) for c in first])
+    assert s.model.fitted
+    rest = [c for c in space[::-1] if c not in first]
+    by_prior = sorted(rest, key=lambda c: prior(feats(c)))
+    got = s.ask(4)
+    assert [prior(feats(c)) for c in got] == [prior(feats(c)) for c in by_prior[:4]]

@@ -200,7 +200,7 @@ def test_the_replay_script_takes_the_acquisition_and_reports_the_hard_units(tmp_
     cmd = [sys.executable, str(root / "scripts" / "cost_model_curve.py"), "--replay", str(db), "--seeds", "0",
            "--strategies", "random,model-cold", "--trials", "20", "--hard", "1"]
     env = {"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(cmd + ["--kappa", "0.5", "--explore", "0.3"], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(cmd + ["--kappa", "0.5", "--explore", "0.3", "--no-prior"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "| model-cold |" in out.stdout and "units where random needs >= 1 trials to 95%" in out.stdout
     bad = subprocess.run(cmd + ["--explore", "2"], capture_output=True, text=True, env=env, timeout=300)

@@ -89,6 +89,36 @@ def tiling_features(feats: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def analytic_prior(feats: Mapping[str, float], sms: Optional[int] = None) -> float:
+    """A hand-written estimate of how promising a config is for its task, from a pair's features
+    alone (no measurement; lower is more promising, 0 where the config has no warps / threads or
+    no BLOCK_ sizes). A tile that steps over a K axis (GEMM, convolution: ``BLOCK_K``) is compute
+    bound: bigger output tiles reuse more operands, up to 128 x 256, and a 4-stage pipeline hides
+    the loads. Any other tile is memory bound: about 8 elements per thread (two 16-byte vectors of
+    float32) keeps loads wide without spilling registers. Both: where the device's `sms` is given,
+    fewer programs than SMs leave SMs idle (one point per halving below it); every halving of a
+    reduction row that does not fit the tile costs a pass."""
+    if "num_warps" in feats:
+        threads = 5.0 + feats["num_warps"]  # log2 of 32 x num_warps
+    elif "threads" in feats:
+        threads = feats["threads"]
+    else:
+        return 0.0
+    blocks = [k for k in feats if k.startswith("BLOCK_") and k != "BLOCK_K"]
+    if not blocks:
+        return 0.0
+    tile = sum(feats[k] for k in blocks) + feats.get("ROWS", 0.0)  # log2 of the elements a program holds
+    if "BLOCK_K" in feats:
+        score = -min(tile, 15.0) + abs(feats.get("num_stages", 2.0) - 2.0)  # (features hold log2 of 4 stages)
+    else:
+        score = abs(tile - threads - 3.0)
+    programs = feats.get("tiles.out", feats.get("tiles.M"))
+    if programs is not None and sms:
+        programs += feats.get("SPLIT", 0.0) + feats.get("SPLIT_K", 0.0)
+        score += max(0.0, math.log2(sms) - programs)
+    return score + 0.5 * feats.get("tiles.R", 0.0)
+
+
 def make_features(config: Config, task_features: Optional[Mapping[str, Any]] = None) -> dict[str, float]:
     """Features of a (config, task) pair: ``config_features``, prefixed task features and the
     ``tiling_features`` of the two."""

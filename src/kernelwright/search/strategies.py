@@ -9,13 +9,14 @@ been asked. ``tell`` takes RunResults (failures included).
 """
 from __future__ import annotations
 
+import functools
 import random
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
 from ..space.config import Config
-from .cost_model import TASK_PREFIX, CostModel, FeatureFn, config_features
+from .cost_model import TASK_PREFIX, CostModel, FeatureFn, analytic_prior, config_features
 from .result import RunResult
 
 
@@ -112,30 +113,39 @@ class ModelBased(Strategy):
     """Bayesian-style search with a cost model.
 
     Each unasked config gets a predicted mean and std of log(time) (spread across the
-    forest's trees); picks go by lower confidence bound ``mean - kappa * std``, with a
-    share ``explore`` of uniformly random picks. Before the model has data (and when it was
-    not pre-fitted on earlier trials) the picks spread over the space: the first at random, each
-    next the config farthest from every config asked so far (in the configs' standardised
+    forest's trees); picks go by lower confidence bound ``mean - kappa * std``, configs the model
+    scores alike in the order of the analytic ``prior``, with a share ``explore`` of uniformly
+    random picks. Before the model has data (and when it was not pre-fitted on earlier trials) the
+    first pick of a search is the config the prior ranks first and the next ones spread over the
+    space: each the config farthest from every config asked so far (in the configs' standardised
     features), so the model's first records span the space rather than a corner of it. Results
-    told are added to the model, which is refitted.
+    told are added to the model, which is refitted. ``prior`` maps a config's features to a score,
+    lower more promising (default `analytic_prior`: hand-written, from no measurement, given the
+    device's ``sms``); None leaves the order to the model alone and makes the first pick random.
 
     The defaults (kappa 0: the predicted mean alone; a fifth of the picks random) come from
     replays on measured surfaces (docs/benchmarks.md, "Search strategies on sampled spaces"): the
     trees' spread is no calibrated uncertainty, and ranking by it sent the search to configs the
     forest knew least rather than those likely fast; the random share keeps a model that has not
-    yet seen the fast region from exploiting a poor one.
+    yet seen the fast region from exploiting a poor one. The prior matters where the model knows
+    least: a forest fitted on a few records gives whole regions one value, and the prior orders
+    the configs within them.
     """
 
     name = "model"
 
     def __init__(self, cost_model: Optional[CostModel] = None, explore: float = 0.2,
                  seed: int = 0, kappa: float = 0.0, candidates=None, features=None,
-                 task_key: str = ""):
+                 task_key: str = "", prior: Optional[Callable[[dict], float]] = analytic_prior,
+                 sms: Optional[int] = None):
         if not 0.0 <= explore <= 1.0:
             raise ValueError("explore must be within [0, 1]")
         self.model = cost_model if cost_model is not None else CostModel(seed=seed)
         self.explore = explore
         self.kappa = kappa
+        # (the analytic prior counts programs against the device's SMs where `sms` is given)
+        self.prior = functools.partial(analytic_prior, sms=sms) if prior is analytic_prior else prior
+        self._prior_cache: dict[Config, float] = {}
         self.seed = seed
         self.rng = random.Random(seed)
         self._feat_cache: dict[Config, dict] = {}
@@ -143,6 +153,7 @@ class ModelBased(Strategy):
 
     def bind(self, candidates, features=None, task_key=None):
         self._feat_cache = {}
+        self._prior_cache = {}
         return super().bind(candidates, features, task_key)
 
     def _feats(self, config: Config) -> dict:
@@ -150,6 +161,18 @@ class ModelBased(Strategy):
         if f is None:
             f = self._feat_cache[config] = self.features(config)
         return f
+
+    def prior_scores(self, pool: Sequence[Config]) -> np.ndarray:
+        """The prior's score per config (0 for all without a prior)."""
+        if self.prior is None:
+            return np.zeros(len(pool))
+        out = []
+        for c in pool:
+            p = self._prior_cache.get(c)
+            if p is None:
+                p = self._prior_cache[c] = float(self.prior(self._feats(c)))
+            out.append(p)
+        return np.asarray(out, dtype=float)
 
     def scores(self, pool: Sequence[Config]) -> np.ndarray:
         """Lower confidence bound of log(time) per config (lower is more promising)."""
@@ -160,7 +183,9 @@ class ModelBased(Strategy):
         n = min(n, len(pool))
         if not self.model.fitted:
             return self._spread(pool, n)
-        order = list(np.argsort(self.scores(pool), kind="stable"))
+        # the model's ranking; configs it scores alike (a forest fitted on a few records gives whole
+        # regions one value) in the prior's order rather than the candidates'
+        order = list(np.lexsort((self.prior_scores(pool), self.scores(pool))))
         chosen: list[int] = []
         taken: set[int] = set()
         for _ in range(n):
@@ -176,11 +201,27 @@ class ModelBased(Strategy):
         return [pool[i] for i in chosen]
 
     def _spread(self, pool: list[Config], n: int) -> list[Config]:
-        """n farthest-point picks from `pool`: each the config whose nearest asked config (those
-        asked before and the picks so far) is farthest, in the features of the configs themselves
-        (a task's own features are the same for all) standardised over pool and asked; the first
-        of a search at random."""
+        """n picks from `pool` before the model has data: a search's first the config the prior
+        ranks first (ties at random), then farthest-point picks: each the config whose nearest
+        asked config (those asked before and the picks so far) is farthest, in the features of the
+        configs themselves (a task's own features are the same for all) standardised over pool and
+        asked. Without a prior the first pick is random."""
         asked = [c for c in self._require_bound() if c in self._asked]
+        chosen: list[Config] = []
+        if not asked and self.prior is not None:
+            prior = self.prior_scores(pool)
+            best = np.flatnonzero(prior == prior.min())
+            first = pool[int(best[self.rng.randrange(len(best))])]
+            chosen.append(first)
+            pool = [c for c in pool if c != first]
+            asked = [first]
+        return chosen + self._farthest(pool, asked, n - len(chosen))
+
+    def _farthest(self, pool: list[Config], asked: list[Config], n: int) -> list[Config]:
+        """n farthest-point picks from `pool` given the configs `asked` (the first at random where
+        none was asked)."""
+        if n <= 0:
+            return []
         feats = [self._feats(c) for c in pool + asked]
         names = sorted({k for f in feats for k in f if not k.startswith(TASK_PREFIX)})
         a = np.array([[f.get(k, 0.0) for k in names] for f in feats], dtype=float)
@@ -239,9 +280,9 @@ class SeedsFirst(Strategy):
 
 
 def choose_strategy(n_configs: int, budget: Optional[int], cost_model: Optional[CostModel] = None,
-                    seed: int = 0, small_space: int = 16) -> Strategy:
+                    seed: int = 0, small_space: int = 16, sms: Optional[int] = None) -> Strategy:
     """Exhaustive when the whole space fits the trial budget (or is tiny when only a time
-    budget is given); otherwise model-based search."""
+    budget is given); otherwise model-based search (its prior given the device's `sms`)."""
     if (budget is not None and n_configs <= budget) or (budget is None and n_configs <= small_space):
         return Exhaustive()
-    return ModelBased(cost_model, seed=seed)
+    return ModelBased(cost_model, seed=seed, sms=sms)

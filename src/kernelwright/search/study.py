@@ -9,7 +9,8 @@ strategy and seed and summarises trials-to-95% / 99% of the surface's best (medi
 the spread over seeds).
 
 The strategies (`STRATEGIES`): "random" (uniform order); "model-cold" (the cost-model strategy of
-search/strategies.py with no earlier trials: random until the model has its first records); "model-warm"
+search/strategies.py with no earlier trials: its analytic prior's first pick, then picks spread over
+the space until the model has its first records); "model-warm"
 (the same model fitted first on the records of the *other* problems with the same template and
 precision, as a search with the packaged priors starts); "recorded" (the order the surface was
 measured in: the shipped search as it ran, seeds first). A surface holds only the configs that
@@ -21,8 +22,9 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from ..analyze.device import lookup
 from ..space.config import Config
 from .cost_model import CostModel, task_feature_fn
 from .evaluate import problem_of
@@ -119,11 +121,13 @@ def trials_to(curve: Sequence[float], best: float, fraction: float) -> int:
 
 def make_strategy(name: str, surface: Surface, records: Sequence[Mapping], seed: int,
                   model: Callable[[int], CostModel] = lambda seed: CostModel(seed=seed),
-                  acquisition: Optional[Mapping[str, float]] = None) -> Strategy:
+                  acquisition: Optional[Mapping[str, Any]] = None) -> Strategy:
     """Strategy `name` (one of STRATEGIES) for a replay of `surface`; "model-warm" fits its model
     on the `records` of other problems with the surface's template and precision. `acquisition`:
-    ModelBased's `kappa` and `explore` where they are not its defaults."""
+    ModelBased's `kappa`, `explore` and `prior` where they are not its defaults."""
     acq = dict(acquisition or {})
+    spec = lookup(surface.device) if surface.device else None
+    acq.setdefault("sms", spec.sms if spec else None)
     if name == "random":
         return RandomSearch(seed=seed)
     if name == "model-cold":
@@ -175,7 +179,7 @@ class StudyRow:
 def study(surfs: Sequence[Surface], records: Sequence[Mapping], *, strategies: Sequence[str] = STRATEGIES,
           seeds: Sequence[int] = (0, 1, 2), trials: Optional[int] = None,
           model: Callable[[int], CostModel] = lambda seed: CostModel(seed=seed),
-          acquisition: Optional[Mapping[str, float]] = None) -> list[StudyRow]:
+          acquisition: Optional[Mapping[str, Any]] = None) -> list[StudyRow]:
     """Replay each strategy on each surface for each seed (a deterministic strategy once);
     `acquisition` as make_strategy's."""
     rows = []

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from ..analyze.device import lookup
 from ..space.config import Config
 from .cost_model import CostModel, task_feature_fn
 from .database import TrialDB, make_record, record_result
@@ -134,7 +135,8 @@ def tune(candidates: Sequence[Config], run: Runner, budget_trials: Optional[int]
     if strategy is None:
         if cost_model is None and db is not None:
             cost_model = CostModel(seed=seed).fit(db_records())
-        strategy = choose_strategy(len(unique), budget_trials, cost_model, seed=seed)
+        spec = lookup(device) if device else None
+        strategy = choose_strategy(len(unique), budget_trials, cost_model, seed=seed, sms=spec.sms if spec else None)
     elif isinstance(strategy, ModelBased) and strategy.model.n_records == 0 and db is not None:
         strategy.model.fit(db_records())  # an empty model learns from the database first
     if not strategy.bound:
