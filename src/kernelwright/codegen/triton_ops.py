@@ -113,7 +113,7 @@ POINTWISE: dict[str, Expr] = {
     # Triton's own functions, and device helpers (kw_*) where Triton's lose accuracy or have none
     **{f"aten.{name}.default": _fn(f"tl.{name}") for name in ("sigmoid", "exp", "exp2", "log", "log2", "sqrt",
                                                               "rsqrt", "abs", "sin", "cos", "erf", "floor", "ceil")},
-    **{f"aten.{name}.default": _fn(f"kw_{name}") for name in ("tanh", "expm1", "log1p")},
+    **{f"aten.{name}.default": _fn(f"kw_{name}") for name in ("tanh", "expm1", "log1p", "mish")},
     "aten.sign.default": lambda a, kw: f"tl.where({a[0]} > 0.0, 1.0, tl.where({a[0]} < 0.0, -1.0, 0.0))",
     "aten.pow.Tensor_Scalar": _pow,
     "aten.pow.Tensor_Tensor": _fn("kw_pow", 2),

@@ -532,6 +532,8 @@ ACTIVATIONS = {
     "sigmoid": ("torch.sigmoid({x})", "nn.Sigmoid()"),
     "silu": ("F.silu({x})", "nn.SiLU()"),
     "elu": ("F.elu({x})", "nn.ELU()"),
+    "mish": ("F.mish({x})", "nn.Mish()"),
+    "softplus": ("F.softplus({x})", "nn.Softplus()"),
     "abs": ("torch.abs({x})", None),
     "neg": ("-{x}", None),
     "sin": ("torch.sin({x})", None),

@@ -19,7 +19,7 @@ POINTWISE = frozenset({
     "aten.cos.default", "aten.erf.default", "aten.floor.default", "aten.ceil.default",
     "aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.maximum.default", "aten.minimum.default",
     "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default", "aten.hardtanh.default",
-    "aten.elu.default",
+    "aten.elu.default", "aten.mish.default",
     "aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther",
     "aten.isnan.default", "aten.isinf.default",
     "aten.gt.Scalar", "aten.gt.Tensor", "aten.lt.Scalar", "aten.lt.Tensor",

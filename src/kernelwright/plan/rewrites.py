@@ -23,6 +23,7 @@ from kernelwright.plan.attention import POLICIES as ATTENTION_POLICIES, SDPA, at
 from kernelwright.plan.dead_code import drop_unread
 from kernelwright.plan.norm_split import split_norms_before_pools
 from kernelwright.plan.pieces import compute_by_pieces
+from kernelwright.plan.recompose import recompose_mish
 from kernelwright.plan.recompute import recompute_reads
 from kernelwright.plan.instance_norm import instance_norm_rows
 from kernelwright.plan.weights import pure, weight_roots
@@ -1020,7 +1021,7 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None,
             algebra: bool = True, recompute: bool = False, free: tuple[int, ...] = ()) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
-    folded, repeated subexpressions merged, the algebra rules of plan.algebra (reductions over
+    folded, repeated subexpressions merged, decomposed activations as one op (plan.recompose), the algebra rules of plan.algebra (reductions over
     size-1 dims, through affine ops, of matrix products and of convolutions; `algebra=False`, the
     command line's --no-rewrites, leaves them out), inference batch norms folded into the Linear before them,
     convolution and GEMM biases split off, max pools moved
@@ -1035,7 +1036,7 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     only): the dtypes eager returns under the policy's autocast (bf16_outputs). `free`: positions of
     the returned values whose layout the rewrites choose (channels_last_convs, saved_copies)."""
     notes: list[str] = []
-    steps = [simplify, fold_scalar_tensors, dedupe] + ([exact_algebra] if algebra else []) + [
+    steps = [simplify, fold_scalar_tensors, dedupe, recompose_mish] + ([exact_algebra] if algebra else []) + [
         fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites, instance_norm_rows]
     if policy in ATTENTION_POLICIES:  # under tf32 causal-masked attention only (plan.attention)
         steps += [lambda g: attention(g, policy), simplify]
