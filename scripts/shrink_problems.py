@@ -9,7 +9,9 @@ Rules by the name assigned: a batch size becomes 2; group counts at most 4; spat
 sizes (height, width, depth, seq, length, image; h / w / d) at most the first of --pixels for which
 the model runs (a pooling stack needs more pixels than a pointwise one); channels, features, dims,
 hidden and other sizes at most 16; kernel sizes, strides, paddings, dilations, pool sizes and
-factors stay. A file whose model fails at every size is reported in one line and not written.
+factors stay. An image batch's shape written with literal sizes (`input_shape = (batch_size, 3, 224,
+224)`, `torch.rand(batch_size, 3, 224, 224)`) gets its spatial sizes cut to the same --pixels. A
+file whose model fails at every size is reported in one line and not written.
 Then: TRITON_INTERPRET=1 kernelwright fuzz OUT_DIR --device cpu --precision bf16 [--backend].
 """
 import re
@@ -57,15 +59,32 @@ def _statement(text: str, pixels: int) -> str:
     return text
 
 
+# an image batch's shape written out: (N, C, H, W) or (N, C, D, H, W) with the spatial sizes as literals,
+# assigned to a *shape name or passed to a tensor factory (`torch.rand(batch_size, 3, 224, 224)`)
+IMAGE = re.compile(r"(\b\w*shape\w*\s*=\s*\(|torch\.(?:rand|randn|ones|zeros|empty)\()([^()]*)\)")
+
+
+def _image_sizes(line: str, pixels: int) -> str:
+    """`line` with the spatial literals of an image batch's shape (IMAGE) at most `pixels`."""
+    def sub(m):
+        parts = [x.strip() for x in m.group(2).split(",")]
+        if len(parts) in (4, 5) and all(x.isdigit() for x in parts[2:]):
+            parts[2:] = [str(min(int(x), pixels)) for x in parts[2:]]
+            return m.group(1) + ", ".join(parts) + ")"
+        return m.group(0)
+    return IMAGE.sub(sub, line)
+
+
 def shrink(source: str, pixels: int) -> str:
-    """`source` with the module-level (unindented) integer assignments shrunk; comments dropped
-    from those lines, statements joined by ';' handled one by one."""
+    """`source` with the module-level (unindented) integer assignments shrunk, and the spatial
+    literals of image shapes written out (IMAGE) anywhere; comments dropped from the assignments'
+    lines, statements joined by ';' handled one by one."""
     out = []
     for line in source.splitlines():
         if line[:1].isalpha() and "=" in line and not line.startswith(("def ", "class ", "import ", "from ")):
             code = line.split("#", 1)[0]
             line = "; ".join(_statement(part, pixels) for part in code.split(";")).rstrip()
-        out.append(line)
+        out.append(_image_sizes(line, pixels))
     return "\n".join(out) + "\n"
 
 

@@ -162,6 +162,12 @@ def test_shrink_problems_rewrites_sizes_where_assigned_and_leaves_out_what_canno
                  "kernel_size = 3", "num_groups = 4", "bias_shape = (out_channels, 1, 1, 1)"):
         assert line in text.splitlines(), (line, text)
     assert not (tmp_path / "out" / "broken.py").exists()
+    # an image batch's shape written out with literal sizes
+    (src / "broken.py").unlink()
+    (src / "conv.py").write_text(KB_CONV.replace("torch.rand(batch_size, in_channels, depth, height, width)",
+                                                 "torch.rand(batch_size, in_channels, 24, 24, 24)"))
+    r = py("shrink_problems.py", tmp_path / "out", src, "--pixels", "2,8")
+    assert r.returncode == 0 and "torch.rand(batch_size, in_channels, 8, 8, 8)" in (tmp_path / "out" / "conv.py").read_text()
     r = py("shrink_problems.py", tmp_path / "out", tmp_path / "missing")
     assert r.returncode == 2 and "no such file or folder" in r.stderr
 
