@@ -46,9 +46,9 @@ BOX_SEEDS = {
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of a box config tried first, per precision, on a box of
 # two rows where one pads the output no more than the box `best_box` picks (whose ties go to one long
-# row). Under bf16 on an H100 (`232d929`, docs/benchmarks.md "The box path's space sampled"), 50
-# configs of KernelBench level-2 #1's convolution (126 x 126 outputs, 64 -> 128 channels, a float32
-# input): 128 x 128 x 64 at 4 warps and 3 stages on a 2 x 64 box ran fastest, 1.043 ms, against
+# row). Under bf16 on an H100 (`232d929`, docs/benchmarks.md "... the box path's space sampled"), of
+# the 46 configs of KernelBench level-2 #1's convolution that ran (126 x 126 outputs, 64 -> 128
+# channels, a float32 input) 128 x 128 x 64 at 4 warps and 3 stages on a 2 x 64 box was fastest, 1.043 ms, against
 # 1.357 for the first seed below on a 1 x 128 box; a two-row read of the same box (TWO_ROWS, K steps
 # of 32) 1.050
 TWO_ROW_BOX_FIRST = {
@@ -369,7 +369,7 @@ def box_space(out: tuple[int, int, int], precision: str, n: int, k: int, spec: D
               window: tuple[int, int, int] = (1, 1, 1)) -> list[dict]:
     """Every box config of the template's tensor-descriptor path for an output of (D, H, W) pixels
     per image, N = `n` output channels and K = `k` (input channels x taps): the product of tiles
-    (BLOCK_M 64-256 pixels, BLOCK_N up to N's power of two, K steps of 32-128 bytes x 2), warps,
+    (BLOCK_M 64-256 pixels, BLOCK_N up to N's power of two, K steps of 32 to 256 bytes), warps,
     stages and every box of BLOCK_M pixels holding whole `window`s with rows of at least 16 pixels,
     the two-row reads (TWO_ROWS) where a box has two rows, that fit the device's shared memory.
     The seeds (`box_configs`) are a few of these; this is the space a probe samples."""
