@@ -1,8 +1,8 @@
 """Activations that torch.export's decompositions spell out, put back together as one ATen op.
 
 Export lowers `F.mish(x)` (and `x * torch.tanh(F.softplus(x))` written by hand) to
-exp, log1p, gt, where, tanh and mul: three transcendental functions and, in the generated code,
-three divisions per element. As one op, `aten.mish`, the op table computes it with one exponential
+exp, log1p, gt, where, tanh and mul: in the generated code three transcendental functions and
+two divisions per element. As one op, `aten.mish`, the op table computes it with one exponential
 and one division (codegen `kw_mish`): the same function, rounded differently, which verification
 bounds like any other kernel's. A fused epilogue of two such activations after a convolution is
 bound by that arithmetic, not by memory, so the saving is the kernel's time.

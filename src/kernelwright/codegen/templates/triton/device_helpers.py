@@ -54,7 +54,7 @@ def kw_tanh(x):
 def kw_mish(x):
     # x * tanh(softplus(x)) as x * n / (n + 2) with n = t (t + 2), t = e^x: tanh(log(1 + t)) is
     # ((1 + t)^2 - 1) / ((1 + t)^2 + 1). One exponential and one division where the composition
-    # takes three transcendentals and three divisions, and no cancellation: n > 0. Above softplus's
+    # takes three transcendentals and two divisions, and no cancellation: n > 0. Above softplus's
     # threshold (20) the result is x, as ATen's; the clamp keeps n finite in the branch not taken.
     t = tl.exp(tl.minimum(x, 20.0))
     n = t * (t + 2.0)
