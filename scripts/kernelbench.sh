@@ -8,8 +8,8 @@
 #   NAME   stem of the files written, at most three (the device machine returns at most 8 files a
 #          call): $OUT/NAME.json (bench JSON, rows in NUM order), $OUT/NAME.log (each problem's bench
 #          output, then each optimize's log with every line's seconds: where time went, then the
-#          table), $OUT/NAME_reports.md where a problem is incorrect, failed or below 0.95x
-#          torch.compile (scripts/collect_reports.py)
+#          table), $OUT/NAME_reports.md where a problem is incorrect, failed or below
+#          REPORTS_BELOW x torch.compile (scripts/collect_reports.py)
 #   DIR    a folder of KernelBench files named NUM_Name.py
 #   env: PRECISION  fp32, tf32 (default) or bf16
 #        BUDGET     trials per problem, shared among its units (default 2)
@@ -18,6 +18,8 @@
 #                   (less 20 s for the merge), so the files under $OUT are written before an outer
 #                   time limit ends the call (default none)
 #        EXTRA      more bench flags, e.g. "--mode eval"
+#        REPORTS_BELOW  speedup over torch.compile under which a problem's report is kept (default 0.95;
+#                   1.1 keeps the ties' kernel tables too)
 #        OUT        output folder (default /tmp/kw_out)
 #        WORK       working folder: per-problem JSON, logs, optimize outputs (default a fresh one)
 set -u
@@ -64,7 +66,7 @@ opts = parts[0]["options"]
 json.dump({"rows": rows, "summary": summarise(rows, opts.get("baseline_only"), True), "options": opts,
            "gpu": parts[0]["gpu"], "torch": parts[0]["torch"]}, open(out, "w"), indent=2, default=str)
 PY
-python3 scripts/collect_reports.py "$OUT/$name.json" "$work/runs" "$OUT/${name}_reports.md"
+python3 scripts/collect_reports.py "$OUT/$name.json" "$work/runs" "$OUT/${name}_reports.md" --below "${REPORTS_BELOW:-0.95}"
 [ -s "$OUT/${name}_reports.md" ] || rm -f "$OUT/${name}_reports.md"
 for p in "$work"/runs/level*/*.progress.log; do  # each optimize's log, its lines timed
   [ -f "$p" ] && { echo "== progress: $p"; cat "$p"; }
