@@ -110,3 +110,24 @@ def test_bf16_cast_rounds_to_nearest_even_like_torch():
     want = RoundTrip()(x)
     same = (out.view(torch.int32) == want.view(torch.int32)) | (out.isnan() & want.isnan())
     assert bool(same.all()), f"{int((~same).sum())} of {x.numel()} differ, e.g. {x[~same][:4].tolist()}"
+
+
+class RowSum(nn.Module):
+    """A bf16 row sum whose result is bf16: the reduction's float32 total stored into a bf16 output."""
+
+    def forward(self, x):
+        return x.sum(-1)
+
+
+def test_a_bf16_result_is_stored_rounded_to_nearest_like_torch():
+    """Rows of 63 fours and one 7.5 sum exactly to 259.5 in float32, which bf16 (steps of 2 there)
+    rounds to 260; a store that truncated would give 258. The group kernel stores torch's value."""
+    x = torch.full((6, 64), 4.0, dtype=torch.bfloat16)
+    x[:, 5] = 7.5
+    g = capture(from_module(RowSum(), [x]))
+    (grp,) = plan_graph(g).groups
+    k = render_group(g, grp, {"BLOCK_M": 8, "BLOCK_R": 32, "one_pass": False, "num_warps": 4})
+    assert "kw_cast_out" in k.source
+    mod = load_module_from_source(k.source, grp.id, os.path.join(os.path.dirname(__file__), "..", "..", ".pytest_kw_cache"))
+    (out,) = mod.launch(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, RowSum()(x)) and out[0].item() == 260.0

@@ -680,6 +680,8 @@ def render_group(graph: Graph, group: Group, config: dict, low: Lowering | None 
             op = s.operand
             msk = "mask" if op.level == "full" else "mmask"
             val = s.deps[0]
+            if op.dtype == "bfloat16":  # (rounded to nearest even in the interpreter too: kw_cast_out)
+                val = f"kw_cast_out({val}, {op.param})"
             return [f"tl.store({addr(op)}, {val}, mask={msk})"]
         raise AssertionError(s.kind)
 
