@@ -181,6 +181,13 @@ class Graph:
     def is_input(self, name: str) -> bool:
         return name in self._inputs
 
+    def producer(self, value) -> OpNode | None:
+        """The node computing `value` where it is a Ref to a node's result (None for an input or
+        a constant)."""
+        if not isinstance(value, Ref) or value.name in self._inputs:
+            return None
+        return self._by_name[value.name]
+
     def input(self, name: str) -> Input:
         return self._inputs[name]
 

@@ -143,12 +143,6 @@ def _out(n: OpNode) -> TensorMeta:
     return n.meta
 
 
-def _producer(graph: Graph, ref) -> OpNode | None:
-    if not isinstance(ref, Ref) or graph.is_input(ref.name):
-        return None
-    return graph.node(ref.name)
-
-
 def _kept(graph: Graph) -> set[str]:
     return set(graph.outputs) | set(graph.mutations)
 
@@ -292,7 +286,7 @@ def size_one_max(graph: Graph, n: OpNode) -> _Hit | None:
     Proof: the max and min of one element are that element, NaN and infinities included."""
     if n.target != "getitem" or len(n.args) != 2 or n.args[1] != 0 or n.meta is None:
         return None
-    src = _producer(graph, n.args[0])
+    src = graph.producer(n.args[0])
     if src is None or src.target not in ("aten.max.dim", "aten.min.dim") or not isinstance(src.args[0], Ref):
         return None
     m = graph.meta(src.args[0].name)
@@ -331,23 +325,23 @@ def size_one_softmax(graph: Graph, n: OpNode) -> _Hit | None:
 
 def _is_inf_test(graph: Graph, ref, amax: Ref) -> bool:
     """Whether `ref` is `abs(amax) == inf`."""
-    eq = _producer(graph, ref)
+    eq = graph.producer(ref)
     if eq is None or eq.target != "aten.eq.Scalar" or eq.args[1] != math.inf:
         return False
-    ab = _producer(graph, eq.args[0])
+    ab = graph.producer(eq.args[0])
     return ab is not None and ab.target == "aten.abs.default" and ab.args[0] == amax
 
 
 def _zero(graph: Graph, v) -> bool:
     if _number(v):
         return v == 0
-    z = _producer(graph, v)
+    z = graph.producer(v)
     return z is not None and z.target == "aten.scalar_tensor.default" and bool(z.args) and z.args[0] == 0
 
 
 def _lse_shift(graph: Graph, ref, x: Ref):
     """(amax node) when `ref` is torch's logsumexp shift where(abs(m) == inf, 0, m), m = amax(x, dims, True)."""
-    w = _producer(graph, ref)
+    w = graph.producer(ref)
     if w is None:
         return None
     if w.target == "aten.where.self" and _zero(graph, w.args[1]):
@@ -356,7 +350,7 @@ def _lse_shift(graph: Graph, ref, x: Ref):
         amax = w.args[2]
     else:
         return None
-    a = _producer(graph, amax)
+    a = graph.producer(amax)
     if a is None or a.target != "aten.amax.default" or a.args[0] != x or not _arg(a, 2, "keepdim", False) \
             or not _is_inf_test(graph, w.args[0], amax):
         return None
@@ -379,13 +373,13 @@ def size_one_logsumexp(graph: Graph, n: OpNode) -> _Hit | None:
         m = graph.meta(x.name)
         dims = _norm_dims(_arg(n, 1, "dim"), len(m.shape)) if m is not None else None
     elif n.target == "aten.add.Tensor" and len(n.args) == 2 and not n.kwargs:
-        log = _producer(graph, n.args[0])
-        s = _producer(graph, log.args[0]) if log is not None and log.target == "aten.log.default" else None
+        log = graph.producer(n.args[0])
+        s = graph.producer(log.args[0]) if log is not None and log.target == "aten.log.default" else None
         red = _sum_mean(graph, s) if s is not None else None
         if red is None or red[0] != "sum":
             return None
-        ex = _producer(graph, red[1])
-        sub = _producer(graph, ex.args[0]) if ex is not None and ex.target == "aten.exp.default" else None
+        ex = graph.producer(red[1])
+        sub = graph.producer(ex.args[0]) if ex is not None and ex.target == "aten.exp.default" else None
         if sub is None or sub.target != "aten.sub.Tensor" or sub.kwargs or not isinstance(sub.args[0], Ref):
             return None
         x = sub.args[0]
@@ -395,7 +389,7 @@ def size_one_logsumexp(graph: Graph, n: OpNode) -> _Hit | None:
         m = _meta(graph, x)
         dims = red[2]
         shift = n.args[1]
-        sq = _producer(graph, shift)
+        sq = graph.producer(shift)
         if shift != sub.args[1] and not (sq is not None and sq.target in ("aten.squeeze.dims", "aten.squeeze.dim",
                                                                         "aten.view.default")
                                          and sq.args[0] == sub.args[1]):
@@ -460,7 +454,7 @@ def reduction_through_affine(graph: Graph, n: OpNode) -> _Hit | None:
     if red is None or n.name in graph.mutations:
         return None
     kind, v, dims, keep = red
-    e = _producer(graph, v)
+    e = graph.producer(v)
     if e is None or not _only_reader(graph, v.name, n.name):
         return None
     vm, want = _meta(graph, v), _out(n)
@@ -508,13 +502,13 @@ def _gemm_chain(graph: Graph, cur: Ref, reader: str, depth: int = 0):
     """(steps, view, product) when `cur`, read only by `reader`, is computed from a matrix product
     through elementwise affine steps (each `(node, op, c)` of `_affine`, the outermost first), each
     value read only by the next, with at most one view, right after the product; else None."""
-    node = _producer(graph, cur)
+    node = graph.producer(cur)
     if node is None or depth > 32 or not _only_reader(graph, cur.name, reader):
         return None
     if node.target in _GEMM:
         return [], None, node
     if node.target in _VIEWS:
-        inner = _producer(graph, node.args[0])
+        inner = graph.producer(node.args[0])
         if inner is not None and inner.target in _GEMM and _only_reader(graph, node.args[0].name, node.name):
             return [], node, inner
         return None
@@ -805,7 +799,7 @@ def conv_spatial_reduction(graph: Graph, n: OpNode) -> _Hit | None:
     if red is None or n.name in graph.mutations:
         return None
     kind, v, dims, keep = red
-    conv = _producer(graph, v)
+    conv = graph.producer(v)
     if conv is None or conv.target != "aten.convolution.default" or len(conv.args) != 9 \
             or not _only_reader(graph, v.name, n.name):
         return None

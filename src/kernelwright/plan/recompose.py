@@ -17,10 +17,8 @@ MISH_THRESHOLD = 20  # softplus's default threshold, the one aten.mish uses
 
 def _producer(graph: Graph, v, target: str) -> OpNode | None:
     """The node computing `v` when it is a `target` call without keyword arguments, else None."""
-    if not isinstance(v, Ref) or graph.is_input(v.name):
-        return None
-    n = graph.node(v.name)
-    return n if n.target == target and not n.kwargs else None
+    n = graph.producer(v)
+    return n if n is not None and n.target == target and not n.kwargs else None
 
 
 def softplus_input(graph: Graph, v) -> tuple[Ref, set[str]] | None:

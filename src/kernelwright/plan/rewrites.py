@@ -178,7 +178,7 @@ def gather_log_softmax(graph: Graph) -> tuple[Graph, list[str]]:
         if n.target != "aten.gather.default" or n.kwargs or len(n.args) < 3 or not isinstance(n.args[0], Ref):
             nodes.append(n)
             continue
-        src = graph.node(n.args[0].name) if not graph.is_input(n.args[0].name) else None
+        src = graph.producer(n.args[0])
         idx = graph.meta(n.args[2].name) if isinstance(n.args[2], Ref) else None
         if src is None or src.target != "aten._log_softmax.default" or src.name in keep or idx is None:
             nodes.append(n)
@@ -376,7 +376,7 @@ def _folding_weight(graph: Graph, prod: OpNode):
             return None
         if b is not None and (not isinstance(b, Ref) or graph.meta(b.name) is None or len(graph.meta(b.name).shape) != 1):
             return None
-        t = graph.node(wt.name) if isinstance(wt, Ref) and not graph.is_input(wt.name) else None
+        t = graph.producer(wt)
         if t is None or t.target != "aten.permute.default" or list(t.args[1]) != [1, 0] or not isinstance(t.args[0], Ref):
             return None
         return t.args[0], b
@@ -1021,9 +1021,10 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None,
             algebra: bool = True, recompute: bool = False, free: tuple[int, ...] = ()) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
-    folded, repeated subexpressions merged, decomposed activations as one op (plan.recompose), the algebra rules of plan.algebra (reductions over
-    size-1 dims, through affine ops, of matrix products and of convolutions; `algebra=False`, the
-    command line's --no-rewrites, leaves them out), inference batch norms folded into the Linear before them,
+    folded, repeated subexpressions merged, decomposed activations as one op (plan.recompose),
+    the algebra rules of plan.algebra (reductions over size-1 dims, through affine ops, of matrix
+    products and of convolutions; `algebra=False`, the command line's --no-rewrites, leaves them
+    out), inference batch norms folded into the Linear before them,
     convolution and GEMM biases split off, max pools moved
     before non-decreasing elementwise ops, row rewrites, instance norms over their own dims, by-hand attention as one fused call (fp32 and
     bf16; tf32 when causally masked: plan.attention). Then the policy's: under bf16 explicit
