@@ -302,18 +302,27 @@ def best_box(out: tuple[int, int, int], pixels: int, window: tuple[int, int, int
     """The (BOX_D, BOX_H, BOX_W) of `pixels` output pixels (powers of two), each side a multiple of
     `window`'s (a fused pool's), that covers the output (D, H, W) with the fewest padded pixels;
     ties go to the widest box (longer contiguous rows). None where no box holds whole windows."""
-    def waste(b):
-        return math.prod(math.ceil(o / x) * x for o, x in zip(out, b)) / math.prod(out)
-    cands = [(d, h, pixels // (d * h)) for d in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16, 32)
-             if pixels % (d * h) == 0 and pixels // (d * h) >= 1]
-    cands = [b for b in cands if all(x % k == 0 for x, k in zip(b, window))]
+    cands = _box_shapes(pixels, window)
     if not cands:
         return None
     fits = [b for b in cands if all(x <= max(next_pow2(o), k) for x, o, k in zip(b[:2], out, window))
             and b[2] <= max(16, next_pow2(out[2]), window[2])
             and b[2] >= min(16, pixels)]  # rows of 8 pixels ran slower than any wider box in the probe
     widest = max(b[2] for b in cands)
-    return min(fits or [b for b in cands if b[2] == widest], key=lambda b: (round(waste(b), 6), -b[2], -b[1]))
+    return min(fits or [b for b in cands if b[2] == widest],
+               key=lambda b: (round(_padded(out, b) / math.prod(out), 6), -b[2], -b[1]))
+
+
+def _box_shapes(pixels: int, window: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+    """Every (D, H, W) box of `pixels` pixels with D and H powers of two (D up to 8, H up to 32) whose
+    sides are multiples of `window`'s."""
+    boxes = [(d, h, pixels // (d * h)) for d in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16, 32) if pixels % (d * h) == 0]
+    return [b for b in boxes if all(x % k == 0 for x, k in zip(b, window))]
+
+
+def _padded(out: tuple[int, int, int], box: tuple[int, int, int]) -> int:
+    """The pixels `out` holds once each side is rounded up to a multiple of the box's."""
+    return math.prod(math.ceil(o / x) * x for o, x in zip(out, box))
 
 
 def _two_row_box(out: tuple[int, int, int], pixels: int, window: tuple[int, int, int]) -> tuple[int, int, int] | None:
@@ -323,9 +332,7 @@ def _two_row_box(out: tuple[int, int, int], pixels: int, window: tuple[int, int,
     two = (1, 2, pixels // 2) if out[1] > 1 else (2, 1, pixels // 2)
     if best is None or pixels // 2 < 16 or any(x % k for x, k in zip(two, window)):
         return None
-    def padded(b):
-        return math.prod(math.ceil(o / x) * x for o, x in zip(out, b))
-    return two if padded(two) <= padded(best) else None
+    return two if _padded(out, two) <= _padded(out, best) else None
 
 
 def box_configs(out: tuple[int, int, int], precision: str, cap_n: int, cap_k: int, whole_n: bool,
@@ -378,10 +385,8 @@ def box_space(out: tuple[int, int, int], precision: str, n: int, k: int, spec: D
     for bm, bn, bk, w, s in itertools.product((64, 128, 256), (64, 128, 256), (16, 32, 64, 128), (4, 8), (2, 3, 4, 5)):
         if bn > cap_n or bk > cap_k or not 32 <= bk * elem_bytes <= 256 or not 8 <= bm * bn / (32 * w) <= 128:
             continue
-        boxes = [(d, h, bm // (d * h)) for d in (1, 2, 4, 8) for h in (1, 2, 4, 8, 16)
-                 if bm % (d * h) == 0 and bm // (d * h) >= 16]
-        for box in boxes:
-            if any(x % q for x, q in zip(box, window)) or any(x > max(next_pow2(o), q) for x, o, q in zip(box, out, window)):
+        for box in _box_shapes(bm, window):
+            if box[2] < 16 or any(x > max(next_pow2(o), q) for x, o, q in zip(box, out, window)):
                 continue
             c = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=AXES["GROUP_M"][0], num_warps=w, num_stages=s,
                      BOX_D=box[0], BOX_H=box[1], BOX_W=box[2])
