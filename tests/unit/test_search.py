@@ -497,3 +497,21 @@ def test_model_based_starts_at_the_priors_pick_and_orders_ties_by_it():
     by_prior = sorted(rest, key=lambda c: prior(feats(c)))
     got = s.ask(4)
     assert [prior(feats(c)) for c in got] == [prior(feats(c)) for c in by_prior[:4]]
+
+
+def test_a_cold_search_spreads_its_first_records_over_the_priors_best_quarter():
+    """Before the model has data, the picks after the prior's first spread over the quarter of the
+    space the prior ranks best (spread_share), not over the whole space; spread_share=1 spreads
+    over everything, and a share outside (0, 1] is refused."""
+    space = [Config.make("triton.row", BLOCK_R=2 ** k, num_warps=w) for k in range(4, 13) for w in (1, 2, 4, 8, 16)]
+    feats = task_feature_fn({"log2_M": 13.0, "log2_R": 12.0})
+    prior = lambda f: abs(f["BLOCK_R"] - 10.0) + abs(f["num_warps"] - 2.0)  # noqa: E731
+    scores = sorted(prior(feats(c)) for c in space)
+    quarter = scores[len(scores) // 4]  # (the rest of the pool's quantile lies at or under it)
+    for seed in range(4):
+        picks = ModelBased(seed=seed, prior=prior).bind(space, feats).ask(4)
+        assert all(prior(feats(c)) <= quarter for c in picks), [prior(feats(c)) for c in picks]
+    wide = ModelBased(seed=0, prior=prior, spread_share=1.0).bind(space, feats).ask(4)
+    assert max(prior(feats(c)) for c in wide) > quarter  # farthest points reach the space's ends
+    with pytest.raises(ValueError, match="spread_share"):
+        ModelBased(spread_share=0.0)
