@@ -314,6 +314,75 @@ def test_a_convolution_bias_added_after_it_moves_through_the_mean():
     assert "reduction_through_affine" in _rules(notes)
 
 
+def _eval_bn(bn: nn.Module) -> nn.Module:
+    """`bn` in eval mode with running statistics and affine weights far from their defaults."""
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.25, 4)
+        if bn.affine:
+            bn.weight.uniform_(-2, 2)
+            bn.bias.uniform_(-1, 1)
+    return bn.eval()
+
+
+EVAL_BN = [
+    # (name, forward, modules, input shape): a mean over dims without the channels of an eval batch norm
+    ("conv_transpose3d_scale_bn_pool",  # KernelBench level-2 77's pattern
+     lambda s, x: s.pool(s.bn(s.conv(x) * 2.0)),
+     dict(conv=nn.ConvTranspose3d(3, 4, 3), bn=nn.BatchNorm3d(4), pool=nn.AdaptiveAvgPool3d((1, 1, 1))), (2, 3, 3, 4, 5)),
+    ("conv2d_bn_mean", lambda s, x: s.bn(s.conv(x)).mean(dim=(2, 3)),
+     dict(conv=nn.Conv2d(3, 5, 3, padding=1), bn=nn.BatchNorm2d(5)), (2, 3, 6, 7)),
+    ("conv2d_bn_no_affine_batch_and_space", lambda s, x: s.bn(s.conv(x)).mean(dim=(0, 2, 3)),
+     dict(conv=nn.Conv2d(3, 5, 3), bn=nn.BatchNorm2d(5, affine=False)), (3, 3, 6, 6)),
+    ("bn1d_mean_keepdim", lambda s, x: s.bn(x * 3.0).mean(dim=2, keepdim=True),
+     dict(bn=nn.BatchNorm1d(4)), (2, 4, 9)),
+]
+
+
+@pytest.mark.parametrize("name,fn,mods,shape", EVAL_BN, ids=[c[0] for c in EVAL_BN])
+def test_a_mean_over_an_eval_batch_norm_is_taken_before_it(name, fn, mods, shape):
+    """The mean moves before the eval-mode batch norm (which then maps C values per item, not the
+    whole tensor); where a convolution feeds it the convolution then goes through box sums."""
+    model = Fn(fn, **{k: _eval_bn(v) if isinstance(v, nn.modules.batchnorm._BatchNorm) else v for k, v in mods.items()})
+    g, r, notes = _check(model, [torch.randn(*shape)], "reduction_through_eval_batch_norm")
+    assert not any(n.target == "aten._native_batch_norm_legit_no_training.default" for n in r.nodes)
+    if "conv" in mods:
+        assert "conv_spatial_reduction" in _rules(notes)
+        assert not any(n.target == "aten.convolution.default" for n in r.nodes)
+
+
+def test_nan_and_infinities_move_through_the_eval_batch_norm_as_through_the_original():
+    """An infinite input element gives the same infinite mean either way; a zero batch-norm weight
+    times it gives NaN in both; NaN stays NaN."""
+    bn = _eval_bn(nn.BatchNorm2d(3))
+    with torch.no_grad():
+        bn.weight[2] = 0.0
+    x = torch.randn(3, 3, 4, 4, dtype=torch.float64)
+    x[0, 0, 1, 1], x[1, 1, 2, 0], x[1, 2, 3, 3], x[2, 0, 0, 0] = INF, -INF, INF, NAN
+    model, inputs, g = _captured(Fn(lambda s, x: s.bn(x).mean(dim=(2, 3)), bn=bn), [x])
+    r, notes = algebra(g)
+    assert "reduction_through_eval_batch_norm" in _rules(notes)
+    want = run_graph(g, model, inputs)[0]
+    assert torch.isinf(want[0, 0]) and torch.isinf(want[1, 1]) and torch.isnan(want[1, 2]) and torch.isnan(want[2, 0])
+    _same(g, r, model, inputs)
+
+
+def test_batch_norms_in_training_mode_over_channels_or_read_elsewhere_keep_their_place():
+    """Training-mode batch norm (the batch's statistics), a mean over the channel dim, a sum, and a
+    batch-norm output that another node reads too are left to the other rules."""
+    cases = [
+        (lambda s, x: s.bn(x).mean(dim=(2, 3)), nn.BatchNorm2d(3).train()),
+        (lambda s, x: s.bn(x).mean(dim=(1, 2)), _eval_bn(nn.BatchNorm2d(3))),
+        (lambda s, x: s.bn(x).sum(dim=(2, 3)), _eval_bn(nn.BatchNorm2d(3))),
+        (lambda s, x: (lambda y: (y.mean(dim=(2, 3)), y.amax(dim=(2, 3))))(s.bn(x)), _eval_bn(nn.BatchNorm2d(3))),
+    ]
+    for fn, bn in cases:
+        model, inputs, g = _captured(Fn(fn, bn=bn), [torch.randn(2, 3, 4, 5)])
+        r, notes = algebra(g)
+        assert "reduction_through_eval_batch_norm" not in _rules(notes), notes
+        _same(g, r, model, inputs)
+
+
 def test_nan_and_infinities_in_the_input_propagate_as_through_the_convolution():
     """The box sums read exactly the elements the convolution reads (an element left out by the
     stride stays out), and finite weights are the factor pulled out."""

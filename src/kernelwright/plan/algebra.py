@@ -13,6 +13,8 @@ The rules:
   dims of size 1 replaced by its closed form;
 - `reduction_through_affine`: a sum or mean over dims D of `y op c` with `c` constant over D
   taken over `y` first (`op` one of *, /, +, -);
+- `reduction_through_eval_batch_norm`: a mean over dims other than the channels of an eval-mode
+  batch norm's output taken over its input first (the norm then maps the mean);
 - `linear_reduction`: a sum or mean over the output features of a matrix product (mm, addmm,
   bmm; possibly after per-column scales and bias adds) as a matrix-vector product with the
   weights reduced over their output dim;
@@ -492,6 +494,62 @@ def reduction_through_affine(graph: Graph, n: OpNode) -> _Hit | None:
     return None
 
 
+_EVAL_BN = "aten._native_batch_norm_legit_no_training.default"
+
+
+def reduction_through_eval_batch_norm(graph: Graph, n: OpNode) -> _Hit | None:
+    """mean over dims D of an inference-mode batch norm's output -> the batch norm's affine map of
+    the mean over D of its input, for D without the channel dim (dim 1).
+
+    Precondition: `n` is a float mean over D, 1 not in D, of output 0 of
+    `_native_batch_norm_legit_no_training(y, w, b, running_mean, running_var, momentum, eps)` (the
+    op of a BatchNorm module in eval mode), whose statistics outputs nothing reads and whose output
+    only `n` reads.
+    Proof: in eval mode the op computes, per channel c, (y - m_c) * r_c * w_c + b_c with
+    r_c = 1 / sqrt(v_c + eps), an affine map y * a_c + t_c whose factors do not vary over D, so
+    mean_D(y * a_c + t_c) = mean_D(y) * a_c + t_c: the same map applied to mean_D(y). Exact in real
+    arithmetic; in floating point the rounding of a reassociated sum. NaN in y, the statistics or
+    the affine weights propagates either way. Infinities: an infinite element of y gives +-inf in
+    the original's mean and here alike (a finite factor keeps or flips every sign alike); a zero
+    factor a_c (w_c = 0) times an infinite y gives NaN in the original's element and NaN here."""
+    red = _sum_mean(graph, n)
+    if red is None or red[0] != "mean" or n.name in graph.mutations:
+        return None
+    _, v, dims, keep = red
+    item = graph.producer(v)
+    if item is None or item.target != "getitem" or item.args[1] != 0 or not _only_reader(graph, v.name, n.name):
+        return None
+    bn = graph.producer(item.args[0])
+    if bn is None or bn.target != _EVAL_BN or len(bn.args) < 7:
+        return None
+    if any(u.name != item.name for u in graph.users(bn.name)) or bn.name in _kept(graph):
+        return None  # its saved statistics are read elsewhere
+    y, w, bias, mean, var, eps = bn.args[0], bn.args[1], bn.args[2], bn.args[3], bn.args[4], bn.args[6]
+    ym, want = _meta(graph, y), _out(n)
+    rank = len(ym.shape)
+    if rank < 2 or 1 in dims or not _number(eps) or not all(isinstance(a, Ref) for a in (y, mean, var)):
+        return None
+    channel = 1 if keep or 0 not in dims else 0  # the channel dim's place in the reduced tensor
+    b = _Build(graph, _names(graph))
+    z = _reduce(b, "mean", y, dims, keep, f"{n.name}_inner")
+    trailing = len(b.meta(z).shape) - channel - 1
+
+    def per_channel(ref: Ref, base: str) -> Ref:
+        shape = [ym.shape[1]] + [1] * trailing
+        return ref if list(b.meta(ref).shape) == shape else b(base, "aten.view.default", ref, shape)
+
+    r = b(f"{n.name}_rstd", "aten.rsqrt.default", b(f"{n.name}_var_eps", "aten.add.Tensor", var, eps))
+    z = b(f"{n.name}_centred", "aten.sub.Tensor", z, per_channel(mean, f"{mean.name}_bn_view"))
+    z = b(f"{n.name}_scaled", "aten.mul.Tensor", z, per_channel(r, f"{n.name}_rstd_view"))
+    if isinstance(w, Ref):
+        z = b(f"{n.name}_weighted", "aten.mul.Tensor", z, per_channel(w, f"{w.name}_bn_view"))
+    if isinstance(bias, Ref):
+        z = b(f"{n.name}_shifted", "aten.add.Tensor", z, per_channel(bias, f"{bias.name}_bn_view"))
+    z = _finish(b, z, want, n.name)
+    return _Hit(b.nodes, z.name, f"mean over {list(dims)} taken before the eval-mode batch norm {bn.name} "
+                                 f"(a per-channel affine map; {want.numel} values normalised, not {ym.numel})")
+
+
 # ---------------------------------------------------------------- rule: reductions of matrix products
 
 _GEMM = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default")
@@ -947,7 +1005,7 @@ def _conv_partial_reduction(graph: Graph, n: OpNode, conv: OpNode, kind: str, di
 #: The rules in the order they are tried (each at every node, in graph order): closed forms first,
 #: then reductions moved through affine ops toward the product that makes them, then the products.
 RULES = (size_one_logsumexp, size_one_reduction, size_one_max, size_one_softmax, size_one_norm,
-         reduction_through_affine, linear_reduction, conv_spatial_reduction)
+         reduction_through_affine, reduction_through_eval_batch_norm, linear_reduction, conv_spatial_reduction)
 
 
 def _names(graph: Graph) -> set[str]:
