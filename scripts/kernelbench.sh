@@ -30,8 +30,14 @@ name=$1; dir=$2; shift 2
 [ -d "$dir" ] || { echo "kernelbench.sh: no folder $dir" >&2; exit 2; }
 OUT=${OUT:-/tmp/kw_out}; mkdir -p "$OUT"
 work=${WORK:-$(mktemp -d)}; mkdir -p "$work"
-# One bytecode cache for every bench process: the device image has no .pyc for its packages.
-export PYTHONPATH=src PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/kw_pyc}
+# One bytecode cache for every bench process: the device image has no .pyc for its packages and sets
+# PYTHONDONTWRITEBYTECODE, so each process compiled its imports again (7.7 s of a tuned problem's
+# second optimize on the H100: docs/benchmarks.md, "Mish as one op; 3-D convolutions under tf32;
+# level-3 CNNs in eval mode; KernelBench's LSTM and GRU"); matplotlib's font cache kept likewise
+# (2.0 s of the same run measured the report charts' text).
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPATH=src PYTHONUNBUFFERED=1 PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/kw_pyc} \
+  MPLCONFIGDIR=${MPLCONFIGDIR:-/tmp/kw_mpl}
 parts=()
 for n in "$@"; do
   f=$(ls "$dir"/"${n}"_*.py 2>/dev/null | head -1)
