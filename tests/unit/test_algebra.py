@@ -383,6 +383,63 @@ def test_batch_norms_in_training_mode_over_channels_or_read_elsewhere_keep_their
         _same(g, r, model, inputs)
 
 
+GROUP_NORM_MEANS = [
+    # (name, forward, modules, input shape): a mean over every spatial dim (and the channels) of a group norm
+    ("conv3d_gn_mean_all",  # KernelBench level-2 23's pattern
+     lambda s, x: s.gn(s.conv(x)).mean(dim=[1, 2, 3, 4]),
+     dict(conv=nn.Conv3d(3, 8, 3), gn=nn.GroupNorm(4, 8)), (2, 3, 5, 6, 7)),
+    ("conv3d_hardswish_gn_mean_all",  # and 27's
+     lambda s, x: s.gn(F.hardswish(s.conv(x))).mean(dim=[1, 2, 3, 4]),
+     dict(conv=nn.Conv3d(3, 6, 3), gn=nn.GroupNorm(3, 6)), (2, 3, 5, 5, 6)),
+    ("conv2d_gn_spatial_mean", lambda s, x: s.gn(s.conv(x)).mean(dim=(2, 3)),
+     dict(conv=nn.Conv2d(3, 6, 3), gn=nn.GroupNorm(2, 6)), (3, 3, 7, 6)),
+    ("gn_no_affine_keepdim", lambda s, x: s.gn(x * 2.0).mean(dim=(1, 2, 3), keepdim=True),
+     dict(gn=nn.GroupNorm(2, 4, affine=False)), (2, 4, 5, 5)),
+    ("gn_one_channel_per_group", lambda s, x: s.gn(x).mean(dim=2), dict(gn=nn.GroupNorm(4, 4)), (3, 4, 10)),
+]
+
+
+@pytest.mark.parametrize("name,fn,mods,shape", GROUP_NORM_MEANS, ids=[c[0] for c in GROUP_NORM_MEANS])
+def test_a_mean_of_a_group_norm_comes_from_channel_statistics(name, fn, mods, shape):
+    """The normalized tensor is not computed: one reduction of the norm's input per channel (mean
+    and variance) and per-channel arithmetic give the mean, after weight edits too."""
+    model = Fn(fn, **mods)
+    if model.gn.affine:
+        with torch.no_grad():
+            model.gn.weight.uniform_(-2, 2)
+            model.gn.bias.uniform_(-1, 1)
+    g, r, notes = _check(model, [torch.randn(*shape) * 3 + 1], "reduction_through_group_norm")
+    assert not any(n.target == "aten.native_group_norm.default" for n in r.nodes)
+
+
+def test_nan_and_infinities_reach_a_group_norms_mean_as_in_the_original():
+    """A NaN or an infinity in one group of one image makes that image's group results NaN (so its
+    mean over the channels NaN) and leaves the other images finite, both ways."""
+    gn = nn.GroupNorm(2, 4)
+    x = torch.randn(3, 4, 5, 5, dtype=torch.float64)
+    x[0, 1, 2, 2], x[1, 3, 0, 4] = NAN, INF
+    model, inputs, g = _captured(Fn(lambda s, x: s.gn(x).mean(dim=(2, 3)), gn=gn), [x])
+    r, notes = algebra(g)
+    assert "reduction_through_group_norm" in _rules(notes)
+    want = run_graph(g, model, inputs)[0]
+    assert torch.isnan(want[0, :2]).all() and torch.isnan(want[1, 2:]).all() and torch.isfinite(want[2]).all()
+    assert torch.isfinite(want[0, 2:]).all() and torch.isfinite(want[1, :2]).all()
+    _same(g, r, model, inputs)
+
+
+def test_group_norms_reduced_over_the_batch_part_of_space_or_read_elsewhere_keep_their_place():
+    """A mean over the batch dim, over some spatial dims only, a sum, and a group-norm output
+    another node reads too are left to the other rules."""
+    cases = [lambda s, x: s.gn(x).mean(dim=(0, 2, 3)), lambda s, x: s.gn(x).mean(dim=3),
+             lambda s, x: s.gn(x).sum(dim=(2, 3)),
+             lambda s, x: (lambda y: (y.mean(dim=(2, 3)), y.amax(dim=(2, 3))))(s.gn(x))]
+    for fn in cases:
+        model, inputs, g = _captured(Fn(fn, gn=nn.GroupNorm(2, 4)), [torch.randn(2, 4, 3, 5)])
+        r, notes = algebra(g)
+        assert "reduction_through_group_norm" not in _rules(notes), notes
+        _same(g, r, model, inputs)
+
+
 def test_nan_and_infinities_in_the_input_propagate_as_through_the_convolution():
     """The box sums read exactly the elements the convolution reads (an element left out by the
     stride stays out), and finite weights are the factor pulled out."""

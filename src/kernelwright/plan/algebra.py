@@ -15,6 +15,8 @@ The rules:
   taken over `y` first (`op` one of *, /, +, -);
 - `reduction_through_eval_batch_norm`: a mean over dims other than the channels of an eval-mode
   batch norm's output taken over its input first (the norm then maps the mean);
+- `reduction_through_group_norm`: a mean over the spatial dims (and the channels) of a group
+  norm's output from its input's channel means and the group statistics;
 - `linear_reduction`: a sum or mean over the output features of a matrix product (mm, addmm,
   bmm; possibly after per-column scales and bias adds) as a matrix-vector product with the
   weights reduced over their output dim;
@@ -550,6 +552,77 @@ def reduction_through_eval_batch_norm(graph: Graph, n: OpNode) -> _Hit | None:
                                  f"(a per-channel affine map; {want.numel} values normalised, not {ym.numel})")
 
 
+def reduction_through_group_norm(graph: Graph, n: OpNode) -> _Hit | None:
+    """mean over every spatial dim (and optionally the channels) of a group norm's output -> the
+    group norm's map of its input's per-channel means, from the group statistics, without the
+    normalized tensor.
+
+    Precondition: `n` is a float mean over D, with S = every dim past the channels (at least one)
+    in D and D within S and the channel dim 1, of output 0 of `native_group_norm(y, w, b, N, C,
+    HxW, G, eps)` read only by `n`, whose statistics outputs nothing reads, y contiguous.
+    Proof: the op computes out[n, c, s] = (y[n, c, s] - mu[n, g]) * r[n, g] * w[c] + b[c] for the
+    group g of channel c, with mu and var the mean and (biased) variance of y over the group's
+    channels and positions and r = 1 / sqrt(var + eps). Over s everything but y is constant, so
+    mean_S(out)[n, c] = (mean_S(y)[n, c] - mu[n, g]) * r[n, g] * w[c] + b[c]; and, the groups
+    holding C / G channels of S positions each, mu[n, g] is the mean over the group's channels of
+    mean_S(y)[n, c]; var[n, g] is the mean over the group's channels of each channel's variance
+    over s plus the variance of the channel means about mu (the law of total variance, every
+    channel holding S positions), so one pass over y yields each channel's mean and variance (a
+    Welford reduction) and the rest is per channel. A mean over the channels too is taken after.
+    Exact in real arithmetic; in floating point the rounding of reassociated sums, the variances
+    combined without cancellation as in Chan's parallel formula. NaN anywhere in a group's y makes
+    its mu or var NaN and so the group's results NaN, here as in the original; an infinity in y
+    makes a variance NaN (inf - inf), the same."""
+    red = _sum_mean(graph, n)
+    if red is None or red[0] != "mean" or n.name in graph.mutations:
+        return None
+    _, v, dims, keep = red
+    item = graph.producer(v)
+    if item is None or item.target != "getitem" or item.args[1] != 0 or not _only_reader(graph, v.name, n.name):
+        return None
+    gn = graph.producer(item.args[0])
+    if gn is None or gn.target != "aten.native_group_norm.default" or len(gn.args) != 8:
+        return None
+    if any(u.name != item.name for u in graph.users(gn.name)) or gn.name in _kept(graph):
+        return None  # its statistics are read elsewhere
+    y, w, bias, groups, eps = gn.args[0], gn.args[1], gn.args[2], gn.args[6], gn.args[7]
+    ym, want = _meta(graph, y), _out(n)
+    rank = len(ym.shape)
+    space = tuple(range(2, rank))
+    if not isinstance(y, Ref) or not space or not set(space) <= set(dims) or not set(dims) <= {1, *space} \
+            or not isinstance(groups, int) or groups < 1 or not _number(eps) or not ym.contiguous:
+        return None
+    nb, c = ym.shape[:2]
+    if c % groups:
+        return None
+    b = _Build(graph, _names(graph))
+    # per channel of every image, over the positions: the mean and the variance (one pass over y)
+    m = b(f"{n.name}_channel_means", "aten.mean.dim", y, list(space), False)  # [N, C]
+    vc = b(f"{n.name}_channel_vars", "aten.var.correction", y, list(space), correction=0, keepdim=False)
+    mg = b(f"{n.name}_by_group", "aten.view.default", m, [nb, groups, c // groups])
+    mu = b(f"{n.name}_group_mean", "aten.mean.dim", mg, [2], True)
+    # the group's variance from its channels' (all of one count): their mean plus the variance of
+    # their means about the group's
+    spread = b(f"{n.name}_mean_spread", "aten.sub.Tensor", mg, mu)
+    between = b(f"{n.name}_between", "aten.mean.dim", b(f"{n.name}_spread_sq", "aten.mul.Tensor", spread, spread),
+                [2], True)
+    within = b(f"{n.name}_within", "aten.mean.dim", b(f"{n.name}_vars_by_group", "aten.view.default", vc,
+                                                        [nb, groups, c // groups]), [2], True)
+    var = b(f"{n.name}_group_var", "aten.add.Tensor", within, between)
+    r = b(f"{n.name}_group_rstd", "aten.rsqrt.default", b(f"{n.name}_group_var_eps", "aten.add.Tensor", var, eps))
+    z = b(f"{n.name}_normalized", "aten.mul.Tensor", spread, r)
+    z = b(f"{n.name}_channels", "aten.view.default", z, [nb, c])
+    if isinstance(w, Ref):
+        z = b(f"{n.name}_weighted", "aten.mul.Tensor", z, w)
+    if isinstance(bias, Ref):
+        z = b(f"{n.name}_shifted", "aten.add.Tensor", z, bias)
+    if 1 in dims:
+        z = b(f"{n.name}_over_channels", "aten.mean.dim", z, [1], False)
+    z = _finish(b, z, want, n.name)
+    return _Hit(b.nodes, z.name, f"mean over {list(dims)} of the group norm {gn.name} from its input's channel "
+                                 f"means and the group statistics ({ym.numel} values not normalized)")
+
+
 # ---------------------------------------------------------------- rule: reductions of matrix products
 
 _GEMM = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default")
@@ -1005,7 +1078,8 @@ def _conv_partial_reduction(graph: Graph, n: OpNode, conv: OpNode, kind: str, di
 #: The rules in the order they are tried (each at every node, in graph order): closed forms first,
 #: then reductions moved through affine ops toward the product that makes them, then the products.
 RULES = (size_one_logsumexp, size_one_reduction, size_one_max, size_one_softmax, size_one_norm,
-         reduction_through_affine, reduction_through_eval_batch_norm, linear_reduction, conv_spatial_reduction)
+         reduction_through_affine, reduction_through_eval_batch_norm,
+         reduction_through_group_norm, linear_reduction, conv_spatial_reduction)
 
 
 def _names(graph: Graph) -> set[str]:
