@@ -660,3 +660,13 @@ def test_analysis_counts_flops_before_and_after_the_rewrites_and_the_report_list
     removed = parse_note(next(x for x in notes if parse_note(x)))["flops_removed"]
     assert f"{removed:,}" in text and "- x: some other rewrite" in text
     assert "FLOPs 204.3 G as captured" in text
+
+
+def test_norms_of_bf16_values_are_not_reduced_through():
+    """A bf16 model's batch and group norms keep their place: the ops normalize in float32, and a
+    bf16 mean taken first would round before the normalization does."""
+    model = Fn(lambda s, x: (s.gn(x).mean(dim=(2, 3)), s.bn(x).mean(dim=(2, 3))),
+               gn=nn.GroupNorm(2, 4), bn=_eval_bn(nn.BatchNorm2d(4))).bfloat16()
+    g = capture(from_module(model, [torch.randn(2, 4, 5, 5, dtype=torch.bfloat16)]))
+    _, notes = algebra(g)
+    assert not _rules(notes) & {"reduction_through_group_norm", "reduction_through_eval_batch_norm"}, notes

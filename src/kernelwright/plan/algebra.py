@@ -529,7 +529,8 @@ def reduction_through_eval_batch_norm(graph: Graph, n: OpNode) -> _Hit | None:
     y, w, bias, mean, var, eps = bn.args[0], bn.args[1], bn.args[2], bn.args[3], bn.args[4], bn.args[6]
     ym, want = _meta(graph, y), _out(n)
     rank = len(ym.shape)
-    if rank < 2 or 1 in dims or not _number(eps) or not all(isinstance(a, Ref) for a in (y, mean, var)):
+    if rank < 2 or 1 in dims or not _number(eps) or not all(isinstance(a, Ref) for a in (y, mean, var)) \
+            or ym.dtype in NARROW:  # (the op normalizes in float32; a bf16 mean of bf16 y would round first)
         return None
     channel = 1 if keep or 0 not in dims else 0  # the channel dim's place in the reduced tensor
     b = _Build(graph, _names(graph))
@@ -590,7 +591,8 @@ def reduction_through_group_norm(graph: Graph, n: OpNode) -> _Hit | None:
     rank = len(ym.shape)
     space = tuple(range(2, rank))
     if not isinstance(y, Ref) or not space or not set(space) <= set(dims) or not set(dims) <= {1, *space} \
-            or not isinstance(groups, int) or groups < 1 or not _number(eps) or not ym.contiguous:
+            or not isinstance(groups, int) or groups < 1 or not _number(eps) or not ym.contiguous \
+            or ym.dtype in NARROW:  # (the op keeps its statistics in float32; bf16 ones would round)
         return None
     nb, c = ym.shape[:2]
     if c % groups:
