@@ -496,6 +496,25 @@ def reduction_through_affine(graph: Graph, n: OpNode) -> _Hit | None:
     return None
 
 
+def _mean_of_norm(graph: Graph, n: OpNode, target: str):
+    """(the norm node, reduced dims, keepdim) when `n` is a float mean of output 0 of a `target`
+    node (a normalization), read only by `n`, whose other outputs (its statistics) nothing reads;
+    else None."""
+    red = _sum_mean(graph, n)
+    if red is None or red[0] != "mean" or n.name in graph.mutations:
+        return None
+    _, v, dims, keep = red
+    item = graph.producer(v)
+    if item is None or item.target != "getitem" or item.args[1] != 0 or not _only_reader(graph, v.name, n.name):
+        return None
+    norm = graph.producer(item.args[0])
+    if norm is None or norm.target != target:
+        return None
+    if any(u.name != item.name for u in graph.users(norm.name)) or norm.name in _kept(graph):
+        return None  # its statistics are read elsewhere
+    return norm, dims, keep
+
+
 _EVAL_BN = "aten._native_batch_norm_legit_no_training.default"
 
 
@@ -514,18 +533,10 @@ def reduction_through_eval_batch_norm(graph: Graph, n: OpNode) -> _Hit | None:
     the affine weights propagates either way. Infinities: an infinite element of y gives +-inf in
     the original's mean and here alike (a finite factor keeps or flips every sign alike); a zero
     factor a_c (w_c = 0) times an infinite y gives NaN in the original's element and NaN here."""
-    red = _sum_mean(graph, n)
-    if red is None or red[0] != "mean" or n.name in graph.mutations:
+    found = _mean_of_norm(graph, n, _EVAL_BN)
+    if found is None or len(found[0].args) < 7:
         return None
-    _, v, dims, keep = red
-    item = graph.producer(v)
-    if item is None or item.target != "getitem" or item.args[1] != 0 or not _only_reader(graph, v.name, n.name):
-        return None
-    bn = graph.producer(item.args[0])
-    if bn is None or bn.target != _EVAL_BN or len(bn.args) < 7:
-        return None
-    if any(u.name != item.name for u in graph.users(bn.name)) or bn.name in _kept(graph):
-        return None  # its saved statistics are read elsewhere
+    bn, dims, keep = found
     y, w, bias, mean, var, eps = bn.args[0], bn.args[1], bn.args[2], bn.args[3], bn.args[4], bn.args[6]
     ym, want = _meta(graph, y), _out(n)
     rank = len(ym.shape)
@@ -574,18 +585,10 @@ def reduction_through_group_norm(graph: Graph, n: OpNode) -> _Hit | None:
     combined without cancellation as in Chan's parallel formula. NaN anywhere in a group's y makes
     its mu or var NaN and so the group's results NaN, here as in the original; an infinity in y
     makes a variance NaN (inf - inf), the same."""
-    red = _sum_mean(graph, n)
-    if red is None or red[0] != "mean" or n.name in graph.mutations:
+    found = _mean_of_norm(graph, n, "aten.native_group_norm.default")
+    if found is None or len(found[0].args) != 8:
         return None
-    _, v, dims, keep = red
-    item = graph.producer(v)
-    if item is None or item.target != "getitem" or item.args[1] != 0 or not _only_reader(graph, v.name, n.name):
-        return None
-    gn = graph.producer(item.args[0])
-    if gn is None or gn.target != "aten.native_group_norm.default" or len(gn.args) != 8:
-        return None
-    if any(u.name != item.name for u in graph.users(gn.name)) or gn.name in _kept(graph):
-        return None  # its statistics are read elsewhere
+    gn, dims, keep = found
     y, w, bias, groups, eps = gn.args[0], gn.args[1], gn.args[2], gn.args[6], gn.args[7]
     ym, want = _meta(graph, y), _out(n)
     rank = len(ym.shape)
