@@ -3,7 +3,11 @@ per direction) checked against a float64 run of the recurrent ATen op, then the 
 against cuDNN (the library call, as eager runs it), the eager model and torch.compile of the model,
 with the time per step set against a latency floor.
 
-usage: python3 scripts/rnn_check.py OUT.jsonl [--policies fp32,tf32] [--configs N] [--wave N] PROBLEM.py ...
+usage: python3 scripts/rnn_check.py OUT.jsonl [--policies fp32,tf32] [--configs N] [--wave N] [--where SEL] PROBLEM.py ...
+
+--where picks the configs instead: every config of the space whose axes take the values listed,
+e.g. `--where WAVE=1,BLOCK_H=16:32,num_warps=4:8,DOT=fma:ieee` (values separated by colons; 1 / 0
+for the true / false axes).
 
 One JSON line per result, written as soon as it is known (a config whose programs were not all
 resident would spin forever: run this under `timeout`; the lines before it survive):
@@ -55,6 +59,22 @@ def barrier_only_kernel(sync_ptr, STEPS: tl.constexpr, P: tl.constexpr):
         tl.debug_barrier()
 
 
+def _value(v) -> str:
+    """An axis value as --where spells it (booleans as 1 / 0)."""
+    return str(int(v)) if isinstance(v, bool) else str(v)
+
+
+def _selection(text: str) -> dict[str, set[str]]:
+    """--where's AXIS=V[:V...],... as {axis: {values}}."""
+    out = {}
+    for part in text.split(","):
+        key, sep, vals = part.partition("=")
+        if not sep or not key.strip() or not vals:
+            raise UserError(f"--where takes AXIS=V[:V...] separated by commas, got {part!r}")
+        out[key.strip()] = set(vals.split(":"))
+    return out
+
+
 def emit(out, **row):
     print(json.dumps(row), flush=True)
     out.write(json.dumps(row) + "\n")
@@ -69,8 +89,11 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", type=int, default=4, help="configs per policy: the seeds first, then the space in order")
     ap.add_argument("--wave", type=int, default=0,
                     help="also the N best-ranked wavefront (WAVE) configs of a stack, half with resident weights")
+    ap.add_argument("--where", default=None, metavar="SEL",
+                    help="every config whose axes take these values (AXIS=V[:V...],...), instead of --configs / --wave")
     ap.add_argument("--small", action="store_true", help="the problems' SMALL sizes (a CPU run in the interpreter)")
     args = ap.parse_args(argv)
+    where = _selection(args.where) if args.where else None
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     spec = device_spec()
@@ -93,12 +116,15 @@ def main(argv=None) -> int:
                 policy = get_policy(pname)
                 with torch.no_grad():
                     tuner = NodeTuner(graph, node, triton_rnn.TEMPLATE, env, policy, device, cache, gpu)
-                configs = list(dict.fromkeys(tuner.seeds + [c for c in tuner.space if c not in tuner.seeds]))
-                configs = configs[:args.configs]
-                waves = sorted((c for c in tuner.space if c.get("WAVE", False) and c not in configs),
-                               key=rnn_space._rank(r.shape(), pname))  # (the default's order)
-                for resident in (True, False):
-                    configs += [c for c in waves if c["RESIDENT"] == resident][:(args.wave + resident) // 2]
+                if where is not None:
+                    configs = [c for c in tuner.space if all(_value(c.get(k, False)) in vs for k, vs in where.items())]
+                else:
+                    configs = list(dict.fromkeys(tuner.seeds + [c for c in tuner.space if c not in tuner.seeds]))
+                    configs = configs[:args.configs]
+                    waves = sorted((c for c in tuner.space if c.get("WAVE", False) and c not in configs),
+                                   key=rnn_space._rank(r.shape(), pname))  # (the default's order)
+                    for resident in (True, False):
+                        configs += [c for c in waves if c["RESIDENT"] == resident][:(args.wave + resident) // 2]
                 passing = {}
                 for cfg in configs:
                     P = programs(r.shape(), cfg["BLOCK_H"])
