@@ -43,6 +43,7 @@ from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
 from kernelwright.search.units import NodeTuner
 from kernelwright.space import rnn_space
+from kernelwright.space.axes import parse_selection, selected
 from kernelwright.space.rnn_space import programs
 
 
@@ -57,22 +58,6 @@ def barrier_only_kernel(sync_ptr, STEPS: tl.constexpr, P: tl.constexpr):
         while tl.atomic_add(sync_ptr + d, 0, sem="acquire", scope="gpu") < P * (s + 1):
             pass
         tl.debug_barrier()
-
-
-def _value(v) -> str:
-    """An axis value as --where spells it (booleans as 1 / 0)."""
-    return str(int(v)) if isinstance(v, bool) else str(v)
-
-
-def _selection(text: str) -> dict[str, set[str]]:
-    """--where's AXIS=V[:V...],... as {axis: {values}}."""
-    out = {}
-    for part in text.split(","):
-        key, sep, vals = part.partition("=")
-        if not sep or not key.strip() or not vals:
-            raise UserError(f"--where takes AXIS=V[:V...] separated by commas, got {part!r}")
-        out[key.strip()] = set(vals.split(":"))
-    return out
 
 
 def emit(out, **row):
@@ -93,7 +78,10 @@ def main(argv=None) -> int:
                     help="every config whose axes take these values (AXIS=V[:V...],...), instead of --configs / --wave")
     ap.add_argument("--small", action="store_true", help="the problems' SMALL sizes (a CPU run in the interpreter)")
     args = ap.parse_args(argv)
-    where = _selection(args.where) if args.where else None
+    try:
+        where = parse_selection(args.where) if args.where else None
+    except ValueError as e:
+        raise UserError(f"--where: {e}") from None
     gpu = torch.cuda.is_available()
     device = torch.device("cuda" if gpu else "cpu")
     spec = device_spec()
@@ -117,7 +105,7 @@ def main(argv=None) -> int:
                 with torch.no_grad():
                     tuner = NodeTuner(graph, node, triton_rnn.TEMPLATE, env, policy, device, cache, gpu)
                 if where is not None:
-                    configs = [c for c in tuner.space if all(_value(c.get(k, False)) in vs for k, vs in where.items())]
+                    configs = [c for c in tuner.space if selected(c, where)]
                 else:
                     configs = list(dict.fromkeys(tuner.seeds + [c for c in tuner.space if c not in tuner.seeds]))
                     configs = configs[:args.configs]

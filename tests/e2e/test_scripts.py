@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py", "loss_curves.py", "results_csv.py",
-             "shrink_problems.py"]
+             "rnn_registers.py", "shrink_problems.py"]
 GPU_TOOLS = ["conv_check.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py", "train_bench.py"]
 SHELL_TOOLS = ["cpu_sweep.sh", "device_session.sh", "gpu_bench.sh", "kernelbench.sh"]
 
@@ -345,3 +345,18 @@ def test_train_bench_refuses_an_unknown_implementation_in_one_line(tmp_path):
     r = py("train_bench.py", "bf16", "4", "1", tmp_path / "out.json", "eager,fastest", "problems/level3/mlp.py")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "unknown implementation(s) fastest" in r.stderr
     assert not (tmp_path / "out.json").exists()
+
+
+def test_rnn_registers_reports_each_selected_configs_registers_and_spills():
+    """Compiled for sm_90 without a GPU: the fresh process must not be in interpreter mode."""
+    r = py("rnn_registers.py", "problems/level3/gru.py", "--where", "WAVE=0,RESIDENT=0,DOT=fma,BLOCK_H=16,num_warps=4",
+           env={"TRITON_INTERPRET": "0"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].endswith("1 selected") and len(lines) == 2
+    kernels = ast.literal_eval(lines[1].split("} ", 1)[1])
+    assert [k[0] for k in kernels] == ["gru_rnn_kernel"]
+    name, error, registers, spills, shared = kernels[0]
+    assert error is None and 0 < registers <= 255 and spills == 0 and shared > 0
+    bad = py("rnn_registers.py", "problems/level3/gru.py", "--where", "BLOCK_H")
+    assert bad.returncode == 2 and bad.stderr.startswith("rnn_registers.py: --where:") and bad.stderr.count("\n") == 1

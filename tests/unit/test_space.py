@@ -374,3 +374,19 @@ def test_device_spec_reads_sms_and_shared_memory_from_the_gpu(monkeypatch):
     # a named device is the table's entry; a ceilings file may still set the fields
     assert device.device_spec("h200").sms == 132
     assert device.device_spec("h200", ceilings={"sm_count": 66, "smem": 100 * 1024}).smem_per_block == 100 * 1024
+
+
+def test_a_selection_picks_the_configs_that_take_the_listed_values():
+    from kernelwright.space.axes import parse_selection, selected
+
+    sel = parse_selection("WAVE=1,BLOCK_H=16:32, num_warps=8")
+    assert sel == {"WAVE": {"1"}, "BLOCK_H": {"16", "32"}, "num_warps": {"8"}}
+    assert selected({"WAVE": True, "BLOCK_H": 32, "num_warps": 8}, sel)
+    assert not selected({"WAVE": False, "BLOCK_H": 32, "num_warps": 8}, sel)
+    assert not selected({"WAVE": True, "BLOCK_H": 64, "num_warps": 8}, sel)
+    assert not selected({"BLOCK_H": 16, "num_warps": 8}, sel)  # an axis the config lacks reads as false
+    assert selected({"BLOCK_H": 16, "num_warps": 8}, parse_selection("WAVE=0,BLOCK_H=16"))
+    assert selected({"DOT": "ieee"}, {})  # no selection: every config
+    for bad in ("WAVE", "=1", "BLOCK_H=", "WAVE=1,,num_warps=4"):
+        with pytest.raises(ValueError, match="AXIS=V"):
+            parse_selection(bad)

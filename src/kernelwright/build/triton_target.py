@@ -12,6 +12,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import re
+import subprocess
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -38,11 +41,37 @@ class TargetBuild:
     error: str | None
     shared_bytes: int | None = None
     warp_specialized: bool | None = None  # whether the TTGIR holds a warp-specialised region
+    registers: int | None = None  # per thread, as ptxas allocated them (`resources=True` only)
+    spill_bytes: int | None = None  # spill stores per thread, as ptxas reports them (`resources=True` only)
 
 
-def _built(name: str, k) -> TargetBuild:
-    return TargetBuild(name, None, getattr(k.metadata, "shared", None),
-                       "ttg.warp_specialize" in (getattr(k, "asm", None) or {}).get("ttgir", ""))
+def ptxas_resources(ptx: str, arch: int = 90) -> tuple[int, int]:
+    """(registers per thread, bytes of spill stores per thread) of a PTX kernel, from `ptxas -v` for
+    sm_`arch` (Triton's own ptxas, the one its compiles run; "a" targets as Triton's PTX names
+    them for sm_90 and up). RuntimeError when ptxas fails or reports no register count."""
+    from triton import knobs
+
+    ptxas = (knobs.nvidia.ptxas_blackwell if arch >= 100 else knobs.nvidia.ptxas).path
+    suffix = "a" if arch >= 90 else ""
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        proc = subprocess.run([ptxas, "-v", f"--gpu-name=sm_{arch}{suffix}", src, "-o", os.path.join(d, "k.cubin")],
+                              capture_output=True, text=True, timeout=600)
+    regs = re.search(r"Used (\d+) registers", proc.stderr)
+    if proc.returncode or regs is None:
+        raise RuntimeError(f"ptxas -v failed: {' '.join(proc.stderr.split())[:300]}")
+    spill = re.search(r"(\d+) bytes spill stores", proc.stderr)
+    return int(regs[1]), int(spill[1]) if spill else 0
+
+
+def _built(name: str, k, resources: bool = False, arch: int = 90) -> TargetBuild:
+    build = TargetBuild(name, None, getattr(k.metadata, "shared", None),
+                        "ttg.warp_specialize" in (getattr(k, "asm", None) or {}).get("ttgir", ""))
+    if resources:
+        build.registers, build.spill_bytes = ptxas_resources(k.asm["ptx"], arch)
+    return build
 
 
 class _Recorder:
@@ -105,10 +134,11 @@ def _jit_specialised(fn, launch: Launch, target):
     return signature, constexprs, attrs, options
 
 
-def compile_launch(launch: Launch, arch: int = 90) -> TargetBuild:
+def compile_launch(launch: Launch, arch: int = 90, resources: bool = False) -> TargetBuild:
     """Compile one recorded launch for sm_`arch` (front end, TTGIR, LLVM, PTX and ptxas), with
     its arguments specialised as Triton's JIT specialises them on a GPU (`_jit_specialised`), so
-    what compiles here is what a real launch compiles."""
+    what compiles here is what a real launch compiles. `resources`: also the registers and spills
+    ptxas allocates (`ptxas_resources`: ptxas a second time, with -v)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -124,10 +154,10 @@ def compile_launch(launch: Launch, arch: int = 90) -> TargetBuild:
         try:
             src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
             k = triton.compile(src, target=target, options=options.__dict__)
+            return _built(name, k, resources, arch)
         except Exception as e:  # noqa: BLE001 - a compile error is the result
             msg = " ".join(str(e).split())
             return TargetBuild(name, f"{type(e).__name__}: {msg[:300]}")
-        return _built(name, k)
     options = {k: launch.kwargs[k] for k in ("num_warps", "num_stages") if k in launch.kwargs}
     values = dict(zip(fn.arg_names, launch.args))
     values.update({k: v for k, v in launch.kwargs.items() if k in fn.arg_names})
@@ -146,20 +176,21 @@ def compile_launch(launch: Launch, arch: int = 90) -> TargetBuild:
     try:
         src = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
         k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        return _built(name, k, resources, arch)
     except Exception as e:  # noqa: BLE001 - a compile error is the result
         msg = " ".join(str(e).split())
         return TargetBuild(name, f"{type(e).__name__}: {msg[:300]}")
-    return _built(name, k)
 
 
 def meta_tensor(shape, stride, dtype) -> torch.Tensor:
     return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
 
 
-def compile_module_for_target(module, args: list, arch: int = 90) -> list[TargetBuild]:
-    """Every kernel `module.launch(*args)` would launch, compiled for sm_`arch`. `args` are
-    usually meta tensors (`meta_tensor`) shaped like the real inputs."""
-    return [compile_launch(launch, arch) for launch in record_launches(module, args)]
+def compile_module_for_target(module, args: list, arch: int = 90, resources: bool = False) -> list[TargetBuild]:
+    """Every kernel `module.launch(*args)` would launch, compiled for sm_`arch` (`resources`: with
+    registers and spills). `args` are usually meta tensors (`meta_tensor`) shaped like the real
+    inputs."""
+    return [compile_launch(launch, arch, resources) for launch in record_launches(module, args)]
 
 
 @contextlib.contextmanager
@@ -178,11 +209,13 @@ def _compiled_mode():
             os.environ["TRITON_INTERPRET"] = old
 
 
-def compile_source_for_target(text: str, name: str, args: list, cache_dir, arch: int = 90) -> list[TargetBuild]:
+def compile_source_for_target(text: str, name: str, args: list, cache_dir, arch: int = 90,
+                              resources: bool = False) -> list[TargetBuild]:
     """Import generated module text (a separate import from any interpreted one) and compile
-    every kernel its launcher would launch on `args` for sm_`arch`."""
+    every kernel its launcher would launch on `args` for sm_`arch` (`resources`: with registers
+    and spills)."""
     from kernelwright.build.pyload import load_module_from_source
 
     with _compiled_mode():
         module = load_module_from_source(text, f"{name}_sm{arch}", cache_dir)
-        return compile_module_for_target(module, args, arch)
+        return compile_module_for_target(module, args, arch, resources)

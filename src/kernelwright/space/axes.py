@@ -50,6 +50,26 @@ def pow2_range(lo: int, hi: int) -> list[int]:
     return out
 
 
+def parse_selection(text: str) -> dict[str, set[str]]:
+    """A selection of configs written as ``AXIS=V[:V...],...`` (``WAVE=1,BLOCK_H=16:32``) as
+    {axis: {values as text}}; true / false axes take 1 / 0. ValueError on a malformed part."""
+    out: dict[str, set[str]] = {}
+    for part in text.split(","):
+        key, sep, vals = part.partition("=")
+        if not sep or not key.strip() or not vals:
+            raise ValueError(f"a selection is AXIS=V[:V...] separated by commas, got {part!r}")
+        out[key.strip()] = set(vals.split(":"))
+    return out
+
+
+def selected(config: Mapping[str, Any], selection: Mapping[str, set[str]]) -> bool:
+    """Whether `config` takes one of the listed values on every axis of `selection`
+    (`parse_selection`'s form); an axis the config lacks reads as false (0)."""
+    def text(v) -> str:
+        return str(int(v)) if isinstance(v, bool) else str(v)
+    return all(text(config.get(k, False)) in vs for k, vs in selection.items())
+
+
 @dataclass(frozen=True)
 class Axis:
     """One parameter of a space and the values it may take (order kept, repeats dropped)."""
