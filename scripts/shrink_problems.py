@@ -5,9 +5,9 @@ on the CPU.
 
 usage: python3 scripts/shrink_problems.py OUT_DIR FILE_OR_DIR [FILE_OR_DIR ...] [--pixels 8,12,16]
 
-Rules by the name assigned: a batch size becomes 2; group counts at most 4; spatial and sequence
-sizes (height, width, depth, seq, length, image; h / w / d) at most the first of --pixels for which
-the model runs (a pooling stack needs more pixels than a pointwise one); channels, features, dims,
+Rules by the name assigned (to an integer, or to a list or tuple of them, each element alike): a
+batch size becomes 2; group counts at most 4; spatial and sequence sizes (height, width, depth,
+seq, length, image; h / w / d) at most the first of --pixels for which the model runs (a pooling stack needs more pixels than a pointwise one); channels, features, dims,
 hidden and other sizes at most 16; kernel sizes, strides, paddings, dilations, pool sizes and
 factors stay. An image batch's shape written with literal sizes (`input_shape = (batch_size, 3, 224,
 224)`, `torch.rand(batch_size, 3, 224, 224)`) gets its spatial sizes cut to the same --pixels. A
@@ -25,6 +25,7 @@ KEEP = ("kernel", "stride", "padding", "pool", "dilation", "factor", "scale", "d
 WIDTHS = ("channels", "features", "dim", "hidden", "size", "classes")
 ASSIGN = re.compile(r"^((?:\w+\s*=\s*)+)(\d+)$")  # a = 3, a = b = 3
 TUPLE = re.compile(r"^(\w+(?:\s*,\s*\w+)+)\s*=\s*(\d+(?:\s*,\s*\d+)+)$")  # a, b = 3, 4
+LIST = re.compile(r"^(\w+)\s*=\s*([\[(])\s*(\d+(?:\s*,\s*\d+)*)\s*,?\s*([\])])$")  # sizes = [400, 800]
 
 
 def small(name: str, value: int, pixels: int) -> int:
@@ -56,6 +57,11 @@ def _statement(text: str, pixels: int) -> str:
         values = [int(x) for x in m.group(2).split(",")]
         if len(names) == len(values):
             return ", ".join(names) + " = " + ", ".join(str(small(n, v, pixels)) for n, v in zip(names, values))
+    m = LIST.match(s)
+    if m and (m.group(2) + m.group(4)) in ("[]", "()"):
+        values = [small(m.group(1), int(x), pixels) for x in m.group(3).split(",")]
+        one = "," if m.group(2) == "(" and len(values) == 1 else ""
+        return f"{m.group(1)} = {m.group(2)}{', '.join(map(str, values))}{one}{m.group(4)}"
     return text
 
 

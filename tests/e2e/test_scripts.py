@@ -9,6 +9,7 @@ checked without running a benchmark.
 import ast
 import json
 import os
+import runpy
 import subprocess
 import sys
 import tarfile
@@ -170,6 +171,13 @@ def test_shrink_problems_rewrites_sizes_where_assigned_and_leaves_out_what_canno
     assert r.returncode == 0 and "torch.rand(batch_size, in_channels, 8, 8, 8)" in (tmp_path / "out" / "conv.py").read_text()
     r = py("shrink_problems.py", tmp_path / "out", tmp_path / "missing")
     assert r.returncode == 2 and "no such file or folder" in r.stderr
+    # lists and tuples of sizes (an MLP's layer widths), element by element under the name's rule
+    shrink = runpy.run_path(str(SCRIPTS / "shrink_problems.py"))["shrink"]
+    text = shrink("hidden_layer_sizes = [32768, 32768]\nlayer_sizes = (400, 8,)\nkernel_size = (3, 5)\n"
+                  "stride = [2]\nsizes = [batch_size, 400]\n", 8).splitlines()
+    assert text == ["hidden_layer_sizes = [16, 16]", "layer_sizes = (16, 8)", "kernel_size = (3, 5)", "stride = [2]",
+                    "sizes = [batch_size, 400]"]
+    assert shrink("feature_sizes = (400,)\n", 8).strip() == "feature_sizes = (16,)"
 
 
 def test_results_csv_appends_one_row_per_implementation(tmp_path):
