@@ -7,9 +7,9 @@ usage: python3 scripts/shrink_problems.py OUT_DIR FILE_OR_DIR [FILE_OR_DIR ...] 
 
 Rules by the name assigned (to an integer, or to a list or tuple of them, each element alike): a
 batch size becomes 2; group counts at most 4; spatial and sequence sizes (height, width, depth,
-seq, length, image; h / w / d) at most the first of --pixels for which the model runs (a pooling stack needs more pixels than a pointwise one); channels, features, dims,
-hidden and other sizes at most 16; kernel sizes, strides, paddings, dilations, pool sizes and
-factors stay. An image batch's shape written with literal sizes (`input_shape = (batch_size, 3, 224,
+seq, length, image; h / w / d) at most the first of --pixels for which the model runs (a pooling
+stack needs more pixels than a pointwise one); channels, features, dims, hidden and other sizes at
+most 16; kernel sizes, strides, paddings, dilations, pool sizes and factors stay. An image batch's shape written with literal sizes (`input_shape = (batch_size, 3, 224,
 224)`, `torch.rand(batch_size, 3, 224, 224)`) gets its spatial sizes cut to the same --pixels. A
 file whose model fails at every size is reported in one line and not written.
 Then: TRITON_INTERPRET=1 kernelwright fuzz OUT_DIR --device cpu --precision bf16 [--backend].
