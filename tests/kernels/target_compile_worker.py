@@ -59,7 +59,7 @@ def gemm_candidates(graph, plan, policy):
         yield f"{group.id}+{gemm.name} {cfg}", "fused gemm", cfg.as_dict(), text, ins
 
 
-def candidates(graph, plan):
+def candidates(graph, plan, policy=None):
     """(label, kind, config, module text, input names) of the first candidates of every unit."""
     for unit in plan.units:
         if unit.group is not None:
@@ -87,7 +87,9 @@ def candidates(graph, plan):
             template, _ = template_for(graph, node)
             if template is None or not template.name.startswith("triton"):
                 continue  # library, or a torch layout variant: nothing to compile
-            for cfg in seeds(template, graph, node):  # the configs the search times first (the depthwise row-streaming kernel's too)
+            # the configs the search times first (the depthwise row-streaming kernel's too; the
+            # policy's, for templates whose configs depend on it)
+            for cfg in seeds(template, graph, node, policy=policy):
                 k = template.render(graph, node, cfg.as_dict(), used_outputs(graph, node))
                 yield f"{node.name} {template.name} {cfg.as_dict()}", template.name, cfg.as_dict(), k.source, k.inputs
 
@@ -131,7 +133,7 @@ def check(path: str, policy: str, cache: Path, seen: set | None = None) -> dict:
     graph, _ = rewrite(capture(load_problem(path)), policy)
     plan = plan_graph(graph)
     failures, compiled, covered, held = [], 0, 0, set()
-    for label, kind, cfg, text, inputs in [*candidates(graph, plan), *gemm_candidates(graph, plan, policy),
+    for label, kind, cfg, text, inputs in [*candidates(graph, plan, policy), *gemm_candidates(graph, plan, policy),
                                               *chain_candidates(graph, plan)]:
         feats = features(kind, cfg, text, policy)
         held |= feats

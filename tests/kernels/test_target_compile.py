@@ -37,6 +37,8 @@ CONV = [p for p in PROBLEMS if any(k in p.stem for k in ("conv", "cnn", "resnet"
 GEMM_CONV = [p for p in PROBLEMS if any(k in p.stem for k in ("gemm", "conv", "cnn", "resnet", "mlp", "transformer", "matmul", "linear"))]
 TALL = Path(__file__).resolve().parents[1] / "fixtures" / "sweep" / "depthwise_tall.py"  # 2-, 5-, 7-row streaming kernels
 ALL_CASES = ([(p, "fp32") for p in PROBLEMS] + [(p, "tf32") for p in CONV]  # tf32: channels-last convolutions
+             + [(ROOT / "level3/transformer_block.py", "tf32")]  # tf32: by-hand attention stays bmm, its head copies
+             + [(ROOT / "level3/causal_attention.py", "tf32")]  # tf32: causal attention's TF32 dots
              + [(p, "bf16") for p in GEMM_CONV]  # bf16: operand casts (rounded to nearest even), bf16 layout copies
              + [(TALL, "fp32"), (TALL, "bf16")])
 FULL = os.environ.get("KW_TARGET_COMPILE") == "all"
@@ -62,6 +64,8 @@ SAMPLE = [
     (ROOT / "level3/small_cnn.py", "bf16"), (ROOT / "level2/gemm_layer_norm_narrow.py", "fp32"),
     (ROOT / "level3/resnet_basic_block.py", "bf16"), (ROOT / "level2/conv3d_mean.py", "tf32"),
     (ROOT / "level3/vgg.py", "fp32"), (ROOT / "level3/resnet18.py", "bf16"),  # multi-row bf16 norm groups
+    (ROOT / "level3/transformer_block.py", "tf32"),  # strided copies of attention heads (rows and transposed tiles)
+    (ROOT / "level3/causal_attention.py", "fp32"), (ROOT / "level3/causal_attention.py", "tf32"),  # attention, IEEE and TF32 dots
 ]
 CASES = ALL_CASES if FULL else SAMPLE
 

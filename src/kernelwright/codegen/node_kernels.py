@@ -124,15 +124,17 @@ def templates() -> list[NodeTemplate]:
     """Every node template, in the order template_for tries them. A template module that fails
     to import raises here: a missing template would otherwise only show as slower programs."""
     from kernelwright.codegen.conv_layout import TEMPLATE as conv_layout
+    from kernelwright.codegen.triton_attention import TEMPLATE as attention
     from kernelwright.codegen.conv_transpose_forward import TEMPLATE as conv_transpose_forward
     from kernelwright.codegen.triton_depthwise import TEMPLATE as depthwise
     from kernelwright.codegen.triton_layout import TEMPLATE as layout_copy
     from kernelwright.codegen.triton_pool import TEMPLATE as pool
     from kernelwright.codegen.triton_rnn import TEMPLATE as rnn
     from kernelwright.codegen.triton_scan import TEMPLATE as scan
+    from kernelwright.codegen.triton_strided_copy import TEMPLATE as strided_copy
 
     # a depthwise conv gets the direct kernel before the layout variant
-    return [pool, scan, depthwise, layout_copy, conv_layout, conv_transpose_forward, rnn]
+    return [pool, scan, depthwise, layout_copy, strided_copy, conv_layout, conv_transpose_forward, rnn, attention]
 
 
 def templates_for(graph: Graph, node: OpNode) -> list[NodeTemplate]:

@@ -100,6 +100,21 @@ _DOT_F32 = KW_INTERPRETED.value
 
 
 @triton.jit
+def kw_dot_operand(x, dtype: tl.constexpr):
+    # x as a tl.dot operand in `dtype` (a float32 tile rounded to nearest even); in the interpreter
+    # a bf16 operand is held in float32 instead (its bf16 dot is wrong there, see _DOT_F32)
+    if KW_INTERPRETED and dtype == tl.bfloat16:
+        if x.dtype == tl.float32:
+            x = kw_round_bf16(x)
+        x = x.to(tl.float32)
+    elif x.dtype == tl.float32 and dtype != tl.float32:
+        x = x.to(dtype, fp_downcast_rounding="rtne")
+    else:
+        x = x.to(dtype)
+    return x
+
+
+@triton.jit
 def _dot_operands(a, b, CAST_A: tl.constexpr, CAST_B: tl.constexpr, DOT_F32: tl.constexpr):
     # the tiles as the dot takes them: float32 tiles rounded to bf16 (to nearest even, as a cast
     # kernel would) where CAST_A / CAST_B say so; in the interpreter, bf16 values held in float32
