@@ -78,17 +78,18 @@ def test_attention_matches_sdpa_across_configs(case, tmp_path):
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_lower_triangular_mask_runs_the_causal_kernel(tmp_path):
-    q, k, v = (torch.randn(1, 2, 12, 16) for _ in range(3))
-    tril = torch.ones(12, 12, dtype=torch.bool).tril().view(1, 1, 12, 12)
-    graph, node = _node(Sdpa("plain"), [q, k, v, tril])
-    cfg = TEMPLATE.default(graph, node, policy="fp32")
-    out, source = _run(graph, node, cfg, [q, k, v, tril], tmp_path, "tril")
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-5, atol=1e-5)
-    mod = load_module_from_source(source, "attn_tril_check", tmp_path)
-    assert mod._is_causal(tril) and not mod._is_causal(~tril)
-    tril[0, 0, 0, 1] = True  # (changed in place: its version moves, the check runs again)
-    assert not mod._is_causal(tril)
+@pytest.mark.parametrize("band", [None, 5])
+def test_blocks_a_mask_leaves_out_are_skipped_exactly(band, tmp_path):
+    # a lower-triangular mask (band None) and a sliding window of 5 keys: with 16 x 16 tiles over
+    # 40 keys some key blocks hold no kept key for a whole query block
+    q, k, v = (torch.randn(1, 2, 40, 16) for _ in range(3))
+    i, j = torch.arange(40)[:, None], torch.arange(40)[None, :]
+    mask = (j <= i) & ((i - j < band) if band else True)
+    graph, node = _node(Sdpa("plain"), [q, k, v, mask])
+    cfg = TEMPLATE.default(graph, node, policy="fp32").replace(BLOCK_M=32, BLOCK_N=16)
+    out, source = _run(graph, node, cfg, [q, k, v, mask], tmp_path, f"band{band}")
+    assert "if tl.max(keep.to(tl.int32)) > 0:" in source
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), rtol=1e-5, atol=1e-5)
 
 
 def test_by_hand_attention_under_tf32_reads_the_heads_in_place(tmp_path):

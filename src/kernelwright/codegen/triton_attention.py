@@ -11,10 +11,10 @@ bf16 with the probabilities rounded to bf16 for the second product (as the flash
 
 q, k, v and the boolean mask are read in place with their own strides (the heads of a projection
 split by views need no copy), and the result is written in the node's layout ([b, h, s, d] stored
-as [b, s, h, d], capture.execute.FIXED_LAYOUT). A boolean mask is checked at each call against the
-lower-triangular one of the call's lengths (once per mask tensor and version): when it is, the
-kernel skips the key blocks past each query block instead of loading the mask. A row masked
-entirely is NaN, as in eager.
+as [b, s, h, d], capture.execute.FIXED_LAYOUT). Under is_causal the key blocks past each query
+block are not visited; under a boolean mask a key block the mask leaves out for every query of the
+program is skipped after its mask tile is read (a lower-triangular mask, a sliding window: no
+check on the host, nothing cached between calls). A row masked entirely is NaN, as in eager.
 """
 from __future__ import annotations
 
