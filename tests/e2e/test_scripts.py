@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 CPU_TOOLS = ["bench_table.py", "collect_reports.py", "cost_model_curve.py", "loss_curves.py", "results_csv.py",
              "rnn_registers.py", "shrink_problems.py"]
-GPU_TOOLS = ["conv_check.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py", "train_bench.py"]
+GPU_TOOLS = ["attention_check.py", "conv_check.py", "kernel_profile.py", "launch_overhead.py", "rnn_check.py", "train_bench.py"]
 SHELL_TOOLS = ["cpu_sweep.sh", "device_session.sh", "gpu_bench.sh", "kernelbench.sh"]
 
 
