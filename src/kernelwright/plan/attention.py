@@ -5,7 +5,8 @@ computed by a fused kernel that never writes the [.., S, L] scores; the mask bec
 boolean `attn_mask`, its negation. A row masked entirely is NaN in eager; what the fused kernels
 return for it is not checked, so such masks are assumed not to occur).
 
-Matched precision, as measured on the H200 (scripts/attention_probe.py, docs/benchmarks.md):
+Matched precision, as measured on the H200 (scripts/attention_probe.py in the trees of `7472425` and
+`3eb2c93`, docs/benchmarks.md):
 under `fp32` PyTorch runs it with the memory-efficient kernel in float32 SIMT arithmetic (error
 against float64 below the by-hand fp32 path's, 1.5x faster); under `bf16` with cuDNN's flash
 kernel on bf16 q, k, v (fp32 softmax, as autocast's by-hand path; 15x faster). Under `tf32` the
@@ -14,7 +15,10 @@ mask, so only attention masked by a value computed from the model's weights alon
 causal mask) is rewritten there: the emitted forward checks that mask once per buffer version and,
 when it is the lower-triangular one, calls SDPA with is_causal=True (emit.program), which skips the
 masked half of the work: as fast as torch.compile's TF32 by-hand path at fp32 accuracy
-(docs/benchmarks.md, "Levels 2 and 3, every policy": causal_attention).
+(docs/benchmarks.md, "Levels 2 and 3, every policy": causal_attention). An SDPA node is also
+computed by a generated kernel with TF32 dots under tf32 (codegen/triton_attention.py, a choice
+timed against PyTorch's SDPA); whether the rewrite then pays under tf32 without a weight-only
+mask is what scripts/attention_check.py measures against the by-hand path.
 
 The result's layout is fixed to what the fused kernels return, [b, h, s, d] indexed with
 [b, s, h, d] in memory (capture.execute.fixed_layout), so the usual transpose(1, 2).reshape(b, s,
