@@ -131,10 +131,11 @@ def templates() -> list[NodeTemplate]:
     from kernelwright.codegen.triton_pool import TEMPLATE as pool
     from kernelwright.codegen.triton_rnn import TEMPLATE as rnn
     from kernelwright.codegen.triton_scan import TEMPLATE as scan
+    from kernelwright.codegen.triton_score_attention import TEMPLATE as score_attention
     from kernelwright.codegen.triton_strided_copy import TEMPLATE as strided_copy
 
     # a depthwise conv gets the direct kernel before the layout variant
-    return [pool, scan, depthwise, layout_copy, strided_copy, conv_layout, conv_transpose_forward, rnn, attention]
+    return [pool, scan, depthwise, layout_copy, strided_copy, conv_layout, conv_transpose_forward, rnn, attention, score_attention]
 
 
 def templates_for(graph: Graph, node: OpNode) -> list[NodeTemplate]:

@@ -189,6 +189,8 @@ def tune_plan(problem, plan, policy, device, timed: bool, cache_dir: Path, opts,
     tuned = {id(u) for u in units}
     cat_buffers = buffers(graph)
     for unit in plan.units:
+        if unit.name in job.out.kernels and job.out.kernels[unit.name] is None:
+            continue  # computed inside an earlier unit's kernel (a node template absorbing the nodes after it)
         if id(unit) in tuned:
             _timed_row(job, _tune_unit, job, plan, unit, templates.get(unit.node), trials.get(id(unit)),
                        seconds.get(id(unit)), id(unit) in once)
@@ -277,7 +279,8 @@ def _unit_choices(job: _Job, plan, unit, template) -> tuple[UnitResult, list[Cho
     row = UnitResult(node.name, "node", [node.op])
     others = [t for t in templates_for(graph, node) if t is not template] if template is not None else []
     choices = [Choice(t.name, lambda t=t: NodeTuner(graph, node, t, job.env, job.policy, job.device, job.cache_dir,
-                                                    job.timed)) for t in ([template] if template else []) + others]
+                                                    job.timed, _absorbed_impls(job, plan, t, node)))
+               for t in ([template] if template else []) + others if _absorbs_whole_units(plan, graph, t, node)]
     if job.backend == "cuda":
         if template is None or template.name.startswith("triton."):
             return row, [], "the node's templates are Triton templates (--backend cuda)"
@@ -574,6 +577,26 @@ def _search_fused(job: _Job, row: UnitResult, tuner: KernelTuner, per_trials, pe
 def _flops(graph, nodes) -> int:
     """FLOPs per call of the graph nodes `nodes`."""
     return sum(node_flops(graph.node(n), graph) for n in nodes)
+
+
+def _absorbs_whole_units(plan, graph, template, node) -> bool:
+    """Whether every unit holding a node the template's kernel would compute with `node` (its
+    ``absorbed`` pattern) holds nothing else: a unit left running would read values the kernel
+    no longer writes."""
+    pattern = absorbed(template, graph, node)
+    nodes = set(pattern[0]) if pattern else set()
+    return all(set(u.nodes) <= nodes for u in plan.units if set(u.nodes) & nodes)
+
+
+def _absorbed_impls(job: _Job, plan, template, node) -> list | None:
+    """What the program runs for the nodes a node template's kernel would compute with `node`
+    (its ``absorbed`` pattern): the chosen implementations of the units holding them, in plan
+    order (`node`'s own unit, its ATen op, last); None when the template absorbs nothing."""
+    pattern = absorbed(template, job.graph, node)
+    if not pattern:
+        return None
+    nodes = set(pattern[0])
+    return [_unit_impl(job, plan, u.name) for u in plan.units if set(u.nodes) & nodes]
 
 
 def _unit_nodes(plan, name: str) -> list[str]:

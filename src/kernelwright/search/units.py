@@ -317,10 +317,13 @@ class GroupTuner(KernelTuner):
 
 
 class NodeTuner(KernelTuner):
-    """A single library node with a node template (pooling, scans)."""
+    """A single library node with a node template (pooling, scans). A template that also computes
+    neighbouring nodes (``absorbed``) is timed against what the program would otherwise run for
+    them: `impls` (env -> env functions, from `unit_impl`: the units' chosen implementations one
+    after the other); without them, against their ATen ops."""
 
-    def __init__(self, graph, node, template, env, policy, device, cache_dir, timed):
-        self.node, self.template = node, template
+    def __init__(self, graph, node, template, env, policy, device, cache_dir, timed, impls=None):
+        self.node, self.template, self.impls = node, template, impls
         self.used = used_outputs(graph, node)
         self.name = node.name
         pattern = node_kernels.absorbed(template, graph, node)
@@ -343,6 +346,9 @@ class NodeTuner(KernelTuner):
         meta = graph.meta(node.inputs[0]) if node.inputs else None
         self.features = {"log2_bytes": math.log2(max(1, meta.nbytes if meta else 1)), "kind": template.name}
         self.task = f"{node.target}/{'x'.join(map(str, meta.shape)) if meta else ''}"
+
+    def library_fn(self):
+        return self._run_library if self.impls is None else chained(self.env, self.unit_inputs, self.impls)
 
     def render(self, cfg):
         k = self.template.render(self.graph, self.node, cfg.as_dict(), self.used)
