@@ -10,6 +10,7 @@ from torch import nn
 
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture import capture
+from kernelwright.capture.execute import run_graph
 from kernelwright.codegen.node_kernels import template_for, used_outputs
 from kernelwright.codegen.triton_score_attention import NAME, TEMPLATE, match
 from kernelwright.emit.module import import_model_new
@@ -98,3 +99,21 @@ def test_what_the_template_leaves_alone():
         graph, _ = rewrite(capture(from_module(model, [x, x.clone(), x.clone()])), "tf32")
         graph = plan_graph(graph).graph
         assert all(match(graph, n) is None for n in _bmms(graph)), type(model).__name__
+
+
+def test_blocks_the_chain_maps_to_zeros_skip_v_exactly(tmp_path):
+    """32-query x 16-key tiles over the fixture's 40 positions: the causal mask and the ReLU zero
+    the last key block of the first query block, whose v tile and product the kernel skips."""
+    problem = load_problem(RELU_ATTENTION)
+    graph = plan_graph(rewrite(capture(problem), "tf32")[0]).graph
+    anchor = next(n for n in _bmms(graph) if match(graph, n) is not None)
+    _, reads, result = TEMPLATE.absorbed(graph, anchor)
+    with torch.no_grad():
+        env = run_graph(graph, problem.make_model(), problem.make_inputs(1), keep=set(reads) | {result},
+                        planned_layouts=True)
+    cfg = TEMPLATE.default(graph, anchor, policy="tf32").replace(BLOCK_M=32, BLOCK_N=16)
+    assert cfg in TEMPLATE.space(graph, anchor, policy="tf32")
+    src = TEMPLATE.render(graph, anchor, cfg.as_dict(), used_outputs(graph, anchor)).source
+    assert "if tl.max(tl.where(p == 0.0, 0, 1)) > 0:" in src
+    (out,) = load_module_from_source(src, "relu_skip", tmp_path).launch(*[env[r] for r in reads])
+    torch.testing.assert_close(out, env[result], rtol=1e-5, atol=1e-5)

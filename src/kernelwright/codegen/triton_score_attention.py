@@ -3,7 +3,9 @@ written by hand: bmm(q, kᵀ) -> a chain of elementwise ops (a scale, a mask app
 masked_fill, ReLU: the ReLU self-attention of KernelBench's level 3) -> bmm with v. One Triton
 kernel (templates/triton/score_attention.py.j2) computes the chain on each [BLOCK_M, BLOCK_N]
 tile of scores in registers and multiplies it into v, so the [.., S, L] scores are never written
-(the two bmms and the elementwise kernel between them read and write them three times).
+(the two bmms and the elementwise kernel between them read and write them three times); a tile
+the chain maps to zeros (the blocks a causal mask and a ReLU leave out) skips v and the second
+product, exactly (a NaN is not zero).
 
 The template is anchored at the second bmm and absorbs everything back to the first one's
 operands (`match`): the views that flatten the heads for the bmms, the copies that made q, kᵀ and
