@@ -92,12 +92,53 @@ def _forward_values(graph: Graph, find) -> tuple[Graph, list[str]]:
 
 
 def simplify(graph: Graph) -> tuple[Graph, list[str]]:
-    """The graph without no-op nodes, and one line per removed node."""
+    """The graph without no-op nodes, and one line per removed node; a returned copy of a value
+    the forward computes (a dropout with p=0 or in eval mode at the end of a block) returns that
+    value instead (`returned_copies`)."""
     def find(n):
         src = noop_source(graph, n)
         return None if src is None else (src, f"{n.name}: {n.target} returns its input {src} unchanged")
 
-    return _forward_values(graph, find)
+    graph, notes = _forward_values(graph, find)
+    graph, more = returned_copies(graph)
+    return graph, notes + more
+
+
+def _storage_root(graph: Graph, value: str) -> str:
+    """The value whose memory `value` views (itself when it is no view)."""
+    while not graph.is_input(value):
+        n = graph.node(value)
+        if not is_view(n) or not n.args or not isinstance(n.args[0], Ref):
+            break
+        value = n.args[0].name
+    return value
+
+
+def returned_copies(graph: Graph) -> tuple[Graph, list[str]]:
+    """A returned no-op copy (`noop_source`: a clone of a contiguous value) of a value the forward
+    computes returns that value itself: one pass over memory less. Not where the value views a
+    model input, parameter or buffer (the caller would get their memory), nor where another
+    returned value or a buffer update shares its memory (outputs would alias each other)."""
+    roots = {o: _storage_root(graph, o) for o in dict.fromkeys(list(graph.outputs) + list(graph.mutations))}
+    rename, notes = {}, []
+    for out in dict.fromkeys(graph.outputs):
+        if graph.is_input(out) or graph.outputs.count(out) != 1 or out in graph.mutations:
+            continue
+        n = graph.node(out)
+        src = noop_source(graph, n) if n.target == "aten.clone.default" and not graph.users(out) else None
+        if src is None or src in roots:
+            continue
+        root = _storage_root(graph, src)
+        if graph.is_input(root) or any(r == root for o, r in roots.items() if o != out):
+            continue
+        rename[out] = src
+        roots[out] = root
+        notes.append(f"{out}: the returned copy of {src} returns {src} itself")
+    if not rename:
+        return graph, []
+    nodes = [n for n in graph.nodes if n.name not in rename]
+    outputs = [rename.get(o, o) for o in graph.outputs]
+    return Graph(graph.name, graph.inputs, nodes, outputs, dict(graph.mutations), graph.exported), notes
 
 
 # --- rewrites that let a row group absorb its consumers ----------------------------------------
