@@ -136,3 +136,14 @@ def test_the_plan_gives_a_rewritten_attention_this_template():
     plan = plan_graph(graph)
     sdpa = [plan.graph.node(u.node) for u in plan.units if u.group is None and plan.graph.node(u.node).target == SDPA]
     assert len(sdpa) == 1 and template_for(plan.graph, sdpa[0])[0].name == NAME
+
+
+def test_offsets_past_two_to_the_31_take_64_bit_indices(tmp_path, monkeypatch):
+    from kernelwright.codegen import triton_attention
+
+    monkeypatch.setattr(triton_attention, "_span", lambda metas: 2**31)  # (as for a tensor that large)
+    q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+    graph, node = _node(Sdpa("causal"), [q, k, v])
+    out, source = _run(graph, node, TEMPLATE.default(graph, node, policy="fp32"), [q, k, v], tmp_path, "wide")
+    assert source.count(".to(tl.int64)") == 3
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=1e-5, atol=1e-5)
