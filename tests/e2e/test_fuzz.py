@@ -50,9 +50,12 @@ RECURRENT = [dict(kind=k, hidden=5, layers=layers, bidirectional=bd, batch_first
              for k, out, layers, bd, bf in [("LSTM", "out", 2, True, False), ("LSTM", "c_n", 1, False, True),
                                              ("GRU", "h_n", 2, True, True), ("RNN", "out", 1, False, False),
                                              ("RNN_relu", "h_n", 1, True, True)]]
-ATTENTION = [dict(heads=h, module=m, causal=c, bias=True, **({} if m else {"by_hand": by_hand}))
-             for h, m, c, by_hand in [(2, True, True, False), (1, True, False, False), (4, False, True, False),
-                                      (2, False, False, False), (2, False, True, True), (1, False, False, True)]]
+ATTENTION = [dict(heads=h, module=m, causal=c, bias=True, **({} if m else {"by_hand": by_hand}),
+                  **({"score": score} if score else {}))
+             for h, m, c, by_hand, score in [(2, True, True, False, None), (1, True, False, False, None),
+                                             (4, False, True, False, None), (2, False, False, False, None),
+                                             (2, False, True, True, "softmax"), (1, False, False, True, "softmax"),
+                                             (2, False, True, True, "relu"), (1, False, False, True, "sigmoid")]]
 POSITION = [dict(extra=x, scale=sc) for x, sc in [(0, False), (3, True)]]
 
 
@@ -62,7 +65,7 @@ POSITION = [dict(extra=x, scale=sc) for x, sc in [(0, False), (3, True)]]
 def test_sequence_anchors_render_programs_that_run_in_eager(step):
     """Recurrent layers (every kind and output form, time- or batch-major), self-attention (the
     module, scaled_dot_product_attention over heads of the value, or the same by hand, causal or
-    not) and a learned position
+    not, with a softmax, a ReLU or a sigmoid of the scores) and a learned position
     embedding on a [batch, time, features] input, then a layer norm: valid programs at both batch
     sizes, in both training modes."""
     spec = gen.Spec(0, 3, (6, 8), "contiguous", False, (step, gen.Step("layernorm", {"n": 1, "affine": False,

@@ -271,6 +271,8 @@ def _draw_attention(rng, dims):
     a = {"heads": heads, "module": rng.random() < 0.5, "causal": rng.random() < 0.5, "bias": rng.random() < 0.8}
     if not a["module"]:
         a["by_hand"] = rng.random() < 0.5
+        if a["by_hand"]:
+            a["score"] = rng.choice(["softmax", "softmax", "relu", "sigmoid"])
     return a
 
 
@@ -278,7 +280,8 @@ def _emit_attention(b, i, a):
     """Self-attention over a [batch, sequence, embedding] value: nn.MultiheadAttention (batch first,
     its weights not returned), or scaled_dot_product_attention over heads of the value itself, or
     the same attention written by hand (matmul, scale, a causal mask by masked_fill, softmax,
-    matmul), which the pipeline's rewrite turns into one fused call."""
+    matmul), which the pipeline's rewrite turns into one fused call, or with a ReLU or a sigmoid
+    of the scores in place of the softmax (`score`; one elementwise-score kernel)."""
     if len(b.dims) != 2 or b.dims[-1] % a["heads"]:
         raise Invalid("attention needs a [batch, sequence, embedding] value with whole heads")
     t, e = b.dims
@@ -294,7 +297,9 @@ def _emit_attention(b, i, a):
             scores = f"(({heads} @ ({heads} * 0.5).transpose(-2, -1)) / {math.sqrt(d)!r})"
             if a["causal"]:
                 scores += f".masked_fill(torch.ones({t}, {t}, dtype=torch.bool, device={x}.device).triu(1), float('-inf'))"
-            b.assign(i, f"(torch.softmax({scores}, dim=-1) @ {heads}).transpose(1, 2).reshape({x}.shape)", (t, e))
+            weights = {"softmax": f"torch.softmax({scores}, dim=-1)", "relu": f"torch.relu({scores})",
+                       "sigmoid": f"torch.sigmoid({scores})"}[a.get("score", "softmax")]
+            b.assign(i, f"({weights} @ {heads}).transpose(1, 2).reshape({x}.shape)", (t, e))
             return
         b.assign(i, f"F.scaled_dot_product_attention({heads}, {heads} * 0.5, {heads}, is_causal={a['causal']})"
                     f".transpose(1, 2).reshape({x}.shape)", (t, e))
