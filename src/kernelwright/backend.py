@@ -434,18 +434,22 @@ def backend(partition: str = "recompute", **options) -> Callable:
     # module's forward (emit/graphs.py): autograd lets go of the forward's saved tensors at the
     # backward and of the gradients at the optimizer's zero_grad, so the replays lend them (no
     # copies), and the backward reads the saved tensors where the forward's replay left them.
+    # (what autograd.Function returns, as the joint graphs' results are, must not be a view of a
+    # value computed inside: autograd refuses in-place changes to such views; plan.rewrites.returned_copies)
+    joint = dict(options, view_outputs=False)
+
     def joint_part(gm: torch.fx.GraphModule, example_inputs, forward: bool = False):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         near = NEAR  # (verified near the real inputs' values: a backward's saved tensors, the forward's weights)
         if symbolic(example_inputs):  # (specialised at run time, on copies of the call's tensors)
-            return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], options, copy=True,
+            return make_boxed_func(Specialisations(gm, lambda inputs: _specialised(gm, inputs, [], joint, copy=True,
                                                                                    near=near)))
         if not forward:  # (optimised at its first call; the forward reports its outputs' strides now)
-            return make_boxed_func(AtFirstCall(gm, options, near))
+            return make_boxed_func(AtFirstCall(gm, joint, near))
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake-tensor mode
             real = forward_examples(example_inputs, dynamo_inputs[0])
-            run = _optimised(gm, real, [], dict(options, free_layouts=saved_positions(gm)), near=near)
+            run = _optimised(gm, real, [], dict(joint, free_layouts=saved_positions(gm)), near=near)
             report_output_strides(run, real)
             return make_boxed_func(run)
 

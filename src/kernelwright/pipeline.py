@@ -70,6 +70,9 @@ class Options:
     # positions of returned values whose memory layout the pipeline chooses instead of eager's (an
     # AOTAutograd forward's saved tensors, which the backward takes in the strides reported for them)
     free_layouts: tuple[int, ...] = ()
+    # whether a returned value may be a view of one the forward computes (plan.rewrites.returned_copies);
+    # False for an AOTAutograd forward, whose results autograd.Function returns
+    view_outputs: bool = True
     retune: bool = False  # search units the trial database measured before here (else their stored best runs alone)
     # "model": the expert seeds in order, then the cost model's picks; "random": every unit's seeds, then
     # its other configs in a uniformly random order, the seeds marked in the trial records (the samples
@@ -196,7 +199,8 @@ def _generate(problem: Problem, mode: str, policy, device, timed, cache_dir: Pat
         graph = captured if captured is not None else capture(problem)
         record["captured_cost"] = captured_cost(graph)
         graph, record["rewrites"] = rewrite(graph, policy.name, eager.dtypes, algebra=not opts.no_rewrites,
-                                            recompute=opts.recompute, free=opts.free_layouts)
+                                            recompute=opts.recompute, free=opts.free_layouts,
+                                            view_outputs=opts.view_outputs)
         record["calibrated"] = _calibrated(graph, problem, policy, device)
         keep_output_layouts(graph, [None if i in opts.free_layouts else s for i, s in enumerate(eager.strides)])
         record["rewrites"] += place_concats(graph)

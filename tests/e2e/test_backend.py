@@ -556,3 +556,30 @@ def test_by_hand_attention_with_symbolic_sizes_trains_as_one_fused_call(tmp_path
     torch._dynamo.reset()
     assert made and set(made) == {1}  # (every graph Dynamo compiled: one attention each)
     assert not [str(w.message) for w in seen if "kernelwright" in str(w.message)]
+
+
+class Head(torch.nn.Module):
+    """A Linear over [batch, tokens, features] ending in dropout with p=0: its result is the copy
+    of a view of the GEMM's result."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 6)
+
+    def forward(self, x):
+        return torch.nn.functional.dropout(self.fc(x), 0.0, self.training)
+
+
+def test_a_training_forward_returns_no_view_the_caller_cannot_change_in_place(tmp_path, monkeypatch):
+    """The returned copy stays in a training graph: its results come out of an autograd.Function,
+    whose views autograd refuses to change in place (plan.rewrites.returned_copies with views off)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    torch._dynamo.reset()
+    model, x = Head().train(), torch.randn(2, 3, 8)
+    out = torch.compile(model, backend=kwb.backend())(x)
+    out.mul_(2)  # (raises for a view a custom Function returned)
+    out.sum().backward()
+    torch.testing.assert_close(out, model(x) * 2, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+    notes = [line for r in _results(tmp_path) for line in r.get("rewrites", [])]
+    assert not any("returned copy" in line for line in notes)

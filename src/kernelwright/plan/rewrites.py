@@ -91,16 +91,16 @@ def _forward_values(graph: Graph, find) -> tuple[Graph, list[str]]:
     return _with_nodes(graph, nodes), notes
 
 
-def simplify(graph: Graph) -> tuple[Graph, list[str]]:
+def simplify(graph: Graph, views: bool = True) -> tuple[Graph, list[str]]:
     """The graph without no-op nodes, and one line per removed node; a returned copy of a value
     the forward computes (a dropout with p=0 or in eval mode at the end of a block) returns that
-    value instead (`returned_copies`)."""
+    value instead (`returned_copies`; `views`: also a view of a computed value)."""
     def find(n):
         src = noop_source(graph, n)
         return None if src is None else (src, f"{n.name}: {n.target} returns its input {src} unchanged")
 
     graph, notes = _forward_values(graph, find)
-    graph, more = returned_copies(graph)
+    graph, more = returned_copies(graph, views)
     return graph, notes + more
 
 
@@ -114,11 +114,14 @@ def _storage_root(graph: Graph, value: str) -> str:
     return value
 
 
-def returned_copies(graph: Graph) -> tuple[Graph, list[str]]:
+def returned_copies(graph: Graph, views: bool = True) -> tuple[Graph, list[str]]:
     """A returned no-op copy (`noop_source`: a clone of a contiguous value) of a value the forward
     computes returns that value itself: one pass over memory less. Not where the value views a
     model input, parameter or buffer (the caller would get their memory), nor where another
-    returned value or a buffer update shares its memory (outputs would alias each other)."""
+    returned value or a buffer update shares its memory (outputs would alias each other); with
+    `views` False, only where the value is no view at all (what an autograd.Function returns, as
+    an AOTAutograd forward's results are, must not be a view that the caller could modify in
+    place: autograd forbids that for views a custom Function made)."""
     roots = {o: _storage_root(graph, o) for o in dict.fromkeys(list(graph.outputs) + list(graph.mutations))}
     rename, notes = {}, []
     for out in dict.fromkeys(graph.outputs):
@@ -129,7 +132,7 @@ def returned_copies(graph: Graph) -> tuple[Graph, list[str]]:
         if src is None or src in roots:
             continue
         root = _storage_root(graph, src)
-        if graph.is_input(root) or any(r == root for o, r in roots.items() if o != out):
+        if graph.is_input(root) or (root != src and not views) or any(r == root for o, r in roots.items() if o != out):
             continue
         rename[out] = src
         roots[out] = root
@@ -1060,7 +1063,8 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 
 
 def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None,
-            algebra: bool = True, recompute: bool = False, free: tuple[int, ...] = ()) -> tuple[Graph, list[str]]:
+            algebra: bool = True, recompute: bool = False, free: tuple[int, ...] = (),
+            view_outputs: bool = True) -> tuple[Graph, list[str]]:
     """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
     folded, repeated subexpressions merged, decomposed activations as one op (plan.recompose),
     the algebra rules of plan.algebra (reductions over size-1 dims, through affine ops, of matrix
@@ -1076,12 +1080,16 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     `recompute`, cheap elementwise values a reduction kernel would store for another kernel computed
     again by that kernel (plan.recompute). `out_dtypes` (bf16
     only): the dtypes eager returns under the policy's autocast (bf16_outputs). `free`: positions of
-    the returned values whose layout the rewrites choose (channels_last_convs, saved_copies)."""
+    the returned values whose layout the rewrites choose (channels_last_convs, saved_copies).
+    `view_outputs`: a returned copy may become a view of the value copied (simplify)."""
     notes: list[str] = []
-    steps = [simplify, fold_scalar_tensors, dedupe, recompose_mish] + ([exact_algebra] if algebra else []) + [
+    def simplify_(g):
+        return simplify(g, view_outputs)
+
+    steps = [simplify_, fold_scalar_tensors, dedupe, recompose_mish] + ([exact_algebra] if algebra else []) + [
         fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites, instance_norm_rows]
     if policy in ATTENTION_POLICIES:  # under tf32 causal-masked attention only (plan.attention)
-        steps += [lambda g: attention(g, policy), simplify]
+        steps += [lambda g: attention(g, policy), simplify_]
     if policy == "bf16":  # then pools move before the widening casts too (they pool bf16 values)
         steps += [bf16_operands, narrow_through_views, max_pool_first]
         if out_dtypes:
