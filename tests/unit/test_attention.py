@@ -226,12 +226,16 @@ def test_causal_mask_becomes_the_attn_mask():
 
 
 @pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
-def test_causal_attention_end_to_end(policy, tmp_path):
-    """optimize emits a module that calls SDPA with is_causal=True while the registered mask is the
+def test_causal_attention_end_to_end(policy, tmp_path, monkeypatch):
+    """Where PyTorch's SDPA is the choice (the generated attention kernel left out here), optimize
+    emits a module that calls it with is_causal=True while the registered mask is the
     lower-triangular one, checked once per buffer version: changed in place, the mask is used."""
+    from kernelwright.codegen import node_kernels
     from kernelwright.emit.module import import_model_new, model_new_like
     from kernelwright.pipeline import Options, optimize_problem
 
+    every = node_kernels.templates
+    monkeypatch.setattr(node_kernels, "templates", lambda: [t for t in every() if t.name != "triton.attention"])
     torch.manual_seed(4)
     model, x = Causal(), torch.randn(2, 8, 32)
     prob = from_module(model, [x], name="causal")
@@ -339,3 +343,27 @@ def test_buffers_the_forward_writes_are_not_weights():
     buffers = {i.fqn: i.name for i in g.inputs if i.kind == "buffer"}
     assert buffers["scale"] in roots and buffers["bn.running_mean"] not in roots
     assert any(roots.get(n.name) == (buffers["scale"],) for n in g.nodes)  # scale + 1
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+def test_causal_attention_through_the_generated_kernel(policy, tmp_path):
+    """Where the generated attention kernel is the choice (untimed on the CPU: the template's),
+    the emitted forward launches it on the projection's views with the registered mask, and
+    follows the mask when it changes in place (the kernel reads it at every call)."""
+    from kernelwright.emit.module import import_model_new, model_new_like
+    from kernelwright.pipeline import Options, optimize_problem
+
+    torch.manual_seed(4)
+    model, x = Causal(), torch.randn(2, 8, 32)
+    prob = from_module(model, [x], name="causal")
+    result = optimize_problem(prob, tmp_path / "out", Options(device="cpu", budget_trials=1, precision=policy,
+                                                               db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    assert any(g["kind"] == "node" and g["ops"] == ["scaled_dot_product_attention"] and g["strategy"] == "triton"
+               for g in result["groups"])
+    new = model_new_like(import_model_new(tmp_path / "out" / "model_new.py"), prob, model, "cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(new(x), model(x), rtol=1e-5, atol=1e-5)
+        model.bias[..., 0, 1] = 1.0  # the first query now sees the second key too
+        new.bias[..., 0, 1] = 1.0
+        torch.testing.assert_close(new(x), model(x), rtol=1e-5, atol=1e-5)
