@@ -9,7 +9,7 @@ from torch import nn
 from kernelwright.build.pyload import load_module_from_source
 from kernelwright.capture import capture
 from kernelwright.codegen.node_kernels import templates_for, used_outputs
-from kernelwright.codegen.triton_strided_copy import TEMPLATE, copy_plan, dense, offsets
+from kernelwright.codegen.triton_strided_copy import TEMPLATE, copy_plan, offsets
 from kernelwright.problem import from_module
 
 pytestmark = pytest.mark.interpreter
@@ -74,11 +74,6 @@ def test_dims_merge_where_both_layouts_allow():
     assert offsets(p.rest, "r", "x") == "(r // 12288) * 2359296 + ((r // 1024) % 12) * 64 + (r % 1024) * 2304"
     # offsets past 2**31 elements are computed in 64 bits
     assert copy_plan((1 << 16, 1 << 16), (1, 1 << 16), (1 << 16, 1)).wide
-
-
-def test_dense_layouts():
-    assert dense((2, 3, 4), (12, 4, 1)) and dense((2, 3, 4), (1, 8, 2)) and dense((1, 5), (7, 1))
-    assert not dense((2, 3), (4, 1)) and not dense((2, 3), (0, 1))
 
 
 def test_channels_last_and_same_layout_copies_are_left_to_others():

@@ -225,6 +225,20 @@ def test_causal_mask_becomes_the_attn_mask():
     assert SDPA not in _targets(rewrite(capture(from_module(finite, [x])), "fp32")[0])
 
 
+def _optimised_causal(policy: str, tmp_path):
+    """(model, input, problem, optimize's result) of `Causal` optimised on the CPU under `policy`
+    into tmp_path/out, verified."""
+    from kernelwright.pipeline import Options, optimize_problem
+
+    torch.manual_seed(4)
+    model, x = Causal(), torch.randn(2, 8, 32)
+    prob = from_module(model, [x], name="causal")
+    result = optimize_problem(prob, tmp_path / "out", Options(device="cpu", budget_trials=1, precision=policy,
+                                                               db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
+    assert result["verify"]["passed"], result["verify"]
+    return model, x, prob, result
+
+
 @pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
 def test_causal_attention_end_to_end(policy, tmp_path, monkeypatch):
     """Where PyTorch's SDPA is the choice (the generated attention kernel left out here), optimize
@@ -232,16 +246,10 @@ def test_causal_attention_end_to_end(policy, tmp_path, monkeypatch):
     lower-triangular one, checked once per buffer version: changed in place, the mask is used."""
     from kernelwright.codegen import node_kernels
     from kernelwright.emit.module import import_model_new, model_new_like
-    from kernelwright.pipeline import Options, optimize_problem
 
     every = node_kernels.templates
     monkeypatch.setattr(node_kernels, "templates", lambda: [t for t in every() if t.name != "triton.attention"])
-    torch.manual_seed(4)
-    model, x = Causal(), torch.randn(2, 8, 32)
-    prob = from_module(model, [x], name="causal")
-    result = optimize_problem(prob, tmp_path / "out", Options(device="cpu", budget_trials=1, precision=policy,
-                                                               db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
-    assert result["verify"]["passed"], result["verify"]
+    model, x, prob, _ = _optimised_causal(policy, tmp_path)
     path = tmp_path / "out" / "model_new.py"
     text = path.read_text()
     assert "scaled_dot_product_attention" in text and "logical_not" in text and "*_rt.causal_or_mask(" in text
@@ -351,14 +359,8 @@ def test_causal_attention_through_the_generated_kernel(policy, tmp_path):
     the emitted forward launches it on the projection's views with the registered mask, and
     follows the mask when it changes in place (the kernel reads it at every call)."""
     from kernelwright.emit.module import import_model_new, model_new_like
-    from kernelwright.pipeline import Options, optimize_problem
 
-    torch.manual_seed(4)
-    model, x = Causal(), torch.randn(2, 8, 32)
-    prob = from_module(model, [x], name="causal")
-    result = optimize_problem(prob, tmp_path / "out", Options(device="cpu", budget_trials=1, precision=policy,
-                                                               db_path=str(tmp_path / "db.jsonl"), log=lambda s: None))
-    assert result["verify"]["passed"], result["verify"]
+    model, x, prob, result = _optimised_causal(policy, tmp_path)
     assert any(g["kind"] == "node" and g["ops"] == ["scaled_dot_product_attention"] and g["strategy"] == "triton"
                for g in result["groups"])
     new = model_new_like(import_model_new(tmp_path / "out" / "model_new.py"), prob, model, "cpu")

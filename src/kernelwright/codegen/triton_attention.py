@@ -106,7 +106,7 @@ class _Call:
         return dict(B=qs[0], H=qs[1], S=qs[2], L=ks[2], D=qs[3], DV=vs[3])
 
 
-def _dot(dtype: str, policy: str | None) -> str:
+def dot_precision(dtype: str, policy: str | None) -> str:
     """The products' arithmetic: IEEE float32 or TF32 on float32 operands (by policy; IEEE where
     the policy allows no TF32), else the operands' own dtype."""
     if dtype == "float32":
@@ -126,7 +126,7 @@ def attention_space(s: dict, dtype: str, policy: str | None) -> list[Config]:
     return Space(NAME, [Axis("BLOCK_M", [v for v in (32, 64, 128) if v <= max(32, top_m)]),
                         Axis("BLOCK_N", [v for v in (16, 32, 64, 128) if v <= max(16, top_n)]),
                         Axis("num_warps", [4, 8]), Axis("num_stages", [1, 2, 3]),
-                        Axis("DOT", [_dot(dtype, policy)])],
+                        Axis("DOT", [dot_precision(dtype, policy)])],
                  [lambda c: elt * (c["BLOCK_M"] * bd + c["num_stages"] * c["BLOCK_N"] * (bd + bdv)) <= SMEM_BYTES,
                   lambda c: c["BLOCK_M"] * max(c["BLOCK_N"], bdv) // (32 * c["num_warps"]) <= 128]).configs()
 
@@ -167,7 +167,7 @@ class AttentionTemplate:
         (per-thread multiply-adds, no tensor cores); the largest that fits where these do not."""
         s, dtype = self._shape(graph, node)
         space = attention_space(s, dtype, policy)
-        ieee = _dot(dtype, policy) == "ieee"
+        ieee = dot_precision(dtype, policy) == "ieee"
         want = (dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2) if ieee else
                 dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2 if dtype == "float32" else 3))
         hit = [c for c in space if all(c[k] == v for k, v in want.items())]
@@ -195,24 +195,24 @@ class AttentionTemplate:
             node=node.name, kernel=f"{node.name}_attention_kernel", dtype=dtype,
             q=call.q, k=call.k, v=call.v, mask=call.mask, causal=call.causal,
             metas={n: (tuple(m.shape), tuple(m.stride)) for n, m in zip(inputs, call.metas + [call.mask_meta])},
-            qst=qst, kst=kst, vst=vst, mst=mask_stride, ost=out_stride, at=_offset,
+            qst=qst, kst=kst, vst=vst, mst=mask_stride, ost=out_stride, at=tile_offset,
             out_shape=tuple(call.out.shape), out_stride=tuple(call.out.stride),
             scale=scale, qk_scale=scale * math.log2(math.e), dot=None if dtype != "float32" else cfg["DOT"],
             BLOCK_D=max(16, next_pow2(s["D"])), BLOCK_DV=max(16, next_pow2(s["DV"])),
-            wide=_span(call.metas + [call.out]) >= 2**31,
+            wide=max(span(m) for m in call.metas + [call.out]) >= 2**31,
             **s, **{k: int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")})
         return NodeKernel(with_helpers(text), inputs, 1)
 
 
-def _offset(strides, rows: str, cols: str) -> str:
+def tile_offset(strides, rows: str, cols: str) -> str:
     """The offset of a [b, h, rows, cols] tile of a tensor with 4-D `strides` (zero strides left out)."""
     terms = [f"{name} * {st}" if st != 1 else name for name, st in zip(("b", "h", rows, cols), strides) if st != 0]
     return " + ".join(terms) or "0"
 
 
-def _span(metas) -> int:
-    """The largest element offset any of these tensors reaches."""
-    return max(sum((n - 1) * st for n, st in zip(m.shape, m.stride)) for m in metas)
+def span(meta) -> int:
+    """The largest element offset a tensor of `meta` reaches."""
+    return sum((n - 1) * st for n, st in zip(meta.shape, meta.stride))
 
 
 TEMPLATE = AttentionTemplate()

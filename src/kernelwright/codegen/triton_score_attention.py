@@ -31,7 +31,7 @@ from kernelwright.capture.shapes import broadcast_strides
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.templating import triton_template
-from kernelwright.codegen.triton_attention import DTYPES, MAX_HEAD_DIM, attention_space, _dot
+from kernelwright.codegen.triton_attention import DTYPES, MAX_HEAD_DIM, attention_space, dot_precision, span, tile_offset
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
 from kernelwright.space.axes import next_pow2
 from kernelwright.space.config import Config
@@ -247,7 +247,7 @@ class ScoreAttentionTemplate:
         masked score any value), so no tile is sized for skipped work."""
         m = match(graph, node)
         space = self.space(graph, node, spec, policy)
-        want = dict(BLOCK_M=64, BLOCK_N=32 if _dot(m.dtype, policy) == "ieee" else 64, num_warps=4, num_stages=2)
+        want = dict(BLOCK_M=64, BLOCK_N=32 if dot_precision(m.dtype, policy) == "ieee" else 64, num_warps=4, num_stages=2)
         hit = [c for c in space if all(c[k] == v for k, v in want.items())]
         return hit[0] if hit else min(space, key=lambda c: (abs(c["BLOCK_M"] * c["BLOCK_N"] - 4096), c["num_stages"]))
 
@@ -281,22 +281,12 @@ class ScoreAttentionTemplate:
                                           graph.meta(x).dtype) for x, st in m.extras],
             metas={x: (tuple(graph.meta(x).shape), tuple(graph.meta(x).stride), graph.meta(x).dtype) for x in inputs},
             chain=lines, result=prev, ops=" -> ".join(graph.node(n).op for n in m.chain) or "none",
-            result_name=m.result, ost=m.ost, out_shape=tuple(out.shape), out_stride=tuple(out.stride), at=_offset,
+            result_name=m.result, ost=m.ost, out_shape=tuple(out.shape), out_stride=tuple(out.stride), at=tile_offset,
             dot=None if m.dtype != "float32" else cfg["DOT"],
             BLOCK_D=max(16, next_pow2(m.D)), BLOCK_DV=max(16, next_pow2(m.DV)),
-            wide=max(_span(graph.meta(x)) for x in inputs + [m.result]) >= 2**31,
+            wide=max(span(graph.meta(x)) for x in inputs + [m.result]) >= 2**31,
             **self._sizes(m), **{k: int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")})
         return NodeKernel(with_helpers(text), inputs, 1)
-
-
-def _offset(strides, rows: str, cols: str) -> str:
-    """The offset of a [b, h, rows, cols] tile of a tensor with 4-D `strides` (zero strides left out)."""
-    terms = [f"{name} * {st}" if st != 1 else name for name, st in zip(("b", "h", rows, cols), strides) if st != 0]
-    return " + ".join(terms) or "0"
-
-
-def _span(meta) -> int:
-    return sum((n - 1) * st for n, st in zip(meta.shape, meta.stride))
 
 
 TEMPLATE = ScoreAttentionTemplate()

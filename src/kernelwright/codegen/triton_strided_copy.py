@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from kernelwright.analyze.device import DeviceSpec
 from kernelwright.capture.graph import Graph, OpNode
+from kernelwright.capture.shapes import dense_permuted
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.node_kernels import NodeKernel, OneTensorOp
 from kernelwright.codegen.templating import triton_template
@@ -54,17 +55,6 @@ class CopyPlan:
     @property
     def n_rest(self) -> int:
         return math.prod(d.size for d in self.rest)
-
-
-def dense(shape, stride) -> bool:
-    """Whether (shape, stride) covers its numel elements exactly once, in some order of the dims."""
-    dims = sorted((st, n) for n, st in zip(shape, stride) if n != 1)
-    acc = 1
-    for st, n in dims:
-        if st != acc:
-            return False
-        acc *= n
-    return True
 
 
 def copy_plan(shape, xs, ys) -> CopyPlan:
@@ -123,7 +113,7 @@ class StridedCopyTemplate(OneTensorOp):
             return "only floating tensors"
         if tuple(x.shape) != tuple(y.shape) or math.prod(y.shape) == 0:
             return "an empty tensor or a change of shape"
-        if not dense(y.shape, y.stride):
+        if not dense_permuted(y.shape, y.stride):
             return "the result's layout is not dense"
         if x.stride == y.stride:
             return "the same layout on both sides (a plain copy or cast)"
