@@ -6,8 +6,9 @@ torch's copy. The NCHW <-> channels-last copies are codegen/triton_layout.py's.
 
 The dims are first merged wherever both layouts allow (`copy_plan`), leaving the output's innermost
 dim A and the input's innermost dim B:
-- A == B ("rows"): each row of A is contiguous on both sides; a program copies BLOCK_R rows of
-  BLOCK_A elements, the rows' offsets computed from their index (16-byte accesses along A);
+- A == B ("rows"): A is the innermost dim on both sides; a program copies BLOCK_R rows of
+  BLOCK_A elements, the rows' offsets computed from their index (16-byte accesses along A where
+  the input holds it contiguously too);
 - A != B ("transpose"): a program moves a BLOCK_B x BLOCK_A tile of (B, A) at one index of the
   other dims, loads coalesced along B, stores along A (Triton exchanges the tile through shared
   memory, a tiled transpose).
