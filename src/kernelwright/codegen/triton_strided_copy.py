@@ -30,6 +30,9 @@ from kernelwright.space.config import Config
 NAME = "triton.strided_copy"
 DTYPES = ("float32", "float16", "bfloat16")
 INT32_LIMIT = 2**31  # offsets at or past this are computed in int64
+# smaller copies stay torch's: one launch either way, so timing a kernel for them costs more
+# tuning time than it can save (16384 elements: 64 KiB of float32)
+MIN_ELEMENTS = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,10 @@ class StridedCopyTemplate(OneTensorOp):
         x, y = graph.meta(node.args[0].name), node.meta
         if x is None or y is None or x.dtype not in DTYPES or y.dtype not in DTYPES:
             return "only floating tensors"
-        if tuple(x.shape) != tuple(y.shape) or math.prod(y.shape) == 0:
-            return "an empty tensor or a change of shape"
+        if tuple(x.shape) != tuple(y.shape):
+            return "a change of shape"
+        if math.prod(y.shape) < MIN_ELEMENTS:
+            return f"fewer than {MIN_ELEMENTS} elements (one launch either way: torch's copy)"
         if not dense_permuted(y.shape, y.stride):
             return "the result's layout is not dense"
         if x.stride == y.stride:
