@@ -139,9 +139,9 @@ def test_the_plan_gives_a_rewritten_attention_this_template():
 
 
 def test_offsets_past_two_to_the_31_take_64_bit_indices(tmp_path, monkeypatch):
-    from kernelwright.codegen import triton_attention
+    from kernelwright.capture.graph import TensorMeta
 
-    monkeypatch.setattr(triton_attention, "span", lambda meta: 2**31)  # (as for a tensor that large)
+    monkeypatch.setattr(TensorMeta, "span", 2**31)  # (as for a tensor that large)
     q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
     graph, node = _node(Sdpa("causal"), [q, k, v])
     out, source = _run(graph, node, TEMPLATE.default(graph, node, policy="fp32"), [q, k, v], tmp_path, "wide")

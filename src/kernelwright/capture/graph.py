@@ -50,6 +50,11 @@ class TensorMeta:
         return self.numel * self.itemsize
 
     @property
+    def span(self) -> int:
+        """The largest element offset from the first element (what a kernel's offsets reach)."""
+        return sum((n - 1) * abs(st) for n, st in zip(self.shape, self.stride))
+
+    @property
     def contiguous(self) -> bool:
         return all(sh == 1 or st == e for sh, st, e in zip(self.shape, self.stride, contiguous_strides(self.shape)))
 

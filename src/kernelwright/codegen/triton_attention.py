@@ -36,7 +36,7 @@ SMEM_BYTES = 160 * 1024  # the operand tiles a config may stage (below the H100 
 DOTS = {"fp32": "ieee", "tf32": "tf32"}  # float32 operands' tl.dot input precision per policy
 
 
-def _meta4(meta):
+def meta4(meta):
     """(shape, strides) of a 3-D [b, s, d] or 4-D [b, h, s, d] operand as 4-D (one head)."""
     if len(meta.shape) == 3:
         return (meta.shape[0], 1, *meta.shape[1:]), (meta.stride[0], 0, *meta.stride[1:])
@@ -87,7 +87,7 @@ class _Call:
             return "q, k, v and the result not of one floating dtype"
         if any(len(m.shape) not in (3, 4) for m in self.metas) or len(self.out.shape) != len(self.metas[0].shape):
             return "operands not 3-D or 4-D"
-        (qs, _), (ks, _), (vs, _) = (_meta4(m) for m in self.metas)
+        (qs, _), (ks, _), (vs, _) = (meta4(m) for m in self.metas)
         if qs[:2] != ks[:2] or ks[:3] != vs[:3] or qs[3] != ks[3]:
             return "q, k, v of other batch or head counts (broadcast, grouped-query) or lengths"
         if max(qs[3], vs[3]) > MAX_HEAD_DIM or 0 in qs or 0 in ks or 0 in vs:
@@ -102,7 +102,7 @@ class _Call:
         return None
 
     def sizes(self) -> dict:
-        (qs, _), (ks, _), (vs, _) = (_meta4(m) for m in self.metas)
+        (qs, _), (ks, _), (vs, _) = (meta4(m) for m in self.metas)
         return dict(B=qs[0], H=qs[1], S=qs[2], L=ks[2], D=qs[3], DV=vs[3])
 
 
@@ -183,8 +183,8 @@ class AttentionTemplate:
         cfg = dict(config.as_dict() if isinstance(config, Config) else config)
         call = _Call(graph, node)
         s = call.sizes()
-        (_, qst), (_, kst), (_, vst) = (_meta4(m) for m in call.metas)
-        out_shape, out_stride = _meta4(call.out)
+        (_, qst), (_, kst), (_, vst) = (meta4(m) for m in call.metas)
+        _, out_stride = meta4(call.out)
         scale = call.kwargs.get("scale")
         scale = 1.0 / math.sqrt(s["D"]) if scale is None else float(scale)
         dtype = call.metas[0].dtype
@@ -199,7 +199,7 @@ class AttentionTemplate:
             out_shape=tuple(call.out.shape), out_stride=tuple(call.out.stride),
             scale=scale, qk_scale=scale * math.log2(math.e), dot=None if dtype != "float32" else cfg["DOT"],
             BLOCK_D=max(16, next_pow2(s["D"])), BLOCK_DV=max(16, next_pow2(s["DV"])),
-            wide=max(span(m) for m in call.metas + [call.out]) >= 2**31,
+            wide=max(m.span for m in call.metas + [call.out]) >= 2**31,
             **s, **{k: int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")})
         return NodeKernel(with_helpers(text), inputs, 1)
 
@@ -208,11 +208,6 @@ def tile_offset(strides, rows: str, cols: str) -> str:
     """The offset of a [b, h, rows, cols] tile of a tensor with 4-D `strides` (zero strides left out)."""
     terms = [f"{name} * {st}" if st != 1 else name for name, st in zip(("b", "h", rows, cols), strides) if st != 0]
     return " + ".join(terms) or "0"
-
-
-def span(meta) -> int:
-    """The largest element offset a tensor of `meta` reaches."""
-    return sum((n - 1) * st for n, st in zip(meta.shape, meta.stride))
 
 
 TEMPLATE = AttentionTemplate()

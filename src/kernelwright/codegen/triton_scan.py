@@ -145,8 +145,7 @@ class ScanTemplate(OneTensorOp):
             return "0-d input"
         if meta.numel == 0:
             return "empty tensor"
-        span = sum((n - 1) * abs(st) for n, st in zip(meta.shape, meta.stride)) + 1
-        if max(span, meta.numel) >= 2**31:
+        if max(meta.span + 1, meta.numel) >= 2**31:
             return "tensor too large for the kernel's int32 in-row offsets"
         if tuple(out.shape) != tuple(meta.shape):
             return "output shape differs from the input shape"

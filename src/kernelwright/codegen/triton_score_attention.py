@@ -31,7 +31,7 @@ from kernelwright.capture.shapes import broadcast_strides
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.templating import triton_template
-from kernelwright.codegen.triton_attention import DTYPES, MAX_HEAD_DIM, attention_space, dot_precision, span, tile_offset
+from kernelwright.codegen.triton_attention import DTYPES, MAX_HEAD_DIM, attention_space, dot_precision, meta4, tile_offset
 from kernelwright.codegen.triton_ops import EXTRA_ARGS, OPERANDS, POINTWISE, format_float
 from kernelwright.space.axes import next_pow2
 from kernelwright.space.config import Config
@@ -97,7 +97,7 @@ def _operand(graph: Graph, value: str, reader: str) -> tuple[str, tuple, tuple, 
                 nodes, src = (src, value), copy.args[0].name
                 sm = graph.meta(src)
             return src, tuple(sm.shape), tuple(sm.stride), nodes
-    return value, (meta.shape[0], 1, *meta.shape[1:]), (meta.stride[0], 0, *meta.stride[1:]), ()
+    return (value, *meta4(meta), ())
 
 
 def _as_heads(shape, strides, B: int, H: int) -> tuple[int, int, int, int] | None:
@@ -284,7 +284,7 @@ class ScoreAttentionTemplate:
             result_name=m.result, ost=m.ost, out_shape=tuple(out.shape), out_stride=tuple(out.stride), at=tile_offset,
             dot=None if m.dtype != "float32" else cfg["DOT"],
             BLOCK_D=max(16, next_pow2(m.D)), BLOCK_DV=max(16, next_pow2(m.DV)),
-            wide=max(span(graph.meta(x)) for x in inputs + [m.result]) >= 2**31,
+            wide=max(graph.meta(x).span for x in inputs + [m.result]) >= 2**31,
             **self._sizes(m), **{k: int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")})
         return NodeKernel(with_helpers(text), inputs, 1)
 
