@@ -17,6 +17,11 @@ implementation reports
   chaotic over many steps: reported, not judged), and ``losses``, the curve itself (one loss a
   step; scripts/loss_curves.py draws the curves of a bench JSON),
 - ``peak_mib``: the peak GPU memory of its steps,
+- ``host_ms``: on a GPU, the median wall time the host takes to issue one step (from a synchronised
+  start to the step's return, not waiting for the GPU): a step whose ``host_ms`` reaches its
+  ``step_ms`` waits on Python, not on kernels,
+- ``host_top``: on a GPU, where that host time goes: the HOST_ROWS functions of most own time
+  (cProfile over HOST_STEPS steps), ``[function, ms per step, calls per step]``,
 - ``kernels``: on a GPU, the kernels of one more step (torch.profiler, after an L2 flush):
   ``[name, us per step, launches per step]``, longest first, the first KERNEL_ROWS of them (which
   kernels make one implementation's step slower than another's).
@@ -36,6 +41,7 @@ from kernelwright.verify.compare import excess
 
 LR = 1e-3  # small enough for every shipped model to train without overflow for a few hundred steps
 KERNEL_ROWS = 25  # kernels kept per implementation (the rest of a step's time is summed into one row)
+HOST_STEPS, HOST_ROWS = 10, 20  # steps profiled on the host, functions kept
 
 
 def loss_of(out) -> torch.Tensor:
@@ -120,7 +126,39 @@ def train_impl(base: torch.nn.Module, inputs: list, wrap: Callable[[torch.nn.Mod
 
     return {"losses": [float(x) for x in losses], "first_loss": losses[0], "grads": grads,
             "step_ms": step_ms[len(step_ms) // 2] if step_ms else None, "first_s": round(first_s, 6),
-            "peak_mib": peak, "kernels": step_kernels(step, device) if cuda else None}
+            "peak_mib": peak, "host_ms": host_ms(step) if cuda else None,
+            "host_top": host_top(step) if cuda else None, "kernels": step_kernels(step, device) if cuda else None}
+
+
+def host_ms(step: Callable[[], None], runs: int = 10) -> float:
+    """The median wall time of issuing one `step` from a synchronised start (the GPU idle), in ms."""
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return round(sorted(times)[len(times) // 2], 4)
+
+
+def host_top(step: Callable[[], None]) -> list:
+    """The functions of most own time over HOST_STEPS calls of `step` (cProfile): [where, ms per
+    step, calls per step] rows, HOST_ROWS of them."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(HOST_STEPS):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:HOST_ROWS]
+    return [[f"{name} ({'/'.join(file.rsplit('/', 2)[-2:])}:{line})",
+             round(own * 1e3 / HOST_STEPS, 4), round(calls / HOST_STEPS, 1)]
+            for (file, line, name), (_, calls, own, _, _) in rows]
 
 
 def step_kernels(step: Callable[[], None], device) -> list:
