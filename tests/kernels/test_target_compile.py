@@ -37,8 +37,9 @@ CONV = [p for p in PROBLEMS if any(k in p.stem for k in ("conv", "cnn", "resnet"
 GEMM_CONV = [p for p in PROBLEMS if any(k in p.stem for k in ("gemm", "conv", "cnn", "resnet", "mlp", "transformer", "matmul", "linear"))]
 TALL = Path(__file__).resolve().parents[1] / "fixtures" / "sweep" / "depthwise_tall.py"  # 2-, 5-, 7-row streaming kernels
 RELU_ATTENTION = TALL.with_name("relu_attention.py")  # attention with elementwise scores
+TOKEN_MIXING = TALL.with_name("token_mixing.py")  # a transposed copy read by a Linear
 ALL_CASES = ([(p, "fp32") for p in PROBLEMS] + [(p, "tf32") for p in CONV]  # tf32: channels-last convolutions
-             + [(ROOT / "level3/transformer_block.py", "tf32")]  # tf32: by-hand attention stays bmm, its head copies
+             + [(TOKEN_MIXING, "tf32")]  # tf32: the transposed copy's tiles
              + [(ROOT / "level3/causal_attention.py", "tf32")]  # tf32: causal attention's TF32 dots
              + [(p, "bf16") for p in GEMM_CONV]  # bf16: operand casts (rounded to nearest even), bf16 layout copies
              + [(TALL, "fp32"), (TALL, "bf16")] + [(RELU_ATTENTION, p) for p in ("fp32", "tf32", "bf16")])
@@ -65,7 +66,7 @@ SAMPLE = [
     (ROOT / "level3/small_cnn.py", "bf16"), (ROOT / "level2/gemm_layer_norm_narrow.py", "fp32"),
     (ROOT / "level3/resnet_basic_block.py", "bf16"), (ROOT / "level2/conv3d_mean.py", "tf32"),
     (ROOT / "level3/vgg.py", "fp32"), (ROOT / "level3/resnet18.py", "bf16"),  # multi-row bf16 norm groups
-    (ROOT / "level3/transformer_block.py", "tf32"),  # strided copies of attention heads (rows and transposed tiles)
+    (TOKEN_MIXING, "tf32"), (ROOT / "level3/llama_block.py", "fp32"),  # strided copies: transposed tiles; rows
     (ROOT / "level3/causal_attention.py", "fp32"), (ROOT / "level3/causal_attention.py", "tf32"),  # attention, IEEE and TF32 dots
     (RELU_ATTENTION, "bf16"),  # elementwise-score attention (its IEEE and TF32 dots as the attention's)
 ]

@@ -61,11 +61,8 @@ def test_heads_attention_is_one_sdpa_call_with_the_same_values():
         torch.testing.assert_close(run_graph(r, model, [x])[0], model(x), rtol=1e-5, atol=1e-6)
 
 
-def test_no_rewrite_under_tf32_or_when_the_scores_are_read():
-    model, x = Heads(), torch.randn(2, 8, 32)
-    g = capture(from_module(model, [x]))
-    assert SDPA not in _targets(rewrite(g, "tf32")[0])
-    scored = Heads(return_scores=True)
+def test_no_rewrite_when_the_scores_are_read():
+    scored, x = Heads(return_scores=True), torch.randn(2, 8, 32)
     g2 = capture(from_module(scored, [x]))
     r, notes = attention(g2)
     assert r is g2 and notes == []
@@ -292,13 +289,15 @@ def test_causal_check_once_per_version(tmp_path):
     assert mod.causal_or_mask(wrong_len, q, k, 0.0)[0] is wrong_len
 
 
-def test_tf32_rewrites_weight_masked_attention_only():
-    """Under tf32 the fused kernel has no TF32 path: unmasked attention keeps its TF32 bmms."""
+@pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
+def test_every_policy_rewrites_masked_and_unmasked_attention(policy):
+    """Under tf32 too (the generated kernel's TF32 dots): causal and unmasked attention alike; an
+    unknown policy name rewrites nothing."""
     torch.manual_seed(6)
     x = torch.randn(2, 8, 32)
-    assert SDPA in _targets(rewrite(capture(from_module(Causal(), [x])), "tf32")[0])
-    assert SDPA not in _targets(rewrite(capture(from_module(Heads(), [x])), "tf32")[0])
-    assert SDPA in _targets(rewrite(capture(from_module(Heads(), [x])), "fp32")[0])
+    assert SDPA in _targets(rewrite(capture(from_module(Causal(), [x])), policy)[0])
+    assert SDPA in _targets(rewrite(capture(from_module(Heads(), [x])), policy)[0])
+    assert SDPA not in _targets(attention(capture(from_module(Heads(), [x])), "fp16")[0])
 
 
 class Cross(nn.Module):

@@ -9,16 +9,15 @@ Matched precision, as measured on the H200 (scripts/attention_probe.py in the tr
 `3eb2c93`, docs/benchmarks.md):
 under `fp32` PyTorch runs it with the memory-efficient kernel in float32 SIMT arithmetic (error
 against float64 below the by-hand fp32 path's, 1.5x faster); under `bf16` with cuDNN's flash
-kernel on bf16 q, k, v (fp32 softmax, as autocast's by-hand path; 15x faster). Under `tf32` the
-fused kernel has no TF32 path and ran slower than cuBLAS's TF32 bmms unmasked or with a general
-mask, so only attention masked by a value computed from the model's weights alone (a registered
-causal mask) is rewritten there: the emitted forward checks that mask once per buffer version and,
-when it is the lower-triangular one, calls SDPA with is_causal=True (emit.program), which skips the
-masked half of the work: as fast as torch.compile's TF32 by-hand path at fp32 accuracy
-(docs/benchmarks.md, "Levels 2 and 3, every policy": causal_attention). An SDPA node is also
-computed by a generated kernel with TF32 dots under tf32 (codegen/triton_attention.py, a choice
-timed against PyTorch's SDPA); whether the rewrite then pays under tf32 without a weight-only
-mask is what scripts/attention_check.py measures against the by-hand path.
+kernel on bf16 q, k, v (fp32 softmax, as autocast's by-hand path; 15x faster). Under `tf32`
+PyTorch's fused kernels have no TF32 path, but the SDPA node is also computed by a generated
+kernel with TF32 dots (codegen/triton_attention.py, a choice timed against PyTorch's SDPA), which
+ran 1.5-8.8x faster than the by-hand TF32 path with or without a causal mask on the H100
+(scripts/attention_check.py at `9ddd3b4`, docs/benchmarks.md, "Attention as one kernel under
+tf32"); so attention is rewritten under every policy. A mask computed from the model's weights
+alone (a registered causal mask) is checked once per buffer version by the emitted forward and,
+when it is the lower-triangular one, SDPA gets is_causal=True (emit.program), which skips the
+masked half of the work.
 
 The result's layout is fixed to what the fused kernels return, [b, h, s, d] indexed with
 [b, s, h, d] in memory (capture.execute.fixed_layout), so the usual transpose(1, 2).reshape(b, s,
@@ -33,10 +32,9 @@ from kernelwright.capture.execute import resolve
 from kernelwright.capture.graph import Graph, OpNode, Ref, TensorMeta
 from kernelwright.capture.shapes import contiguous_strides
 from kernelwright.plan.dead_code import drop_unread
-from kernelwright.plan.weights import weight_roots
 
 SDPA = "aten.scaled_dot_product_attention.default"
-POLICIES = ("fp32", "tf32", "bf16")  # tf32: masked by a weight-only mask only (module docstring)
+POLICIES = ("fp32", "tf32", "bf16")
 
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 _CLONE = "aten.clone.default"
@@ -58,9 +56,8 @@ def _prod(xs) -> int:
 
 
 class _Matcher:
-    def __init__(self, graph: Graph, weight_masked_only: bool = False):
+    def __init__(self, graph: Graph):
         self.g = graph
-        self.weights = weight_roots(graph) if weight_masked_only else None
         self.keep = set(graph.outputs) | set(graph.mutations)
         self.names = {i.name for i in graph.inputs} | {n.name for n in graph.nodes}
         self.users: dict[str, int] = {}
@@ -137,8 +134,6 @@ class _Matcher:
             chain.append(cur.name)
             cur = self.only_user(cur.name)
         masked = self.mask(cur, chain[-1], lead + (s, ell)) if cur is not None else None
-        if self.weights is not None and masked not in self.weights:
-            return None  # tf32: only a mask the forward can check once (module docstring)
         if masked is not None:  # scores where a mask says so set to -inf (a causal mask)
             chain.append(cur.name)
             cur = self.only_user(cur.name)
@@ -232,11 +227,10 @@ def _refresh_views(graph: Graph, nodes: list[OpNode], changed: set[str]) -> list
 
 def attention(graph: Graph, policy: str = "fp32") -> tuple[Graph, list[str]]:
     """Every by-hand attention of `graph` as one scaled_dot_product_attention node (on a simplified
-    graph: the no-op expands matmul leaves around its bmms already removed); under tf32 only those
-    masked by a weight-only mask."""
+    graph: the no-op expands matmul leaves around its bmms already removed)."""
     if policy not in POLICIES:
         return graph, []
-    m = _Matcher(graph, weight_masked_only=policy == "tf32")
+    m = _Matcher(graph)
     replace: dict[str, OpNode] = {}
     dead: set[str] = set()
     notes: list[str] = []
