@@ -13,8 +13,8 @@ kernel on bf16 q, k, v (fp32 softmax, as autocast's by-hand path; 15x faster). U
 PyTorch's fused kernels have no TF32 path, but the SDPA node is also computed by a generated
 kernel with TF32 dots (codegen/triton_attention.py, a choice timed against PyTorch's SDPA), which
 ran 1.5-8.8x faster than the by-hand TF32 path with or without a causal mask on the H100
-(scripts/attention_check.py at `9ddd3b4`, docs/benchmarks.md, "Attention as one kernel under
-tf32"); so attention is rewritten under every policy. A mask computed from the model's weights
+(scripts/attention_check.py at `05f38e4`, docs/benchmarks.md, section "Attention as one kernel
+under tf32; ..."); so attention is rewritten under every policy. A mask computed from the model's weights
 alone (a registered causal mask) is checked once per buffer version by the emitted forward and,
 when it is the lower-triangular one, SDPA gets is_causal=True (emit.program), which skips the
 masked half of the work.
