@@ -421,3 +421,31 @@ def test_large_references_leave_the_gpu_only_when_memory_is_short():
     assert not parks(int(1.6 * gib), 130 * gib)
     assert parks(20 * gib, 100 * gib) and parks(int(1.6 * gib), 4 * gib)
     assert not parks(PARK_BYTES - 1, 0)
+
+
+def test_a_rounded_reference_keeps_every_excess_within_its_rounding(monkeypatch):
+    """A large float64 reference rounded to float32 (compare.rounded_reference, in chunks): each
+    excess moves by at most 2^-24 |ref|, far below any tolerance; NaN and infinities stay; memory
+    order stays; a finite value past float32's range, or a tensor with gaps, is not rounded."""
+    from kernelwright.verify import compare
+
+    monkeypatch.setattr(compare, "CHUNK", 1000)  # several chunks
+    torch.manual_seed(0)
+    ref = (torch.randn(5, 7, 11, 13, dtype=torch.float64) * 1e3).contiguous(memory_format=torch.channels_last)
+    ref[0, 0, 0, 0], ref[1, 2, 3, 4], ref[4, 6, 10, 12] = float("nan"), float("inf"), 1e-300
+    narrow = compare.rounded_reference(ref)
+    assert narrow.dtype == torch.float32 and narrow.stride() == ref.stride()
+    assert narrow[0, 0, 0, 0].isnan() and narrow[1, 2, 3, 4] == float("inf")
+    finite = ref.isfinite()
+    assert ((narrow.double() - ref)[finite].abs() <= 2.0 ** -24 * ref[finite].abs() + 1e-45).all()
+    out = (ref * (1 + 1e-5)).float()
+    out[0, 0, 0, 0] = float("nan")
+    out[1, 2, 3, 4] = float("inf")
+    for tol in (1e-4, 1e-2):
+        a, b = excess(out, ref, tol), excess(out, narrow, tol)
+        assert abs(a - b) <= 2.0 ** -24 * ref[finite].abs().max() and b <= tol
+    assert excess(out + 1.0, narrow, 1e-4) > 1e-4  # (still catches an error)
+    big = ref.clone()
+    big[2, 2, 2, 2] = 1e39  # finite in float64, infinite in float32
+    assert compare.rounded_reference(big) is None
+    assert compare.rounded_reference(ref[:, :, ::2]) is None  # gaps: left to the float64 path

@@ -83,7 +83,7 @@ class KernelTuner:
         self.graph, self.nodes, self.unit_inputs, self.outputs = graph, nodes, inputs, outputs
         self.env, self.policy, self.device, self.cache_dir, self.timed = env, policy, device, cache_dir, timed
         ref = self._run_library(torch.float64)
-        self.ref64 = [park(_pick(ref, o)) for o in outputs]  # (large references wait in host memory)
+        self.ref64 = [park(_pick(ref, o)) for o in outputs]  # (a large one rounded to float32 or in host memory: compare.park)
         del ref
         self.eager = [_pick(env, o) for o in outputs]
         self.eager_excess = max((excess_reason(e, r, policy.tol, e.dtype)[0] for e, r in zip(self.eager, self.ref64)),

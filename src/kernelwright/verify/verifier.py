@@ -311,7 +311,7 @@ def verify(
             # training mode, rand_like) draw the same numbers in the reference, eager and the
             # candidate when the candidate draws as the model does
             torch.manual_seed(seed)
-            hi = [park(h) for h in high(inputs_k.fresh)]  # (large references wait in host memory)
+            hi = [park(h) for h in high(inputs_k.fresh)]  # (a large one rounded to float32 or in host memory: compare.park)
             inputs = inputs_k.fresh()
             before = _snapshots(inputs)
             torch.manual_seed(seed)
