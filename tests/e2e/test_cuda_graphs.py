@@ -360,6 +360,48 @@ def test_inputs_are_copied_in_and_outputs_copied_out_one_by_one(monkeypatch):
 
 
 @pytest.mark.interpreter
+def test_outputs_that_are_views_of_the_graphs_own_tensors_are_lent(monkeypatch):
+    """Views of a tensor the graph computes (q, k, v split from one projection; a weight
+    gradient as a permute of a permute) are lent like any output while the caller lets them go:
+    their bases are the graph's, held by the capture alone. A view of a weight is not lent (its
+    storage is the module's), and once the caller keeps one view, it and the views sharing its
+    storage are copied out from then on."""
+    mod = kwgraphs
+    fake = _FakeGraphs(monkeypatch, mod)
+    w, holder = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.nn.Module()
+
+    def forward(x):  # -> (three column pairs of 2 * x, (x + 1) permuted twice, a view of w)
+        wide, plus = torch.empty(2, 6), torch.empty(2, 2)
+
+        def work():
+            torch.mul(x.repeat(1, 3), 2, out=wide)
+            torch.add(x, 1, out=plus)
+        fake.open.work.append(work) if fake.open is not None else work()
+        q, k, v = wide.split(2, dim=1)
+        return q, k, v, plus.t().t(), w.t()
+
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    call = lambda: mod.graphed(holder, "t", forward, (x,), lambda: mod.stamp(w), lambda: [w])  # noqa: E731
+    call()
+    e = next(iter(mod.graphs_of(holder).values()))
+    assert [c is not None for c in e.lend] == [True, True, True, True, False] and e.alias == [False] * 5
+    x.mul_(2)  # (in place: read there)
+    q, k, v, p, wt = call()
+    assert fake.replays == 1 and fake.captures == 1
+    assert q.tolist() == [[4.0, 8.0], [12.0, 16.0]] and v.tolist() == q.tolist() and p.tolist() == [[3.0, 5.0], [7.0, 9.0]]
+    assert q.data_ptr() == e.outputs[0].data_ptr() and p.data_ptr() == e.outputs[3].data_ptr()  # lent: no copies
+    assert wt.data_ptr() != w.data_ptr() and wt.tolist() == [[1.0, 3.0], [2.0, 4.0]]  # a copy of the weight's view
+    del q, v, p, wt
+    kept = k
+    call()  # k would be overwritten: run as it is, captured again, q, k, v copied out from then on
+    assert fake.captures == 2 and kept.tolist() == [[4.0, 8.0], [12.0, 16.0]]
+    e = next(iter(mod.graphs_of(holder).values()))
+    assert [c is not None for c in e.lend] == [False, False, False, True, False]
+    q, k, v, p, wt = call()
+    assert fake.replays == 2 and q.data_ptr() != e.outputs[0].data_ptr() and p.data_ptr() == e.outputs[3].data_ptr()
+
+
+@pytest.mark.interpreter
 def test_a_modules_patience_says_how_often_a_moved_input_is_followed_before_it_is_copied(monkeypatch):
     """With `_kw_patience` (3, 1), an input that moves on every call is captured again where it is
     three times before it is copied in; the other is copied in from its second move."""
