@@ -258,6 +258,12 @@ def graphed(module, tag, forward, args, state, reads=None, commit=None):
     return out
 
 
+def _on_memory_of(view):
+    """A tensor on `view`'s memory, with its shape, strides and offset, that is no view."""
+    return torch.empty(0, dtype=view.dtype, device=view.device).set_(
+        view.untyped_storage(), view.storage_offset(), view.size(), view.stride())
+
+
 def _capture(forward, args, state, reads, commit, out, owned, lend, waits):
     """The Capture of `forward` on `args` after a run that returned `out` (see `graphed`): an
     empty one when the forward waited for the GPU, returned other than tensors, needs a buffer of
@@ -284,20 +290,20 @@ def _capture(forward, args, state, reads, commit, out, owned, lend, waits):
                 with torch.cuda.graph(writes, pool=graph.pool()):
                     commit(*new)
         captured = [captured] if single else list(captured)
-        # an output is lent where only the graph's outputs hold its storage, and the bases they are
-        # views of (a q, k, v split of one projection; a permute of a permute) where the parameters
-        # and buffers are known (`reads`) and none of them is that storage; a view of an input
-        # read in place is that input's (the forward's own result would be the same view)
+        # an output is lent where only the graph's outputs hold its storage (not a parameter or a
+        # buffer of ours); a view of an input read in place is that input's (the forward's own
+        # result would be the same view). A view of a tensor the graph computes (q, k, v split
+        # from one projection; a permuted weight gradient) is held as a plain tensor on the same
+        # memory: the views it was made through, which view tracking can keep alive, then go.
+        in_place = {a.untyped_storage().data_ptr() for a, own in zip(args, owned) if isinstance(a, torch.Tensor) and not own}
+        where = [o.untyped_storage().data_ptr() for o in captured]
+        alias = [w in in_place for w in where]
+        captured = [o if a or not o._is_view() else _on_memory_of(o) for o, a in zip(captured, alias)]
         fresh = torch.empty(1, device=dev)
         sole = _use_count(fresh.untyped_storage()._cdata)  # (one tensor's; each further one adds one)
-        in_place = {a.untyped_storage().data_ptr() for a, own in zip(args, owned) if isinstance(a, torch.Tensor) and not own}
-        weights = None if reads is None else {t.untyped_storage().data_ptr() for t in reads() if isinstance(t, torch.Tensor)}
-        where = [o.untyped_storage().data_ptr() for o in captured]
-        holders: dict = {}  # storage -> the tensors holding it that the capture accounts for
+        holders: dict = {}  # storage -> the outputs holding it
         for o, w in zip(captured, where):
-            base = [] if o._base is None or weights is None or w in weights else [id(o._base)]
-            holders.setdefault(w, set()).update([id(o)] + base)
-        alias = [w in in_place for w in where]
+            holders.setdefault(w, set()).add(id(o))
         counts = [_use_count(o.untyped_storage()._cdata) for o in captured]
         lent = [counts[j] if not alias[j] and (lend is None or lend[j]) and counts[j] == sole + len(holders[where[j]]) - 1
                 else None for j in range(len(captured))]
