@@ -294,7 +294,8 @@ def _capture(forward, args, state, reads, commit, out, owned, lend, waits):
         # buffer of ours); a view of an input read in place is that input's (the forward's own
         # result would be the same view). A view of a tensor the graph computes (q, k, v split
         # from one projection; a permuted weight gradient) is held as a plain tensor on the same
-        # memory: the views it was made through, which view tracking can keep alive, then go.
+        # memory: the views it was made through, which its view metadata can keep alive (under
+        # AOTAutograd they stayed), then go.
         in_place = {a.untyped_storage().data_ptr() for a, own in zip(args, owned) if isinstance(a, torch.Tensor) and not own}
         where = [o.untyped_storage().data_ptr() for o in captured]
         alias = [w in in_place for w in where]
