@@ -20,10 +20,8 @@ $(BIN)/kernelwright: pyproject.toml
 # of whole problems). TRITON_INTERPRET=1 runs the Triton kernels in the interpreter on any machine
 # (tests/conftest.py sets it by itself only where there is no GPU); the GPU tests skip without one.
 # pytest-xdist runs the files on one worker per core, each file on one worker (--dist loadfile), so
-# a module's shared fixtures (captures, emitted modules, compiled samples) are made once; the
-# costliest tier is collected first, so its long files start early and the many short ones of the
-# other tiers fill the workers' ends (longest first: the workers finish near each other).
-TIERS := tests/e2e tests/kernels tests/unit
+# a module's shared fixtures (captures, emitted modules, compiled samples) are made once.
+TIERS := tests/unit tests/kernels tests/e2e
 XDIST := -n auto --dist loadfile
 
 test: $(BIN)/kernelwright
