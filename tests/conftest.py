@@ -21,6 +21,15 @@ if not os.environ.get("KERNELWRIGHT_DB"):
 
     os.environ["KERNELWRIGHT_DB"] = os.path.join(tempfile.mkdtemp(prefix="kw-tests-"), "trials.sqlite")
 
+# pytest-xdist's workers share the machine's cores: each worker's torch (and the CLI runs it
+# starts) gets its share of them, so parallel workers do not oversubscribe the cores with intra-op
+# threads (the interpreted tests run many small ops, which extra threads only slow down)
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+if _workers > 1 and not torch.cuda.is_available():
+    _share = str(max(1, (os.cpu_count() or 1) // _workers))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 import pytest  # noqa: E402
 
 
