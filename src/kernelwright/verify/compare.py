@@ -13,6 +13,8 @@ import math
 
 import torch
 
+from kernelwright.capture.shapes import dense_permuted
+
 __all__ = ["excess", "excess_reason", "park", "poisoned_like", "rounded_reference"]
 
 CHUNK = 1 << 24  # elements compared at a time (float64 temporaries of ~128 MiB each)
@@ -51,15 +53,14 @@ def park(t):
 
 def rounded_reference(t: torch.Tensor) -> torch.Tensor | None:
     """A float64 reference rounded to float32 in t's memory order, or None where a finite value
-    overflows float32 or t is not dense in a standard memory order. Rounding moves each value by
+    overflows float32 or t is not dense (in some order of its dims). Rounding moves each value by
     at most 2^-24 of its magnitude (6e-8), which changes an excess (max |out - ref| - tol |ref|) by
     at most 6e-8 |ref|: below the tightest policy tolerance (fp32's 1e-4) by three orders of
     magnitude, and below the float32 eager run's own error. NaN and infinities are kept. Converted
     in CHUNK pieces (temporaries of a bounded size)."""
-    fmt = _dense_format(t)
-    if fmt is None:
+    if not dense_permuted(tuple(t.shape), tuple(t.stride())):
         return None
-    out = torch.empty_like(t, dtype=torch.float32, memory_format=fmt)
+    out = torch.empty_like(t, dtype=torch.float32)  # (a dense tensor's strides are kept)
     n = t.numel()
     src = t.detach().as_strided((n,), (1,), t.storage_offset())  # (both dense in one order: memory order)
     dst = out.as_strided((n,), (1,), out.storage_offset())
@@ -69,16 +70,6 @@ def rounded_reference(t: torch.Tensor) -> torch.Tensor | None:
         if bool((torch.isinf(narrow) & torch.isfinite(piece)).any()):
             return None
     return out
-
-
-def _dense_format(t: torch.Tensor):
-    """The memory format in which t is dense (contiguous, channels-last, channels-last-3d), or None."""
-    if t.is_contiguous():
-        return torch.contiguous_format
-    for dims, fmt in ((4, torch.channels_last), (5, torch.channels_last_3d)):
-        if t.dim() == dims and t.is_contiguous(memory_format=fmt):
-            return fmt
-    return None
 
 
 def parks(size: int, free: int) -> bool:
