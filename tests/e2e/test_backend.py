@@ -605,26 +605,15 @@ def test_training_steps_replay_with_no_copies_once_settled(tmp_path, monkeypatch
     copies no output out (the saved q, k, v views and the permuted weight gradients are lent:
     autograd lets go of them) and captures nothing again; the backward reads the forward's saved
     tensors where the forward's replay leaves them and copies in only its incoming gradient."""
-    import contextlib
     import sys
 
     import kernelwright.pipeline as pipeline
+    from fake_graphs import FakeGraphs  # tests/fake_graphs.py
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(pipeline, "graphs_in_every_mode", lambda timings: True)
 
-    class Graph:  # (no kernel runs on a replay: only the bookkeeping is checked here)
-        def replay(self):
-            pass
-
-        def pool(self):
-            return id(self)
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda g, pool=None: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
-    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    FakeGraphs(monkeypatch)  # (a replay runs no kernel here: only the bookkeeping is checked)
     events = []
 
     def counted(m):  # a shipped kernels/_graphs.py: captures on CPU tensors, its copies counted
@@ -638,7 +627,7 @@ def test_training_steps_replay_with_no_copies_once_settled(tmp_path, monkeypatch
                     return f(*a, **k)
                 return call
             monkeypatch.setattr(m, name, wrap(getattr(m, name)))
-        monkeypatch.setattr(m, "capturable", lambda args: True)
+        FakeGraphs.take_cpu_tensors(monkeypatch, m)
 
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -9,7 +9,6 @@ a weight changes in place, and a forward that cannot be captured running as it i
 tests alone, without TRITON_INTERPRET (the kernels must be compiled for the GPU):
 `python -m pytest tests/e2e/test_cuda_graphs.py`.
 """
-import contextlib
 import copy
 import ctypes
 import os
@@ -29,6 +28,8 @@ from kernelwright.plan import plan_graph
 from kernelwright.plan.rewrites import rewrite
 from kernelwright.policy import get_policy
 from kernelwright.problem import load_problem
+
+from fake_graphs import FakeGraphs  # tests/fake_graphs.py (tests/ is on the path through conftest.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
@@ -180,63 +181,6 @@ def test_report_says_which_forward_ships_and_how_the_replay_ran():
     assert "- timed replay: inputs read in place, outputs copied out" in text
 
 
-class _FakeGraphs:
-    """torch.cuda's graph API emulated on the CPU, enough to run `graphed`'s bookkeeping in CI:
-    a forward built by `forward()` below records its work while a capture is open (a real capture
-    runs no kernel either) and a replay runs the recorded work on the captured tensors."""
-
-    def __init__(self, monkeypatch, mod):
-        fake = self
-        self.open, self.captures, self.replays = None, 0, 0
-
-        class Graph:
-            def __init__(self):
-                self.work = []
-
-            def replay(self):
-                fake.replays += 1
-                for w in self.work:
-                    w()
-
-            def pool(self):
-                return id(self)
-
-        @contextlib.contextmanager
-        def graph(g, pool=None):  # as torch's: a capture ending in an error leaves the capture stream current
-            self.open, before, self.stream = g, self.stream, "capture"
-            try:
-                yield
-                self.captures += 1
-                self.stream = before
-            finally:
-                self.open = None
-
-        self.stream = "caller's"
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.stream)
-        monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: setattr(self, "stream", stream))
-
-        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-        monkeypatch.setattr(torch.cuda, "graph", graph)
-        monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-        monkeypatch.setattr(mod, "capturable", lambda args: True)  # the real one refuses CPU tensors
-
-    def forward(self, w, calls):
-        """x -> x * w + 1, run now or recorded into the open capture; `calls` counts its runs."""
-        def forward(x):
-            calls.append(1)
-            out = torch.empty_like(x)
-
-            def work():
-                torch.mul(x, w, out=out)
-                out.add_(1)
-            if self.open is not None:
-                self.open.work.append(work)
-            else:
-                work()
-            return out
-        return forward
-
-
 @pytest.mark.interpreter
 def test_replay_bookkeeping_on_the_cpu(monkeypatch):
     """graphed's decisions, with the graph API emulated: no copies while the caller passes the
@@ -244,7 +188,7 @@ def test_replay_bookkeeping_on_the_cpu(monkeypatch):
     once it keeps a result; a new capture when a weight changes in place; exactly one run of the
     forward per call."""
     mod = kwgraphs
-    fake = _FakeGraphs(monkeypatch, mod)
+    fake = FakeGraphs(monkeypatch, mod)
     w, calls, holder = torch.tensor([2.0, 3.0]), [], torch.nn.Module()
     fwd, state = fake.forward(w, calls), lambda: mod.stamp(w)
     x = torch.tensor([1.0, 1.0])
@@ -305,7 +249,7 @@ def test_inputs_are_copied_in_and_outputs_copied_out_one_by_one(monkeypatch):
     keeps is copied out while the others stay lent, and an output that is a view of an input read
     in place is returned as that view, never copied."""
     mod = kwgraphs
-    fake = _FakeGraphs(monkeypatch, mod)
+    fake = FakeGraphs(monkeypatch, mod)
     calls, holder = [], torch.nn.Module()
 
     def forward(saved, grad):  # -> (saved * grad, saved + grad, saved's first row): two new tensors, a view
@@ -368,7 +312,7 @@ def test_outputs_that_are_views_of_the_graphs_own_tensors_are_lent(monkeypatch):
     storage is the module's), and once the caller keeps one view, it and the views sharing its
     storage are copied out from then on."""
     mod = kwgraphs
-    fake = _FakeGraphs(monkeypatch, mod)
+    fake = FakeGraphs(monkeypatch, mod)
     w, holder = torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.nn.Module()
 
     def forward(x):  # -> (three column pairs of 2 * x, (x + 1) permuted twice, a view of w)
@@ -408,7 +352,7 @@ def test_a_modules_patience_says_how_often_a_moved_input_is_followed_before_it_i
     """With `_kw_patience` (3, 1), an input that moves on every call is captured again where it is
     three times before it is copied in; the other is copied in from its second move."""
     mod = kwgraphs
-    fake = _FakeGraphs(monkeypatch, mod)
+    fake = FakeGraphs(monkeypatch, mod)
     holder = torch.nn.Module()
     holder._kw_patience = (3, 1)
     calls = []
@@ -439,7 +383,7 @@ def test_a_backward_whose_saved_tensor_moves_every_step_settles_into_copies_with
     from kernelwright import backend as kwb
 
     mod = kwgraphs
-    fake = _FakeGraphs(monkeypatch, mod)
+    fake = FakeGraphs(monkeypatch, mod)
 
     class Backward(torch.nn.Module):
         def forward(self, mul, tangents_1):
@@ -473,7 +417,7 @@ def test_a_forward_updating_no_buffer_is_replayed_before_its_state_is_checked(mo
     the capture holds what it reads (a replaced weight lives as long as the capture). Without
     `reads` (a forward that may write buffers itself) nothing is replayed on a moved state."""
     mod = kwgraphs
-    fake = _FakeGraphs(monkeypatch, mod)
+    fake = FakeGraphs(monkeypatch, mod)
     box, calls = {"w": torch.tensor([2.0, 3.0])}, []
 
     def forward(x):  # reads the current weight when it runs (or is captured)
@@ -510,7 +454,7 @@ def test_buffer_updates_are_committed_once_per_call_after_the_replay(monkeypatch
     once the state is found unmoved; a replay dropped on a moved state commits nothing (the
     forward's own run does, once)."""
     mod = kwgraphs
-    fake = _FakeGraphs(monkeypatch, mod)
+    fake = FakeGraphs(monkeypatch, mod)
     w, buf, commits = torch.tensor([2.0, 3.0]), torch.zeros(2), []
 
     def later(work):  # run now, or record into the open capture
