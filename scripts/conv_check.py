@@ -17,7 +17,7 @@ each box). Prints and appends one JSON row per measurement to OUT/conv_check.jso
 
 usage: PYTHONPATH=src python3 scripts/conv_check.py [--precision tf32 bf16] [--shapes s1 s8] [--configs 7]
        [--layouts channels-last nchw cl-to-nchw] [--no-pixel-runs] [--no-rows] [--flat] [--pool 2] [--float32-in]
-       [--extra-configs '[{"BLOCK_M": 256, ..., "BOX_W": 128}]'] [--box-sample 40 --seed 0] [--once] [--out DIR]
+       [--extra-configs '[{"BLOCK_M": 256, ..., "BOX_W": 128}]'] [--box-sample 40 --seed 0] [--persist] [--once] [--out DIR]
 """
 import argparse
 import json
@@ -72,6 +72,9 @@ ap.add_argument("--box-sample", type=int, default=0,
                 help="after the space's first configs, this many box configs drawn at random from the box path's "
                      "whole product (tile, K step, warps, stages, box shape, two-row reads), where the shape has boxes")
 ap.add_argument("--seed", type=int, default=0, help="the --box-sample draw's seed")
+ap.add_argument("--persist", action="store_true",
+                help="time each config also as persistent programs (PERSIST 1 and 2 per SM, the tile loop flattened "
+                     "with the K loop; PERSIST 1 not flattened) where it applies (no split K or warp specialization)")
 ap.add_argument("--once", action="store_true",
                 help="run each kernel once and check it, no timing (for compute-sanitizer: its timing loops take minutes)")
 ap.add_argument("--out", default=".")
@@ -170,6 +173,9 @@ for name in args.shapes:
                                               (1,) * (3 - nd) + (max(args.pool, 1),) * nd)]
                 pool_ = [b for b in pool_ if b not in configs]
                 configs += random.Random(args.seed).sample(pool_, min(args.box_sample, len(pool_)))
+            if args.persist and not (transposed and st > 1):
+                configs = [v for c in configs for v in [c] + ([] if c.get("SPLIT_K", 1) > 1 or c.get("WARP_SPEC") else [
+                    dict(c, PERSIST=1), dict(c, PERSIST=2), dict(c, PERSIST=1, FLATTEN=0)])]
             for cfg in configs:
                 kw = dict(cfg, padding=p, **extra, out_channels_last=layout == "channels-last",
                           INPUT_PRECISION="tf32" if prec == "tf32" else "ieee", **({"CAST_BF16": True} if cast else {}))

@@ -43,6 +43,11 @@ CASES = {
     # its first config (a 128-pixel box) with the K loop warp-specialised: 4 warps, the pass adds its own
     "conv2d-warp-spec-tf32-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "tf32", "cl", True, 1,
                                   dict(only=0, **{"with": dict(WARP_SPEC=1, num_warps=4)})),
+    # persistent programs (PERSIST: a loop over tiles, flattened with the K loop) on a box and a padded grid
+    "conv2d-persistent-box-bf16-cast-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "bf16", "cl", True, 1,
+                                            dict(only=0, **{"with": dict(PERSIST=1)})),
+    "conv2d-persistent-flat-tf32-epi": (False, (128, 64, 128, 128), (128, 64, 3, 3), {}, "tf32", "cl", True, 4,
+                                        dict(flat=True, only=2, **{"with": dict(PERSIST=1)})),
     "conv2d-two-rows-maxpool2-bf16": (False, (16, 64, 130, 130), (128, 64, 3, 3), {}, "bf16-tensors", "nchw", False, 5,
                                       dict(pool=("max", (2, 2)), only=4)),
     "conv2d-bf16-tensors": (False, (8, 128, 64, 64), (128, 128, 1, 1), {}, "bf16-tensors", "cl", False, 2),

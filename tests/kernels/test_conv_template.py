@@ -350,6 +350,40 @@ def test_a_warp_specialised_box_loop_computes_the_same_values(mods):
                                                                              WARP_SPEC=1))
 
 
+def test_persistent_programs_loop_over_every_tile(mods, tmp_path):
+    """PERSIST: fewer programs than tiles (two per "SM" off CUDA), each looping over tiles
+    program_id, + programs, ...: box, two-row box, padded-grid and gathered tiles with an epilogue
+    (NaN-poisoned outputs: a tile no program computes fails), flattened or not; pooled tiles, and
+    statistics partials equal to one program per tile's; refused with split K, WARP_SPEC and a transposed convolution's phase
+    classes."""
+    mod = mods(False, EPI, name="kw_conv_box_epi")
+    x, w = _case(False, 2, 16, 16, (6, 9), (3, 3), 1, seed=17)
+    g = _gen(18)
+    e0, e1, e2 = _rand(16, g=g), _rand(2, 16, 6, 9, g=g), torch.tensor(0.5)
+    ref = torch.relu((_ref(x, w, False, padding=1) + e0[:, None, None].double()) * e2.double() + e1.double())
+    box = dict(TILE, BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)
+    for tile in (box, dict(box, TWO_ROWS=1, BLOCK_M=32, BOX_W=16), dict(TILE, FLAT=1), TILE):
+        for flatten in (1, 0):
+            _close(mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, PERSIST=1, FLATTEN=flatten, **tile), ref)
+    _close(mod.launch(x, w, e0, e1, e2, padding=1, out_channels_last=True, PERSIST=2, **box), ref)
+    for bad in (dict(SPLIT_K=2), dict(WARP_SPEC=1)):
+        with pytest.raises(ValueError, match="PERSIST loops over the tiles of one launch"):
+            mod.launch(_channels_last(x), w, e0, e1, e2, padding=1, PERSIST=1, **dict(box, **bad))
+    xt, wt = _case(True, 1, 16, 16, (4, 4), (3, 3), 1, seed=19)
+    with pytest.raises(ValueError, match="PERSIST loops over the tiles of one launch"):
+        mods(True).launch(_channels_last(xt), wt, stride=2, padding=1, PERSIST=1, **box)
+    _close(mods(True).launch(_channels_last(xt), wt, padding=1, PERSIST=1, **box), _ref(xt, wt, True, padding=1))
+    pmod = load_module_from_source(render_conv(name="kw_conv_pool", pool="max"), "kw_conv_pool", tmp_path)
+    _close(pmod.launch(x, w, padding=1, pool_window=2, PERSIST=1, **dict(TILE, BLOCK_M=16)),
+           torch.nn.functional.max_pool2d(_ref(x, w, False, padding=1), 2))
+    smod = load_module_from_source(render_conv(name="kw_conv_stats", stats=True), "kw_conv_stats", tmp_path)
+    y, cnt, mean, m2 = smod.launch(_channels_last(x), w, padding=1, PERSIST=1, **box)
+    plain = smod.launch(_channels_last(x), w, padding=1, **box)
+    _close(y, _ref(x, w, False, padding=1))
+    for a, b in zip((cnt, mean, m2), plain[1:]):
+        assert torch.equal(a, b)
+
+
 def test_box_config_errors_and_ineligible_convolutions(mods):
     mod = mods(False)
     x, w = _case(False, 1, 16, 16, (6, 6), (3, 3), 1, seed=3)
