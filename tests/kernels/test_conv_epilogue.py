@@ -307,7 +307,9 @@ def test_conv_alone_with_bias():
 
 
 def test_not_fusable_reasons():
-    """A reducing group, a second reader of the convolution's output, a returned convolution output."""
+    """A group reducing over the pixels other than by a sum (a sum or mean is a sum group:
+    tests/kernels/test_conv_norm.py), a second reader of the convolution's output, a returned
+    convolution output."""
     x = torch.randn(1, 3, 6, 6)
 
     class Reduce(nn.Module):
@@ -316,7 +318,7 @@ def test_not_fusable_reasons():
             self.conv = nn.Conv2d(3, 4, 3)
 
         def forward(self, x):
-            return torch.relu(self.conv(x)).mean(dim=(2, 3))
+            return torch.relu(self.conv(x)).amax(dim=(2, 3))
 
     class Both(Reduce):
         def forward(self, x):

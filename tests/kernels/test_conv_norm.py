@@ -379,3 +379,77 @@ def test_under_bf16_the_normalized_value_is_held_in_its_own_dtype(pre, dtype):
         aten = run_graph(g, model, [x])[0]
         exact = model.double()(x.double())
     assert (res.double() - exact).abs().max() <= 2 * (aten.double() - exact).abs().max() + 1e-3
+
+
+class PooledActivation(nn.Module):
+    """A convolution, a pointwise function of it, then its sum or mean over each image's pixels
+    (KernelBench's conv - GELU - global average pool) or over a channel group's pixels too."""
+
+    def __init__(self, nd=2, reduce="gap", transposed=False):
+        super().__init__()
+        conv = {(2, False): nn.Conv2d, (3, False): nn.Conv3d, (2, True): nn.ConvTranspose2d}[nd, transposed]
+        self.conv = conv(8, 16, 3, stride=2, padding=1) if transposed else conv(8, 16, 3)
+        self.reduce, self.nd = reduce, nd
+        self.scale = nn.Parameter(torch.rand(16, *([1] * nd)) + 0.5)
+
+    def forward(self, x):
+        y = F.gelu(self.conv(x)) * self.scale
+        dims = tuple(range(2, 2 + self.nd))
+        if self.reduce == "gap":
+            return F.adaptive_avg_pool2d(y, 1).flatten(1) if self.nd == 2 else y.mean(dims)
+        if self.reduce == "sum":
+            return torch.sigmoid(y.sum(dims, keepdim=True)) * 2.0
+        return y.unflatten(1, (4, 4)).mean((2, *[d + 1 for d in dims]))  # (4 channel groups: rows of 4 channels)
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("name, model, shape, tile", [
+    ("gap", lambda: PooledActivation(), (3, 8, 9, 7), dict(BLOCK_M=32)),
+    ("sum-3d", lambda: PooledActivation(3, "sum"), (2, 8, 5, 6, 7), dict(BLOCK_M=32)),
+    ("channel-groups", lambda: PooledActivation(2, "groups"), (2, 8, 8, 9), dict(BLOCK_M=16)),
+    ("box", lambda: PooledActivation(), (2, 8, 8, 10), dict(BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)),
+    ("transposed", lambda: PooledActivation(2, "gap", True), (2, 8, 6, 7), dict(BLOCK_M=16)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_sum_over_each_images_pixels_needs_no_convolution_output(name, model, shape, tile, policy):
+    """A sum group (a sum or mean of a pointwise function of the convolution's output over each
+    image's pixels, all the group returns): the convolution writes nothing but its tiles' partial
+    statistics, whose row sums are the group's; then its statements of one per row."""
+    torch.manual_seed(5)
+    model, x = model(), torch.randn(*shape)
+    if "BOX_W" in tile:  # (boxes read 16 or more channels)
+        model.conv = nn.Conv2d(16, 16, 3)
+        x = torch.randn(shape[0], 16, *shape[2:])
+    g, plan, pair = _split_pair(model, x, policy)
+    node = g.node(pair.anchor)
+    assert conv_epilogue.fusable(g, node, pair.group) is None
+    fused = conv_epilogue.build(g, node, pair.group, plan.groups)
+    assert fused.norm.sums and not fused.norm.stats_only and node.name not in fused.outputs
+    text, ins = conv_epilogue.render(fused, dict(BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, **tile), policy,
+                                     f"kw_sum_{name}_{policy}".replace("-", "_"))
+    assert "_apply" not in text and "write_y=False" in text
+    mod = load_module_from_source(text, f"kw_sum_{name}_{policy}".replace("-", "_"), CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        got = mod.launch(*[env[v] for v in ins])
+    tol = {"fp32": 1e-4, "tf32": 3e-3, "bf16": 3e-2}[policy]
+    assert len(got) == len(fused.outputs) == 1
+    torch.testing.assert_close(got[0].float(), env[fused.outputs[0]].float(), rtol=tol, atol=tol)
+
+
+def test_a_sum_whose_convolution_output_is_read_elsewhere_does_not_split():
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 8, 3)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return torch.relu(y).mean((2, 3)), y * 2.0
+
+    model, x = Both(), torch.randn(2, 4, 7, 7)
+    g = rewrite(capture(from_module(model, [x])), "fp32")[0]
+    plan = plan_graph(g)
+    conv = next(n for n in g.nodes if n.target == "aten.convolution.default")
+    group = next(gr for gr in plan.groups if gr.rdims is not None)
+    got = conv_norm.match(g, conv, group)
+    assert isinstance(got, str), got

@@ -592,6 +592,7 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
                      + [f"out_dtype=torch.{fused.norm_dtype if fused.norm is not None else fused.out_dtype}",
                         f"out_channels_last={fused.out_channels_last}"]
                      + (["out=out0"] if fused.into else [])
+                     + (["write_y=False"] if fused.norm is not None and fused.norm.sums else [])
                      + [f"{k}={v!r}" for k, v in kw.items()])
     out_shape = tuple(fused.out_meta_shape)
     reshape = f".view({list(out_shape)})" if fused.row_out and len(out_shape) == len(fused.out_shape) - 1 else ""
@@ -650,6 +651,12 @@ def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects:
         what = (f"convolution {list(fused.out_shape)}{absorbed}, keeping each tile's partial statistics; then "
                 f"group {fused.group.id}'s\n    {rows_doc}, {norm.count} values each) and its values of one per row")
         apply = "    out = t\n"
+    elif norm.sums:
+        what = (f"convolution {list(fused.out_shape)} with group {fused.group.id}'s statements before its sum as "
+                f"the epilogue, writing\n    nothing but each tile's partial statistics; then the "
+                f"{rows_doc.replace('statistics', 'sums')}, {norm.count} values each) and the values of one per "
+                f"row after them{absorbed}")
+        apply = ""
     else:
         what = (f"convolution {list(fused.out_shape)} with group {fused.group.id}'s statements before its\n    statistics "
                 f"as the epilogue, which also keeps each tile's partial statistics; then the\n    {rows_doc}, "

@@ -19,6 +19,14 @@ Against the convolution followed by the normalization kernel, t is read once ins
 row too long for one pass: its statistics, then the normalization), and the normalization is a
 pointwise kernel walking memory in order.
 
+A sum group (a sum or mean of a pointwise function of the convolution's output over each image's
+pixels, which is all the group returns: a global average pool after an activation) has no apply
+either, and the convolution writes no output at all: its epilogue computes the summed value t,
+each tile keeps its partial statistics of t and writes nothing else, and the statistics kernel's
+row sums (count times mean, over the partials) are the group's sums, after which it runs the
+group's statements of one per row (`NormSplit.sums`). The convolution's output, of which only
+the sums were kept, is then never in memory.
+
 A statistics group (plan.norm_split: a norm before a pool, split into its statistics and a
 pointwise apply that the pool reads as its prologue) has no apply here: the convolution writes its
 own output, which the apply reads, and keeps its tiles' partial statistics, so the statistics'
@@ -43,8 +51,8 @@ _DTYPES = ("float32", "bfloat16")
 @dataclass
 class NormSplit:
     """Where a normalization group splits around its statistics: `stmts` (its lowered statements),
-    `welford` (the statistics statement: var the squared deviations' sum, code the mean), `t` (the
-    variable it reads), `pre` (the statements computing t, the convolution's epilogue), `post`
+    `welford` (the statistics statement: var the squared deviations' sum, code the mean; for a sum
+    group its sum statement, var the sum), `t` (the variable it reads), `pre` (the statements computing t, the convolution's epilogue), `post`
     (the statements after the statistics, with the loads they share with `pre` first), and the
     rows it normalizes: per image (or, `over_batch`, over all images), `groups` rows of `per_row`
     channels each, `count` values a row."""
@@ -67,6 +75,9 @@ class NormSplit:
     # a statistics group: no apply, the convolution writes its own output (module docstring)
     stats_only: bool = False
     shift: Stmt | None = None  # (stats_only) the load of a value of one per channel added before the statistics
+    # a sum group: `welford` is a sum over each row, the group returns values of one per row only,
+    # and the convolution writes nothing (module docstring)
+    sums: bool = False
 
     @property
     def operands(self) -> list[str]:
@@ -89,8 +100,15 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
         return "statistics from dense (groups 1) convolutions only"
     shape = tuple(conv.meta.shape)
     full = [v for v in group.outputs if tuple(graph.meta(v).shape) == shape]
-    stats_only = not full and all(graph.meta(v).numel < conv.meta.numel for v in group.outputs)
-    if len(full) != 1 and not stats_only:
+    smaller = not full and all(graph.meta(v).numel < conv.meta.numel for v in group.outputs)
+    try:
+        stmts = list(lower(graph, group).stmts)
+    except Unsupported as e:
+        return str(e)
+    reduces = [s for s in stmts if s.kind == "reduce"]
+    sums = smaller and len(reduces) == 1 and reduces[0].op == "sum"
+    stats_only = smaller and not sums
+    if len(full) != 1 and not smaller:
         return "the group has no one result of the convolution's shape"
     out = graph.meta(full[0]) if full else conv.meta
     if out.dtype not in _DTYPES or conv.meta.dtype not in _DTYPES:
@@ -104,13 +122,8 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     if isinstance(rows, str):
         return rows
     groups, per_row, channel_split, over_batch = rows
-    try:
-        stmts = list(lower(graph, group).stmts)
-    except Unsupported as e:
-        return str(e)
-    reduces = [s for s in stmts if s.kind == "reduce"]
-    if len(reduces) != 1 or reduces[0].op != "welford":
-        return "the group's statistics are not one Welford pass"
+    if len(reduces) != 1 or reduces[0].op != "welford" and not sums:
+        return "the group's statistics are not one Welford pass (nor one sum returned per row alone)"
     welford = reduces[0]
     t = welford.deps[0]
     pre = _closure(stmts, [s for s in stmts if s.var == t])
@@ -140,15 +153,19 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
             return "the statistics are not of the convolution's output (or it plus a value of one per channel)"
         if any(s.level != "row" for s in stores):
             return "the statistics group stores a value not of one per row"
+    elif sums:
+        if any(s.level != "row" for s in stores):
+            return "the sum group stores a value not of one per row"
     elif [s.operand.value for s in stores if s.level == "full"] != full or \
             any(s.level != "row" for s in stores if s.operand.value != full[0]):
         return "the group stores values other than its result and values one per row"
     spatial = math.prod(shape[2:])
     count = per_row * spatial * (shape[0] if over_batch else 1)
-    out_value = conv.name if stats_only else full[0]  # (the kernels' one result of the convolution's shape)
+    # (the kernels' one result of the convolution's shape; a sum group's is never written)
+    out_value = conv.name if stats_only or sums else full[0]
     outputs = ([conv.name] if stats_only else []) + [s.operand.value for s in stores]
     return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, count, tuple(group.domain),
-                     channel_split, tuple(group.rdims), over_batch, out_value, outputs, stats_only, shift)
+                     channel_split, tuple(group.rdims), over_batch, out_value, outputs, stats_only, shift, sums)
 
 
 def _shift(pre: list[Stmt], own: Stmt, channel_split: bool) -> Stmt | None:
@@ -223,7 +240,7 @@ def kernels(split: NormSplit, name: str) -> str:
     """The source of `{name}_stats` and (but for a statistics group) `{name}_apply` (module
     docstring) for `split`; the module's launch() calls them (conv_epilogue.render)."""
     stats = _stats_kernel(split, name)
-    if split.stats_only:
+    if split.stats_only or split.sums:
         return stats
     store = _store(split)
     applied = _closure(split.post, [store])
@@ -300,9 +317,9 @@ def _stats_kernel(split: NormSplit, name: str) -> str:
             row_params.append(f"{st.var}_ptr")
             row_lines.append(f"    tl.store({st.var}_ptr + {_offset(st.operand.strides, row_index)}, "
                              f"kw_cast_out({st.deps[0]}, {st.var}_ptr))")
-    row_code = ("\n    # the group's values of one per row\n"
-                + f"    {split.welford.code} = mean\n    {split.welford.var} = tl.sum(dev, axis=0)\n"
-                + "\n".join(row_lines)) if rows else ""
+    found = f"    {split.welford.var} = wsum\n" if split.sums else \
+        f"    {split.welford.code} = mean\n    {split.welford.var} = tl.sum(dev, axis=0)\n"
+    row_code = ("\n    # the group's values of one per row\n" + found + "\n".join(row_lines)) if rows else ""
     images = "IMAGES" if split.over_batch else "1"
     shift, shift_param = "", ""
     if split.shift is not None:  # (a value of one per channel added before the statistics: each mean moves by it)
@@ -311,13 +328,21 @@ def _stats_kernel(split: NormSplit, name: str) -> str:
             f"ch * {st[1]}"
         shift = f" + tl.load(shift_ptr + {at}, mask=cnt > 0, other=0.0).to(tl.float32)"
         shift_param = "shift_ptr, "
+    deviations = f"""    for start in range(0, parts, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        ch = c0 + (i % per_image) // SLOTS
+        at = ((n0 + i // per_image).to(tl.int64) * SLOTS + i % SLOTS) * C + ch
+        cnt = tl.load(cnt_ptr + at, mask=i < parts, other=0.0)
+        d = tl.load(mean_ptr + at, mask=cnt > 0, other=0.0){shift} - mean
+        dev += tl.where(cnt > 0, tl.load(m2_ptr + at, mask=cnt > 0, other=0.0) + cnt * d * d, 0.0)
+"""
     return f'''
 
 @triton.jit
 def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, {shift_param}row_mean_ptr, row_m2_ptr, {"".join(p + ", " for p in row_params)}SLOTS, C,
                  IMAGES, GROUPS: tl.constexpr, PER_ROW: tl.constexpr, BLOCK: tl.constexpr):
-    """One normalized row ({"a channel over every image" if split.over_batch else "an image's channel group"}): its partials [image, slot, channel] of
-    the convolution's tiles combined (Chan): the mean and the squared deviations' sum of the row."""
+    """One {"summed" if split.sums else "normalized"} row ({"a channel over every image" if split.over_batch else "an image's channel group"}): its partials [image, slot, channel] of
+    the convolution's tiles combined ({"the row's sum, count x mean over them" if split.sums else "Chan: the mean and the squared deviations' sum of the row"})."""
     r = tl.program_id(0)
     n0 = {"0" if split.over_batch else "r // GROUPS"}
     c0 = (r % GROUPS) * PER_ROW
@@ -332,16 +357,10 @@ def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, {shift_param}row_mean_ptr, row_m2_pt
         cnt = tl.load(cnt_ptr + at, mask=i < parts, other=0.0)
         total += cnt
         weighted += cnt * (tl.load(mean_ptr + at, mask=cnt > 0, other=0.0){shift})
-    mean = tl.sum(weighted, axis=0) / tl.sum(total, axis=0)
+    wsum = tl.sum(weighted, axis=0)
+    mean = wsum / tl.sum(total, axis=0)
     dev = tl.zeros((BLOCK,), tl.float32)
-    for start in range(0, parts, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        ch = c0 + (i % per_image) // SLOTS
-        at = ((n0 + i // per_image).to(tl.int64) * SLOTS + i % SLOTS) * C + ch
-        cnt = tl.load(cnt_ptr + at, mask=i < parts, other=0.0)
-        d = tl.load(mean_ptr + at, mask=cnt > 0, other=0.0){shift} - mean
-        dev += tl.where(cnt > 0, tl.load(m2_ptr + at, mask=cnt > 0, other=0.0) + cnt * d * d, 0.0)
-    tl.store(row_mean_ptr + r, mean)
+{"" if split.sums else deviations}    tl.store(row_mean_ptr + r, mean)
     tl.store(row_m2_ptr + r, tl.sum(dev, axis=0)){row_code}
 '''
 

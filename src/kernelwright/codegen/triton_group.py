@@ -164,8 +164,10 @@ class Lowering:
 
         ctx "full": broadcast (right-aligned) against `shape` — the shape of the op using it,
         by default the domain — then viewed as the domain when `shape` is a reshaping of it
-        (e.g. [N, C, H, W] seen as group norm's [N, G, C/G, H*W]); "row": against the row shape
-        without the reduced dims (keepdim=False form)."""
+        (e.g. [N, C, H, W] seen as group norm's [N, G, C/G, H*W]); "row": an operand in the
+        keepdim form, or broadcast against `shape` where the using op has the keepdim row shape
+        (a [C, 1, 1] scale times a [N, C, 1, 1] mean), else against the row shape without the
+        reduced dims (keepdim=False form)."""
         nd = len(self.D)
         if ctx == "full" or len(meta.shape) == 0:
             target = tuple(shape) if shape is not None else self.D
@@ -182,6 +184,10 @@ class Lowering:
             if st is None:
                 raise Unsupported(f"row operand of shape {tuple(meta.shape)} does not match the kept dims")
             return tuple(0 if j in self.rd else s for j, s in enumerate(st))
+        if shape is not None and len(shape) == nd:  # an op of the keepdim row shape: broadcast against it
+            st = broadcast_strides(meta.shape, meta.stride, tuple(shape))
+            if st is not None:
+                return tuple(0 if j in self.rd else s for j, s in enumerate(st))
         kept = [j for j in range(nd) if j not in self.rd]
         off = len(kept) - len(meta.shape)
         if off < 0:
@@ -402,7 +408,7 @@ class Lowering:
         k = OPERANDS.get(t, len(n.args))
         ctx = self._ctx(n)
         args, deps, levels = [], [], []
-        shape = tuple(n.meta.shape) if ctx == "full" and n.meta is not None else None
+        shape = tuple(n.meta.shape) if n.meta is not None else None
         for a in n.args[:k]:
             var, level = self.operand(a, ctx, shape)
             args.append(var)
