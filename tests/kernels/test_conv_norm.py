@@ -402,9 +402,24 @@ class PooledActivation(nn.Module):
         return y.unflatten(1, (4, 4)).mean((2, *[d + 1 for d in dims]))  # (4 channel groups: rows of 4 channels)
 
 
+class SqueezeExcite(nn.Module):
+    """An MBConv's squeeze-and-excitation: the activations scaled by a function of their mean over
+    each image's pixels (the sum group returns the activations and their mean)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc1, self.fc2 = nn.Conv2d(8, 16, 3, padding=1), nn.Linear(16, 4), nn.Linear(4, 16)
+
+    def forward(self, x):
+        y = F.silu(self.conv(x))
+        s = torch.sigmoid(self.fc2(F.relu(self.fc1(y.mean((2, 3))))))
+        return y * s[:, :, None, None]
+
+
 @pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
 @pytest.mark.parametrize("name, model, shape, tile", [
     ("gap", lambda: PooledActivation(), (3, 8, 9, 7), dict(BLOCK_M=32)),
+    ("squeeze-excite", lambda: SqueezeExcite(), (2, 8, 6, 7), dict(BLOCK_M=16)),
     ("sum-3d", lambda: PooledActivation(3, "sum"), (2, 8, 5, 6, 7), dict(BLOCK_M=32)),
     ("channel-groups", lambda: PooledActivation(2, "groups"), (2, 8, 8, 9), dict(BLOCK_M=16)),
     ("box", lambda: PooledActivation(), (2, 8, 8, 10), dict(BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)),
@@ -412,8 +427,9 @@ class PooledActivation(nn.Module):
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_a_sum_over_each_images_pixels_needs_no_convolution_output(name, model, shape, tile, policy):
     """A sum group (a sum or mean of a pointwise function of the convolution's output over each
-    image's pixels, all the group returns): the convolution writes nothing but its tiles' partial
-    statistics, whose row sums are the group's; then its statements of one per row."""
+    image's pixels): the convolution writes nothing but its tiles' partial statistics (or, where
+    the group returns the summed value too, that value), whose row sums are the group's; then its
+    statements of one per row."""
     torch.manual_seed(5)
     model, x = model(), torch.randn(*shape)
     if "BOX_W" in tile:  # (boxes read 16 or more channels)
@@ -423,17 +439,24 @@ def test_a_sum_over_each_images_pixels_needs_no_convolution_output(name, model, 
     node = g.node(pair.anchor)
     assert conv_epilogue.fusable(g, node, pair.group) is None
     fused = conv_epilogue.build(g, node, pair.group, plan.groups)
+    writes = name == "squeeze-excite"  # (the activations are returned too: the convolution writes them)
     assert fused.norm.sums and not fused.norm.stats_only and node.name not in fused.outputs
+    assert fused.norm.writes == writes and len(fused.outputs) == 1 + writes
     text, ins = conv_epilogue.render(fused, dict(BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, **tile), policy,
                                      f"kw_sum_{name}_{policy}".replace("-", "_"))
-    assert "_apply" not in text and "write_y=False" in text
+    wrapper = text.split("_conv_launch = launch")[1]
+    assert "_apply" not in text and ("write_y=False" in wrapper) != writes
     mod = load_module_from_source(text, f"kw_sum_{name}_{policy}".replace("-", "_"), CACHE)
     with torch.no_grad():
         env = run_graph(g, model, [x], keep=True)
         got = mod.launch(*[env[v] for v in ins])
     tol = {"fp32": 1e-4, "tf32": 3e-3, "bf16": 3e-2}[policy]
-    assert len(got) == len(fused.outputs) == 1
-    torch.testing.assert_close(got[0].float(), env[fused.outputs[0]].float(), rtol=tol, atol=tol)
+    assert len(got) == len(fused.outputs)
+    for v, res in zip(fused.outputs, got):
+        assert res.dtype == env[v].dtype and res.shape == env[v].shape
+        if res.dim() == 4:  # (the written activations: in the layout the plan gave them)
+            assert res.stride() == tuple(g.meta(v).stride)
+        torch.testing.assert_close(res.float(), env[v].float(), rtol=tol, atol=tol, msg=lambda m, v=v: f"{v}: {m}")
 
 
 def test_a_sum_whose_convolution_output_is_read_elsewhere_does_not_split():

@@ -454,6 +454,8 @@ def normalized_dtype(graph: Graph, conv: OpNode, group: Group, norm: conv_norm.N
     whose kernel writes the convolution's own output."""
     if norm.stats_only:
         return conv.meta.dtype
+    if norm.sums:  # (the summed value the group returns, or a float32 value no one stores)
+        return graph.meta(norm.out).dtype if norm.writes else "float32"
     stats = [graph.node(n) for n in group.nodes if graph.node(n).target in WELFORD_OPS]
     if len(stats) != 1 or not stats[0].args or not isinstance(stats[0].args[0], Ref):
         return "float32"
@@ -592,7 +594,7 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
                      + [f"out_dtype=torch.{fused.norm_dtype if fused.norm is not None else fused.out_dtype}",
                         f"out_channels_last={fused.out_channels_last}"]
                      + (["out=out0"] if fused.into else [])
-                     + (["write_y=False"] if fused.norm is not None and fused.norm.sums else [])
+                     + (["write_y=False"] if fused.norm is not None and not fused.norm.writes else [])
                      + [f"{k}={v!r}" for k, v in kw.items()])
     out_shape = tuple(fused.out_meta_shape)
     reshape = f".view({list(out_shape)})" if fused.row_out and len(out_shape) == len(fused.out_shape) - 1 else ""
@@ -653,10 +655,10 @@ def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects:
         apply = "    out = t\n"
     elif norm.sums:
         what = (f"convolution {list(fused.out_shape)} with group {fused.group.id}'s statements before its sum as "
-                f"the epilogue, writing\n    nothing but each tile's partial statistics; then the "
-                f"{rows_doc.replace('statistics', 'sums')}, {norm.count} values each) and the values of one per "
-                f"row after them{absorbed}")
-        apply = ""
+                f"the epilogue, writing\n    {'that value and' if norm.writes else 'nothing but'} each tile's partial "
+                f"statistics; then the {rows_doc.replace('statistics', 'sums')}, {norm.count} values each) and the "
+                f"values of one per row after them{absorbed}")
+        apply = "    out = t\n" if norm.writes else ""
     else:
         what = (f"convolution {list(fused.out_shape)} with group {fused.group.id}'s statements before its\n    statistics "
                 f"as the epilogue, which also keeps each tile's partial statistics; then the\n    {rows_doc}, "

@@ -25,7 +25,9 @@ either, and the convolution writes no output at all: its epilogue computes the s
 each tile keeps its partial statistics of t and writes nothing else, and the statistics kernel's
 row sums (count times mean, over the partials) are the group's sums, after which it runs the
 group's statements of one per row (`NormSplit.sums`). The convolution's output, of which only
-the sums were kept, is then never in memory.
+the sums were kept, is then never in memory. Where the group also returns the summed value t
+itself (a squeeze-and-excitation block's activations and their mean), the convolution writes t
+as that result, and nothing reads it again for the sums.
 
 A statistics group (plan.norm_split: a norm before a pool, split into its statistics and a
 pointwise apply that the pool reads as its prologue) has no apply here: the convolution writes its
@@ -75,9 +77,16 @@ class NormSplit:
     # a statistics group: no apply, the convolution writes its own output (module docstring)
     stats_only: bool = False
     shift: Stmt | None = None  # (stats_only) the load of a value of one per channel added before the statistics
-    # a sum group: `welford` is a sum over each row, the group returns values of one per row only,
-    # and the convolution writes nothing (module docstring)
+    # a sum group: `welford` is a sum over each row, the group returns values of one per row and at
+    # most the summed value itself (`out`, which the convolution then writes; else it writes
+    # nothing: module docstring)
     sums: bool = False
+
+    @property
+    def writes(self) -> bool:
+        """Whether the convolution kernel writes a result of its shape (all but a sum group returning
+        values of one per row alone)."""
+        return not self.sums or self.out in self.outputs
 
     @property
     def operands(self) -> list[str]:
@@ -106,7 +115,7 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     except Unsupported as e:
         return str(e)
     reduces = [s for s in stmts if s.kind == "reduce"]
-    sums = smaller and len(reduces) == 1 and reduces[0].op == "sum"
+    sums = len(reduces) == 1 and reduces[0].op == "sum"
     stats_only = smaller and not sums
     if len(full) != 1 and not smaller:
         return "the group has no one result of the convolution's shape"
@@ -154,15 +163,15 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
         if any(s.level != "row" for s in stores):
             return "the statistics group stores a value not of one per row"
     elif sums:
-        if any(s.level != "row" for s in stores):
-            return "the sum group stores a value not of one per row"
+        if any(s.level != "row" and (s.operand.value not in full or s.deps[0] != t) for s in stores):
+            return "the sum group stores a value not of one per row other than the summed value"
     elif [s.operand.value for s in stores if s.level == "full"] != full or \
             any(s.level != "row" for s in stores if s.operand.value != full[0]):
         return "the group stores values other than its result and values one per row"
     spatial = math.prod(shape[2:])
     count = per_row * spatial * (shape[0] if over_batch else 1)
     # (the kernels' one result of the convolution's shape; a sum group's is never written)
-    out_value = conv.name if stats_only or sums else full[0]
+    out_value = conv.name if stats_only or sums and not full else full[0]
     outputs = ([conv.name] if stats_only else []) + [s.operand.value for s in stores]
     return NormSplit(stmts, welford, t, pre, post, owns[0], groups, per_row, count, tuple(group.domain),
                      channel_split, tuple(group.rdims), over_batch, out_value, outputs, stats_only, shift, sums)

@@ -435,8 +435,14 @@ def _draw_reduce(rng, dims):
     if not dims:
         return None
     fn = rng.choice(["sum", "mean", "amax", "max", "logsumexp"])
-    both = fn != "max" and len(dims) >= 3 and rng.random() < 0.3
-    return {"fn": fn, "dim": [-2, -1] if both else [-rng.randint(1, len(dims))], "keepdim": rng.random() < 0.5}
+    several = rng.random() if fn != "max" and len(dims) >= 3 else 1.0
+    if several < 0.15 or several < 0.3 and len(dims) == 3:
+        dim = [-2, -1]
+    elif several < 0.3:  # every dim after the channels: a global pool over a convolution's output
+        dim = list(range(2 - len(dims), 0))
+    else:
+        dim = [-rng.randint(1, len(dims))]
+    return {"fn": fn, "dim": dim, "keepdim": rng.random() < 0.5}
 
 
 def _emit_reduce(b, i, a):
