@@ -399,6 +399,8 @@ class PooledActivation(nn.Module):
             return F.adaptive_avg_pool2d(y, 1).flatten(1) if self.nd == 2 else y.mean(dims)
         if self.reduce == "sum":
             return torch.sigmoid(y.sum(dims, keepdim=True)) * 2.0
+        if self.reduce == "batch":  # (one row per channel over every image)
+            return y.mean((0, *dims))
         return y.unflatten(1, (4, 4)).mean((2, *[d + 1 for d in dims]))  # (4 channel groups: rows of 4 channels)
 
 
@@ -422,6 +424,7 @@ class SqueezeExcite(nn.Module):
     ("squeeze-excite", lambda: SqueezeExcite(), (2, 8, 6, 7), dict(BLOCK_M=16)),
     ("sum-3d", lambda: PooledActivation(3, "sum"), (2, 8, 5, 6, 7), dict(BLOCK_M=32)),
     ("channel-groups", lambda: PooledActivation(2, "groups"), (2, 8, 8, 9), dict(BLOCK_M=16)),
+    ("over-the-batch", lambda: PooledActivation(2, "batch"), (3, 8, 7, 6), dict(BLOCK_M=16)),
     ("box", lambda: PooledActivation(), (2, 8, 8, 10), dict(BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)),
     ("transposed", lambda: PooledActivation(2, "gap", True), (2, 8, 6, 7), dict(BLOCK_M=16)),
 ], ids=lambda v: v if isinstance(v, str) else "")

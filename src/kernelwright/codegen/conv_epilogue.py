@@ -75,8 +75,9 @@ class ConvEpilogue:
     # ((kd, kh, kw), (pd, ph, pw)): `x` is the input of an absorbed max pool (stride 1, the input's
     # shape kept), pooled as the kernel loads it
     in_pool: tuple | None = None
-    # the group is a normalization split around its statistics (codegen/conv_norm.py): the
-    # epilogue computes the value it normalizes, the kernels after the convolution the rest
+    # the group is a normalization split around its statistics, or a sum over the pixels
+    # (codegen/conv_norm.py): the epilogue computes the value it normalizes or sums, the kernels
+    # after the convolution the rest
     norm: conv_norm.NormSplit | None = None
     out_meta_stride: tuple[int, ...] = ()  # the strides of `out`
     # a split norm's values of one per row (new running statistics): (shape, strides, dtype) each

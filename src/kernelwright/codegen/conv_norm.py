@@ -54,8 +54,9 @@ _DTYPES = ("float32", "bfloat16")
 class NormSplit:
     """Where a normalization group splits around its statistics: `stmts` (its lowered statements),
     `welford` (the statistics statement: var the squared deviations' sum, code the mean; for a sum
-    group its sum statement, var the sum), `t` (the variable it reads), `pre` (the statements computing t, the convolution's epilogue), `post`
-    (the statements after the statistics, with the loads they share with `pre` first), and the
+    group its sum statement, var the sum), `t` (the variable it reads), `pre` (the statements
+    computing t, the convolution's epilogue), `post` (the statements after the statistics, with
+    the loads they share with `pre` first), and the
     rows it normalizes: per image (or, `over_batch`, over all images), `groups` rows of `per_row`
     channels each, `count` values a row."""
 

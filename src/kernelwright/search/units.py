@@ -530,22 +530,27 @@ class ConvTuner(KernelTuner):
         self.default = self.space[0]
         # cuDNN's own bias (+ residual) + ReLU epilogue, when the group is just that (batch norm folded):
         # one more candidate, first, on a GPU
-        self.chain = "no group" if f.group is None or f.pool else "a split norm" if f.norm is not None else \
-            cudnn_epilogue.match(graph, f.conv, f.group.nodes, f.group.outputs)
+        split = None if f.norm is None else "sum" if f.norm.sums else "norm"
+        if f.group is None or f.pool:
+            self.chain = "no group"
+        elif split is not None:
+            self.chain = "a sum over the pixels" if split == "sum" else "a split norm"
+        else:
+            self.chain = cudnn_epilogue.match(graph, f.conv, f.group.nodes, f.group.outputs)
         if not isinstance(self.chain, str) and timed and torch.device(device).type == "cuda":
             lib = cudnn_epilogue.config()
             self.space, self.seeds = [lib] + self.space, [lib] + self.seeds
         self.features = {"log2_M": math.log2(max(M, 1)), "log2_N": math.log2(max(N, 1)), "log2_K": math.log2(max(K, 1)),
                          "log2_groups": math.log2(groups), "n_operands": len(f.operands),
                          "transposed": float(f.transposed), "spatial": len(f.out_shape) - 2,
-                         "kind": "conv_pool" if f.pool else "conv_norm" if f.norm is not None
+                         "kind": "conv_pool" if f.pool else f"conv_{split}" if split
                          else "conv_epilogue" if f.group is not None else "conv",
                          "pool_window": float(math.prod(f.pool_window)) if f.pool else 1.0,
                          "box": box_out is not None, "prologue": float(not f.prologue.empty)}
         self.task = (f"conv{len(f.out_shape) - 2}d{'T' if f.transposed else ''}/{M}x{N}x{K}/g{groups}"
                      + (f"/{f.group.id}" if f.group is not None else "")
                      + (f"/{f.pool}{list(f.pool_window)}" + (f"/{f.post.id}" if f.post else "") if f.pool else "")
-                     + ("/prologue" if not f.prologue.empty else "") + ("/norm_stats" if f.norm is not None else ""))
+                     + ("/prologue" if not f.prologue.empty else "") + {"sum": "/sums", "norm": "/norm_stats", None: ""}[split])
 
     def library_fn(self):
         return self._run_library if self.impls is None else chained(self.env, self.unit_inputs, self.impls)
