@@ -385,10 +385,10 @@ class PooledActivation(nn.Module):
     """A convolution, a pointwise function of it, then its sum or mean over each image's pixels
     (KernelBench's conv - GELU - global average pool) or over a channel group's pixels too."""
 
-    def __init__(self, nd=2, reduce="gap", transposed=False):
+    def __init__(self, nd=2, reduce="gap", transposed=False, groups=1):
         super().__init__()
         conv = {(2, False): nn.Conv2d, (3, False): nn.Conv3d, (2, True): nn.ConvTranspose2d}[nd, transposed]
-        self.conv = conv(8, 16, 3, stride=2, padding=1) if transposed else conv(8, 16, 3)
+        self.conv = conv(8, 16, 3, stride=2, padding=1) if transposed else conv(8, 16, 3, groups=groups)
         self.reduce, self.nd = reduce, nd
         self.scale = nn.Parameter(torch.rand(16, *([1] * nd)) + 0.5)
 
@@ -425,6 +425,8 @@ class SqueezeExcite(nn.Module):
     ("sum-3d", lambda: PooledActivation(3, "sum"), (2, 8, 5, 6, 7), dict(BLOCK_M=32)),
     ("channel-groups", lambda: PooledActivation(2, "groups"), (2, 8, 8, 9), dict(BLOCK_M=16)),
     ("over-the-batch", lambda: PooledActivation(2, "batch"), (3, 8, 7, 6), dict(BLOCK_M=16)),
+    ("grouped", lambda: PooledActivation(groups=2), (2, 8, 7, 6), dict(BLOCK_M=16)),
+    ("depthwise", lambda: PooledActivation(groups=8), (2, 8, 7, 6), dict(BLOCK_M=16)),
     ("box", lambda: PooledActivation(), (2, 8, 8, 10), dict(BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)),
     ("transposed", lambda: PooledActivation(2, "gap", True), (2, 8, 6, 7), dict(BLOCK_M=16)),
 ], ids=lambda v: v if isinstance(v, str) else "")

@@ -103,11 +103,11 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     over every spatial position with one Welford pass over a value it computes pointwise from the
     convolution's output alone, writes one value of the output's shape, and the statements after
     the statistics read no value before them but that one (or operands); a dense (groups 1)
-    convolution or transposed convolution whose output the group alone reads."""
+    convolution or transposed convolution (of any groups for a sum group) whose output the group
+    alone reads."""
     if group.rdims is None:
         return "not a normalization group"
-    if int(conv.args[8]) != 1:
-        return "statistics from dense (groups 1) convolutions only"
+    dense = int(conv.args[8]) == 1
     shape = tuple(conv.meta.shape)
     full = [v for v in group.outputs if tuple(graph.meta(v).shape) == shape]
     smaller = not full and all(graph.meta(v).numel < conv.meta.numel for v in group.outputs)
@@ -117,6 +117,8 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
         return str(e)
     reduces = [s for s in stmts if s.kind == "reduce"]
     sums = len(reduces) == 1 and reduces[0].op == "sum"
+    if not dense and not sums:
+        return "statistics from dense (groups 1) convolutions only (or sums)"
     stats_only = smaller and not sums
     if len(full) != 1 and not smaller:
         return "the group has no one result of the convolution's shape"
