@@ -92,6 +92,10 @@ CASES = {
                              dict(flat=True, only=2)),
     "conv2d-flat-stats-bf16-tensors": (False, (64, 64, 64, 64), (64, 64, 3, 3), dict(padding=1), "bf16-tensors", "cl",
                                        False, 3, dict(flat=True, stats=True, only=2)),
+    # a sum unit's convolution (codegen/conv_norm.py): statistics kept, the output not written
+    # (KernelBench level-2 67: 8 input channels, input rows as K steps)
+    "conv2d-sums-no-output-tf32-epi": (False, (128, 8, 256, 256), (64, 8, 3, 3), {}, "tf32", "cl", True, 2,
+                                       dict(stats=True, **{"with": dict(write_y=False)})),
     "convT2d-s2-stats-tf32": (True, (16, 64, 32, 32), (64, 64, 3, 3), dict(stride=2, padding=1, output_padding=1),
                               "tf32", "cl", True, 2, dict(stats=True)),
 }
