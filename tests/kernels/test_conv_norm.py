@@ -401,6 +401,10 @@ class PooledActivation(nn.Module):
             return torch.sigmoid(y.sum(dims, keepdim=True)) * 2.0
         if self.reduce == "batch":  # (one row per channel over every image)
             return y.mean((0, *dims))
+        if self.reduce == "centered":  # (the apply pass: each value less its image's channel mean)
+            return torch.tanh(y - y.mean(dims, keepdim=True))
+        if self.reduce == "gated":
+            return y * torch.sigmoid(y.sum(dims, keepdim=True))
         return y.unflatten(1, (4, 4)).mean((2, *[d + 1 for d in dims]))  # (4 channel groups: rows of 4 channels)
 
 
@@ -426,6 +430,8 @@ class SqueezeExcite(nn.Module):
     ("channel-groups", lambda: PooledActivation(2, "groups"), (2, 8, 8, 9), dict(BLOCK_M=16)),
     ("over-the-batch", lambda: PooledActivation(2, "batch"), (3, 8, 7, 6), dict(BLOCK_M=16)),
     ("grouped", lambda: PooledActivation(groups=2), (2, 8, 7, 6), dict(BLOCK_M=16)),
+    ("centered", lambda: PooledActivation(2, "centered"), (2, 8, 7, 6), dict(BLOCK_M=16)),
+    ("gated-3d", lambda: PooledActivation(3, "gated"), (2, 8, 5, 6, 7), dict(BLOCK_M=32)),
     ("depthwise", lambda: PooledActivation(groups=8), (2, 8, 7, 6), dict(BLOCK_M=16)),
     ("box", lambda: PooledActivation(), (2, 8, 8, 10), dict(BLOCK_M=16, BOX_D=1, BOX_H=2, BOX_W=8)),
     ("transposed", lambda: PooledActivation(2, "gap", True), (2, 8, 6, 7), dict(BLOCK_M=16)),
@@ -444,13 +450,16 @@ def test_a_sum_over_each_images_pixels_needs_no_convolution_output(name, model, 
     node = g.node(pair.anchor)
     assert conv_epilogue.fusable(g, node, pair.group) is None
     fused = conv_epilogue.build(g, node, pair.group, plan.groups)
-    writes = name == "squeeze-excite"  # (the activations are returned too: the convolution writes them)
+    # the activations returned too: the convolution writes them; a value computed from them and the
+    # sums: the convolution writes them and the apply pass reads them once
+    writes, applies = name in ("squeeze-excite", "centered", "gated-3d"), name in ("centered", "gated-3d")
     assert fused.norm.sums and not fused.norm.stats_only and node.name not in fused.outputs
-    assert fused.norm.writes == writes and len(fused.outputs) == 1 + writes
+    assert fused.norm.writes == writes and fused.norm.direct == (writes and not applies)
+    assert len(fused.outputs) == 1 + (writes and not applies)
     text, ins = conv_epilogue.render(fused, dict(BLOCK_N=16, BLOCK_K=16, num_warps=4, num_stages=1, **tile), policy,
                                      f"kw_sum_{name}_{policy}".replace("-", "_"))
     wrapper = text.split("_conv_launch = launch")[1]
-    assert "_apply" not in text and ("write_y=False" in wrapper) != writes
+    assert ("_apply" in text) == applies and ("write_y=False" in wrapper) != writes
     mod = load_module_from_source(text, f"kw_sum_{name}_{policy}".replace("-", "_"), CACHE)
     with torch.no_grad():
         env = run_graph(g, model, [x], keep=True)

@@ -455,8 +455,8 @@ def normalized_dtype(graph: Graph, conv: OpNode, group: Group, norm: conv_norm.N
     whose kernel writes the convolution's own output."""
     if norm.stats_only:
         return conv.meta.dtype
-    if norm.sums:  # (the summed value the group returns, or a float32 value no one stores)
-        return graph.meta(norm.out).dtype if norm.writes else "float32"
+    if norm.sums:  # (the summed value the group returns, or a float32 value the apply reads or no one stores)
+        return graph.meta(norm.out).dtype if norm.direct else "float32"
     stats = [graph.node(n) for n in group.nodes if graph.node(n).target in WELFORD_OPS]
     if len(stats) != 1 or not stats[0].args or not isinstance(stats[0].args[0], Ref):
         return "float32"
@@ -654,7 +654,7 @@ def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects:
         what = (f"convolution {list(fused.out_shape)}{absorbed}, keeping each tile's partial statistics; then "
                 f"group {fused.group.id}'s\n    {rows_doc}, {norm.count} values each) and its values of one per row")
         apply = "    out = t\n"
-    elif norm.sums:
+    elif norm.sums and (norm.direct or not norm.writes):
         what = (f"convolution {list(fused.out_shape)} with group {fused.group.id}'s statements before its sum as "
                 f"the epilogue, writing\n    {'that value and' if norm.writes else 'nothing but'} each tile's partial "
                 f"statistics; then the {rows_doc.replace('statistics', 'sums')}, {norm.count} values each) and the "

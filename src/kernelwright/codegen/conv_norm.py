@@ -27,7 +27,9 @@ row sums (count times mean, over the partials) are the group's sums, after which
 group's statements of one per row (`NormSplit.sums`). The convolution's output, of which only
 the sums were kept, is then never in memory. Where the group also returns the summed value t
 itself (a squeeze-and-excitation block's activations and their mean), the convolution writes t
-as that result, and nothing reads it again for the sums.
+as that result, and nothing reads it again for the sums; where it returns a value computed from
+t and the sums (t less its mean), the convolution writes t and the apply pass reads it once (the
+row buffers holding each row's mean and sum).
 
 A statistics group (plan.norm_split: a norm before a pool, split into its statistics and a
 pointwise apply that the pool reads as its prologue) has no apply here: the convolution writes its
@@ -79,8 +81,8 @@ class NormSplit:
     stats_only: bool = False
     shift: Stmt | None = None  # (stats_only) the load of a value of one per channel added before the statistics
     # a sum group: `welford` is a sum over each row, the group returns values of one per row and at
-    # most the summed value itself (`out`, which the convolution then writes; else it writes
-    # nothing: module docstring)
+    # most one value of the convolution's shape (`out`: the summed value, which the convolution then
+    # writes, or one the apply computes from it; with none the convolution writes nothing)
     sums: bool = False
 
     @property
@@ -88,6 +90,14 @@ class NormSplit:
         """Whether the convolution kernel writes a result of its shape (all but a sum group returning
         values of one per row alone)."""
         return not self.sums or self.out in self.outputs
+
+    @property
+    def direct(self) -> bool:
+        """Whether the convolution's written value is the group's result itself (a statistics
+        group's output; a sum group's summed value), with no apply pass after the statistics."""
+        if self.stats_only:
+            return True
+        return self.sums and self.writes and _store(self).deps[0] == self.t
 
     @property
     def operands(self) -> list[str]:
@@ -166,8 +176,8 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
         if any(s.level != "row" for s in stores):
             return "the statistics group stores a value not of one per row"
     elif sums:
-        if any(s.level != "row" and (s.operand.value not in full or s.deps[0] != t) for s in stores):
-            return "the sum group stores a value not of one per row other than the summed value"
+        if [s.operand.value for s in stores if s.level != "row"] not in ([], full):
+            return "the sum group stores more than one value of the convolution's shape"
     elif [s.operand.value for s in stores if s.level == "full"] != full or \
             any(s.level != "row" for s in stores if s.operand.value != full[0]):
         return "the group stores values other than its result and values one per row"
@@ -252,7 +262,7 @@ def kernels(split: NormSplit, name: str) -> str:
     """The source of `{name}_stats` and (but for a statistics group) `{name}_apply` (module
     docstring) for `split`; the module's launch() calls them (conv_epilogue.render)."""
     stats = _stats_kernel(split, name)
-    if split.stats_only or split.sums:
+    if split.direct or not split.writes:
         return stats
     store = _store(split)
     applied = _closure(split.post, [store])
@@ -276,7 +286,8 @@ def kernels(split: NormSplit, name: str) -> str:
         lines.append("    row = i1")
     else:
         lines.append("    row = i0" if split.groups == 1 else f"    row = i0 * {split.groups} + i1")
-    lines.append(f"    {split.welford.code} = tl.load(mean_ptr + row, mask=mask, other=0.0)")
+    if not split.sums:  # (a sum group's row buffers hold its mean and its sum)
+        lines.append(f"    {split.welford.code} = tl.load(mean_ptr + row, mask=mask, other=0.0)")
     lines.append(f"    {split.welford.var} = tl.load(m2_ptr + row, mask=mask, other=0.0)")
     # (t lies in the result's layout: the convolution writes it so)
     lines.append(f"    {split.t} = tl.load(t_ptr + {_offset(store.operand.strides, idx)}, mask=mask, other=0.0)"
@@ -340,7 +351,8 @@ def _stats_kernel(split: NormSplit, name: str) -> str:
             f"ch * {st[1]}"
         shift = f" + tl.load(shift_ptr + {at}, mask=cnt > 0, other=0.0).to(tl.float32)"
         shift_param = "shift_ptr, "
-    deviations = f"""    for start in range(0, parts, BLOCK):
+    deviations = f"""    dev = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, parts, BLOCK):
         i = start + tl.arange(0, BLOCK)
         ch = c0 + (i % per_image) // SLOTS
         at = ((n0 + i // per_image).to(tl.int64) * SLOTS + i % SLOTS) * C + ch
@@ -371,8 +383,7 @@ def {name}_stats(cnt_ptr, mean_ptr, m2_ptr, {shift_param}row_mean_ptr, row_m2_pt
         weighted += cnt * (tl.load(mean_ptr + at, mask=cnt > 0, other=0.0){shift})
     wsum = tl.sum(weighted, axis=0)
     mean = wsum / tl.sum(total, axis=0)
-    dev = tl.zeros((BLOCK,), tl.float32)
 {"" if split.sums else deviations}    tl.store(row_mean_ptr + r, mean)
-    tl.store(row_m2_ptr + r, tl.sum(dev, axis=0)){row_code}
+    tl.store(row_m2_ptr + r, {"wsum" if split.sums else "tl.sum(dev, axis=0)"}){row_code}
 '''
 
