@@ -679,7 +679,7 @@ def launch({", ".join(arg[v] for v in fused.inputs)}):
     Inputs: {", ".join(fused.inputs)}. Returns ({", ".join(norm.outputs)},)."""
 {expects}    t, cnt, mean, m2 = _conv_launch({call})
     row_mean = torch.empty({rows}, device=t.device, dtype=torch.float32)
-    row_m2 = torch.empty_like(row_mean)
+    row_m2 = torch.empty_like(row_mean){"  # (each row's sum)" if norm.sums else ""}
 {allocs}    {name}_stats[({rows},)](cnt, mean, m2, {shift}row_mean, row_m2, {"".join(a + ", " for a in row_args)}cnt.shape[1], cnt.shape[2], {N},
                 GROUPS={norm.groups}, PER_ROW={norm.per_row},
                 BLOCK=min(1024, triton.next_power_of_2(cnt.shape[1] * {norm.per_row}{f" * {N}" if norm.over_batch else ""})))
