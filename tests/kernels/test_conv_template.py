@@ -354,8 +354,8 @@ def test_persistent_programs_loop_over_every_tile(mods, tmp_path):
     """PERSIST: fewer programs than tiles (two per "SM" off CUDA), each looping over tiles
     program_id, + programs, ...: box, two-row box, padded-grid and gathered tiles with an epilogue
     (NaN-poisoned outputs: a tile no program computes fails), flattened or not; pooled tiles, and
-    statistics partials equal to one program per tile's; refused with split K, WARP_SPEC and a transposed convolution's phase
-    classes."""
+    statistics partials equal to one program per tile's; refused with split K, WARP_SPEC and a
+    transposed convolution's phase classes."""
     mod = mods(False, EPI, name="kw_conv_box_epi")
     x, w = _case(False, 2, 16, 16, (6, 9), (3, 3), 1, seed=17)
     g = _gen(18)

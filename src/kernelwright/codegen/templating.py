@@ -20,8 +20,8 @@ def _read(name: str) -> str:
 @lru_cache(maxsize=None)
 def environment() -> jinja2.Environment:
     """The jinja2 environment of every template: blocks are trimmed (templates read like the code
-    they produce), undefined variables are errors, the `pyrepr` filter renders Python literals and `call_args`
-    the argument list that passes a signature's parameters on."""
+    they produce), undefined variables are errors, the `pyrepr` filter renders Python literals and
+    `call_args` the argument list that passes a signature's parameters on."""
     env = jinja2.Environment(loader=jinja2.FunctionLoader(_read), trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined, autoescape=False)
     env.filters["pyrepr"] = repr
