@@ -604,3 +604,74 @@ def test_box_out_where_the_descriptor_path_applies(make, shape, policy, box, mon
         (res,) = mod.launch(*[env[v] for v in ins])
         tol = 2e-2 if policy == "bf16" else 1e-4
         torch.testing.assert_close(res.float(), env[pair.group.outputs[0]].float(), rtol=tol, atol=tol)
+
+
+DEPTHWISE = [
+    ("3x3_tiles", lambda: nn.Conv2d(8, 8, 3, padding=1, groups=8), (2, 8, 9, 7),
+     {"BLOCK_M": 32, "BLOCK_N": 4, "BLOCK_W": 8, "num_warps": 1}),
+    ("3x3_rows", lambda: nn.Conv2d(8, 8, 3, padding=1, groups=8), (2, 8, 9, 7),
+     {"BLOCK_M": 8, "BLOCK_N": 4, "ROWS": 4, "num_warps": 1}),
+    ("5x5_stride2_mult2", lambda: nn.Conv2d(4, 8, 5, stride=2, padding=2, groups=4, bias=False), (2, 4, 11, 9),
+     {"BLOCK_M": 16, "BLOCK_N": 8, "num_warps": 1}),
+]
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("name, make, shape, config", DEPTHWISE, ids=[c[0] for c in DEPTHWISE])
+def test_a_depthwise_convolution_runs_its_epilogue_in_the_direct_kernel(name, make, shape, config, policy):
+    """A depthwise convolution's epilogue group (a per-channel scale, GELU, a residual broadcast
+    over the batch, a clamp) runs in the direct depthwise kernel, pixel tiles and row-streaming
+    alike, the result stored in the layout the plan gives it (channels-last under tf32 and bf16)
+    and, under bf16, the input's cast absorbed (rounded as it is loaded)."""
+    torch.manual_seed(3)
+    conv = make()
+    with torch.no_grad():
+        oh, ow = conv(torch.zeros(shape)).shape[2:]
+    model = ConvAct(conv, residual=torch.randn(1, conv.out_channels, oh, ow)).eval()
+    x = torch.randn(shape)
+    g, plan, pair = _pair(model, x, policy)
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+    assert conv_epilogue.direct_depthwise(fused) is None
+    direct = conv_epilogue.direct_space(fused, channels_last=False)
+    assert direct[0].as_dict() == {"BLOCK_M": 256, "BLOCK_N": 4, "num_warps": 4}
+    assert any(c.as_dict().get("ROWS") for c in direct) == (name != "5x5_stride2_mult2")
+    text, ins = conv_epilogue.render_direct(fused, config, f"dw_epi_{name}_{policy}")
+    assert ("_rows_kernel[grid]" in text) == (name != "5x5_stride2_mult2") and "tl.dot" not in text
+    mod = load_module_from_source(text, f"dw_epi_{name}_{policy}", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+    (res,) = mod.launch(*[env[v] for v in ins])
+    want = env[pair.group.outputs[0]]
+    assert res.dtype == want.dtype and res.stride() == tuple(g.meta(pair.group.outputs[0]).stride)
+    tol = 2e-2 if policy == "bf16" else 1e-5
+    torch.testing.assert_close(res.float(), want.float(), rtol=tol, atol=tol)
+    if policy == "bf16":
+        assert fused.cast_bf16 and g.is_input(fused.x) and "ROUND_X=True" in text
+
+
+def test_the_direct_depthwise_kernel_refuses_what_the_implicit_gemm_template_keeps():
+    """A dense convolution, a depthwise one fused with a pool, and one with no group are not the
+    direct kernel's (each says why)."""
+    x = torch.randn(2, 4, 8, 8)
+
+    class Pooled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+
+        def forward(self, x):
+            return F.max_pool2d(torch.relu(self.conv(x)), 2)
+
+    g = rewrite(capture(from_module(ConvAct(nn.Conv2d(4, 6, 3)).eval(), [x])), "fp32")[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.kind == "conv"]
+    assert "depthwise" in conv_epilogue.direct_depthwise(conv_epilogue.build(g, g.node(pair.anchor), pair.group))
+    g = rewrite(capture(from_module(Pooled().eval(), [x])), "fp32")[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.kind == "conv" and p.pools]
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups, pair.pools, pair.post)
+    assert "pools" in conv_epilogue.direct_depthwise(fused)
+    conv = next(n for n in g.nodes if n.target == conv_epilogue.CONV)
+    assert "no epilogue group" in conv_epilogue.direct_depthwise(conv_epilogue.build(g, conv, None))
+    with pytest.raises(Unsupported):
+        conv_epilogue.render_direct(conv_epilogue.build(g, conv, None), {"BLOCK_M": 16, "BLOCK_N": 4}, "dw_none")

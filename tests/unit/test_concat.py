@@ -228,7 +228,8 @@ class Fire(nn.Module):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp32"])
+# (tf32 differs from fp32 only in the dots' rounding, which the interpreter does not model)
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_a_convolution_whose_epilogue_lies_in_a_cat_writes_its_slice(tmp_path, precision):
     """A convolution + ReLU whose result a cat joins is one kernel (the template with the group as
     its epilogue) that stores into its slice of the concatenation's NCHW buffer: no ReLU pass, no

@@ -30,12 +30,15 @@ from kernelwright.codegen.conv_args import CONV
 from kernelwright.codegen.epilogue import IDENTITY, Epilogue, EpilogueOperand
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.triton_conv import render_conv
+from kernelwright.codegen.triton_gemm import render_depthwise, rows_kernel
 from kernelwright.codegen.triton_group import WELFORD_OPS, Stmt, Unsupported, lower, reduce_tile_lines
 from kernelwright.codegen.triton_pool import pool_params
 from kernelwright.ops import POOLS, layout_clone
 from kernelwright.plan.concat import placed_slot
 from kernelwright.plan.fusion import Group
 from kernelwright.plan.rewrites import plain_cast
+from kernelwright.space.config import Config
+from kernelwright.space.gemm_space import depthwise_rows_space, depthwise_space
 from kernelwright.space.conv_space import BOX_KEYS, CONFIG_KEYS, FLAT_KEYS, ROW_KEYS, SPLIT_KEYS, WARP_KEYS
 
 
@@ -571,8 +574,56 @@ def _pool_window(pools: list[OpNode], shape: tuple) -> tuple[str, tuple[int, ...
     return kind, tuple(window)
 
 
+# the configs of the direct depthwise kernel (templates/triton/depthwise_conv2d.py.j2) with the group as
+# its epilogue, searched beside the implicit-GEMM template's for a depthwise convolution
+DIRECT = "triton.conv_dw"
+
+
+def direct_depthwise(fused: ConvEpilogue) -> str | None:
+    """None when the direct depthwise kernel computes `fused`: a 2-D depthwise convolution (groups
+    == input channels, weight [C * mult, 1, KH, KW]) with a pointwise epilogue group, its input read
+    as it lies (any strides) or rounded to bf16 as it is loaded (an absorbed cast), its result
+    stored NCHW, channels-last or into a concatenation's slice. Its taps are float32 multiply-adds:
+    a depthwise convolution has one input channel per output channel, which leaves the
+    implicit-GEMM template a GEMM of one column per group. Pools, prologues and statistics stay the
+    implicit-GEMM template's. Else why not."""
+    if fused.transposed or len(fused.out_shape) != 4:
+        return "a 2-D convolution only"
+    if fused.weight_shape[1] != 1:  # (one input channel per group: groups == input channels)
+        return "not a depthwise convolution (groups == input channels, weight [C*mult, 1, KH, KW])"
+    if (fused.pool or fused.post is not None or not fused.prologue.empty or fused.in_pool is not None
+            or fused.norm is not None or fused.row_out or fused.whole_n):
+        return "pools, prologues, statistics and channel reductions are the implicit-GEMM template's"
+    if fused.group is None:
+        return "no epilogue group (the depthwise node template computes the convolution alone)"
+    return None
+
+
+def direct_space(fused: ConvEpilogue, channels_last: bool) -> list[Config]:
+    """The direct kernel's configs: its pixel tiles, then (kernels of 2-7 rows and 1-7 columns at
+    row stride and dilation 1) its row-streaming kernel's. The first: over an NCHW input, the
+    depthwise node template's default (256 pixels, whose rows are contiguous, by 4 channels); over
+    a channels-last input, whose contiguous axis is the channels, 64 pixels by up to 32 channels,
+    and tiles of 16 or more channels before the rest."""
+    C, OW = fused.out_shape[1], fused.out_shape[-1]
+    tiles = depthwise_space(C=C, OW=OW)
+    if channels_last:
+        tiles.sort(key=lambda c: -(c["BLOCK_N"] >= min(16, C)))  # (stable: the space's order within)
+        first = Config.make(DIRECT, BLOCK_M=64, BLOCK_N=min(32, 1 << (C - 1).bit_length()), num_warps=4)
+    else:
+        first = Config.make(DIRECT, BLOCK_M=256, BLOCK_N=4, num_warps=4)
+    out = [first] + [Config.make(DIRECT, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], BLOCK_W=c["BLOCK_W"],
+                                 num_warps=c["num_warps"]) for c in tiles]
+    rows = rows_kernel(fused.weight_shape[2:], fused.args["stride"], fused.args["dilation"])
+    if rows is not None:
+        out += [Config.make(DIRECT, BLOCK_M=c["BLOCK_M"], BLOCK_N=c["BLOCK_N"], ROWS=c["ROWS"], num_warps=c["num_warps"])
+                for c in depthwise_rows_space(C=C, OW=OW, KH=rows[0])]
+    return out
+
+
 def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tuple[str, list[str]]:
-    """Module text whose `launch(*inputs)` runs the fused convolution with `config`; its inputs."""
+    """Module text whose `launch(*inputs)` runs the fused convolution with the implicit-GEMM
+    template's `config`; its inputs."""
     text = render_conv(fused.epilogue, name=name, transposed=fused.transposed, pool=fused.pool,
                        post=fused.post_epilogue, row_out=fused.row_out, whole_n=fused.whole_n, prologue=fused.prologue,
                        in_pool=fused.in_pool, stats=fused.norm is not None)
@@ -604,29 +655,63 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
     if fused.pool:
         epi += f", {fused.pool}-pooled over {list(fused.pool_window)}" + (
             f", then group {fused.post.id}" if fused.post is not None else "")
-    # an operand the views reinterpret arrives in its graph layout (a library op may return
-    # another: an upsample of a channels-last tensor is channels-last on the device, contiguous in
-    # the graph's metadata): copied into it where it differs
-    expects = "".join(f"    {arg[v]} = _expect({arg[v]}, {shape!r}, {stride!r}, {v!r})\n"
-                      for v, (shape, stride) in fused.layouts.items())
+    expects = _expects(fused, arg)
     absorbed = "" if not fused.absorbed else (
         f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed"
         + (f"; {fused.absorbed[0]} as the prologue of its loads)" if prologue else ")"))
-    into = "; out0= writes it into that tensor (a concatenation's slice)" if fused.into else ""
     if fused.norm is not None:
         return with_helpers(text + _norm_wrapper(fused, name, arg, call, expects, absorbed)), ins
-    wrapper = f'''
+    return with_helpers(text + _wrapper(fused, arg, call, f"{what} {list(fused.out_shape)}{epi}{absorbed}", reshape)), ins
+
+
+def _expects(fused: ConvEpilogue, arg: dict) -> str:
+    """launch()'s lines handing each operand over in its graph layout: an operand the views
+    reinterpret may arrive in another (a library op may return one: an upsample of a channels-last
+    tensor is channels-last on the device, contiguous in the graph's metadata), copied into it
+    where it differs."""
+    return "".join(f"    {arg[v]} = _expect({arg[v]}, {shape!r}, {stride!r}, {v!r})\n"
+                   for v, (shape, stride) in fused.layouts.items())
+
+
+def _wrapper(fused: ConvEpilogue, arg: dict, call: str, what: str, reshape: str = "") -> str:
+    """The module's launch(*inputs): the template's launch called as `call`."""
+    into = "; out0= writes it into that tensor (a concatenation's slice)" if fused.into else ""
+    return f'''
 
 _conv_launch = launch
 
 
-def launch({", ".join([arg[v] for v in ins] + (["out0=None"] if fused.into else []))}):
-    """{fused.conv.name}: {what} {list(fused.out_shape)}{epi}{absorbed}: {list(out_shape)}.
+def launch({", ".join([arg[v] for v in fused.inputs] + (["out0=None"] if fused.into else []))}):
+    """{fused.conv.name}: {what}: {list(fused.out_meta_shape)}.
 
-    Inputs: {", ".join(ins)}. Returns ({fused.out},){into}."""
-{expects}    return (_conv_launch({call}){reshape},)
+    Inputs: {", ".join(fused.inputs)}. Returns ({fused.out},){into}."""
+{_expects(fused, arg)}    return (_conv_launch({call}){reshape},)
 '''
-    return with_helpers(text + wrapper), ins
+
+
+def render_direct(fused: ConvEpilogue, config: dict, name: str) -> tuple[str, list[str]]:
+    """Module text whose `launch(*inputs)` runs the direct depthwise kernel (`direct_depthwise`)
+    with the group as its epilogue and a `DIRECT` config; its inputs."""
+    why = direct_depthwise(fused)
+    if why:
+        raise Unsupported(why)
+    a = fused.args
+    text = render_depthwise(fused.epilogue, name=name,
+                            rows_kernel=rows_kernel(fused.weight_shape[2:], a["stride"], a["dilation"]))
+    ins = fused.inputs
+    arg = {v: f"a{i}" for i, v in enumerate(ins)}
+    views = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
+             for v, (shape, strides) in zip(fused.operands, fused.views)]
+    tile = {k: int(config[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_W", "ROWS", "num_warps") if config.get(k)}
+    call = ", ".join([arg[fused.x], arg[fused.w]] + views
+                     + [f"{k}={a[k]!r}" for k in ("stride", "padding", "dilation")]
+                     + [f"out_dtype=torch.{fused.out_dtype}", f"out_channels_last={fused.out_channels_last}",
+                        f"ROUND_X={fused.cast_bf16}"]
+                     + (["out=out0"] if fused.into else []) + [f"{k}={v!r}" for k, v in tile.items()])
+    absorbed = f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed)" if fused.absorbed else ""
+    what = (f"depthwise convolution {list(fused.out_shape)} as a direct kernel, group {fused.group.id} "
+            f"fused as its epilogue{absorbed}")
+    return with_helpers(text + _wrapper(fused, arg, call, what)), ins
 
 
 def _norm_wrapper(fused: ConvEpilogue, name: str, arg: dict, call: str, expects: str, absorbed: str) -> str:

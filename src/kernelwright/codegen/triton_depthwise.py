@@ -19,7 +19,7 @@ from kernelwright.codegen.conv_args import float32_conv2d
 from kernelwright.codegen.node_kernels import NodeKernel
 from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.templating import triton_template
-from kernelwright.codegen.triton_gemm import ROWS_KH, ROWS_KW, render_depthwise
+from kernelwright.codegen.triton_gemm import render_depthwise, rows_kernel
 from kernelwright.plan.rewrites import plain_cast
 from kernelwright.plan.weights import weight_roots
 from kernelwright.space.config import Config
@@ -73,12 +73,8 @@ class DepthwiseTemplate:
 
     @staticmethod
     def _rows_kernel(graph: Graph, node: OpNode) -> tuple[int, int] | None:
-        """(KH, KW) when the row-streaming kernel applies (2 to 7 rows, 1 to 7 columns, row stride
-        and dilation 1), else None."""
-        stride, dilation = node.args[3], node.args[5]
-        kh, kw = graph.meta(node.args[1].name).shape[2:]
-        ok = kh in ROWS_KH and kw in ROWS_KW and int(stride[0]) == 1 and int(dilation[0]) == 1
-        return (kh, kw) if ok else None
+        """(KH, KW) when the row-streaming kernel applies (triton_gemm.rows_kernel), else None."""
+        return rows_kernel(graph.meta(node.args[1].name).shape[2:], node.args[3], node.args[5])
 
     def absorbed(self, graph: Graph, node: OpNode) -> tuple[list[str], list[str], str] | None:
         """The bf16 policy's cast (float32 -> bf16) of a model input the conv reads, when this conv is

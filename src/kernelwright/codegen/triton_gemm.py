@@ -149,6 +149,14 @@ ROWS_KH = range(2, 8)  # kernel heights the row-streaming depthwise kernel is re
 ROWS_KW = range(1, 8)  # and widths (its KH * KW weights stay in registers)
 
 
+def rows_kernel(kernel: tuple[int, int], stride: tuple, dilation: tuple) -> tuple[int, int] | None:
+    """(KH, KW) when the row-streaming depthwise kernel computes a convolution with this kernel
+    size, stride and dilation (ROWS_KH rows, ROWS_KW columns, row stride and dilation 1), else None."""
+    kh, kw = int(kernel[0]), int(kernel[1])
+    ok = kh in ROWS_KH and kw in ROWS_KW and int(stride[0]) == 1 and int(dilation[0]) == 1
+    return (kh, kw) if ok else None
+
+
 def render_depthwise(epilogue: Epilogue = IDENTITY, *, name: str = "kw_dwconv2d",
                      rows_kernel: tuple[int, int] | None = (3, 3)) -> str:
     """Module text: ``{name}_kernel`` (direct depthwise conv2d, groups == Cin, + epilogue),
@@ -187,6 +195,6 @@ def precision_kwargs(policy: str) -> dict:
 
 
 __all__ = [
-    "render_gemm", "render_gemm_rowreduce", "render_conv2d", "render_depthwise", "precision_kwargs",
+    "render_gemm", "render_gemm_rowreduce", "render_conv2d", "render_depthwise", "rows_kernel", "precision_kwargs",
     "ROWS_KH", "ROWS_KW", "ROW_NORMALIZATIONS", "whole_row_block_n",
 ]

@@ -523,10 +523,16 @@ class ConvTuner(KernelTuner):
                 c if c.as_dict().get("BOX_W") or c.as_dict()["BLOCK_M"] <= fit else
                 Config.make(c.template, **{**c.as_dict(), "BLOCK_M": fit}) for c in self.space
                 if c.as_dict().get("BOX_W") or fit >= 16))
+        # a depthwise convolution's direct kernel: its configs first, its two families' first ones
+        # seeds before the implicit GEMM's (whose tiles have one column per group here)
+        direct = [] if conv_epilogue.direct_depthwise(f) else \
+            conv_epilogue.direct_space(f, tuple(xm.stride) == channels_last_strides(xm.shape))
+        self.seeds = (direct[:1] + [c for c in direct if c.as_dict().get("ROWS")][:1] + self.space[:2] if direct
+                      else self.space[:4])
+        self.space = direct + self.space
         if not self.space:
             raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over" if f.norm is None else
                               "no tile of at most one image's pixels")
-        self.seeds = self.space[:4]
         self.default = self.space[0]
         # cuDNN's own bias (+ residual) + ReLU epilogue, when the group is just that (batch norm folded):
         # one more candidate, first, on a GPU
@@ -558,6 +564,8 @@ class ConvTuner(KernelTuner):
     def render(self, cfg):
         if cfg.template == cudnn_epilogue.NAME:
             return cudnn_epilogue.render(self.graph, self.fused.conv, self.chain, self.fused.x, self.name)
+        if cfg.template == conv_epilogue.DIRECT:
+            return conv_epilogue.render_direct(self.fused, cfg.as_dict(), self.name)
         return conv_epilogue.render(self.fused, cfg.as_dict(), self.policy.name, self.name)
 
 
