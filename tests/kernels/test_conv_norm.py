@@ -110,6 +110,7 @@ def _split_pair(model, x, policy):
     ("residual", lambda: Residual(of_y=True), (2, 4, 7, 9), dict(BLOCK_M=16)),
     ("scaled-both-sides", lambda: ScaledBothSides(), (2, 4, 5, 6, 7), dict(BLOCK_M=32)),
     ("group-of-one-channel", lambda: ConvNorm("group", cout=12, groups=12), (2, 8, 7, 7), dict(BLOCK_M=16)),
+    ("grouped-convolution", lambda: GroupedNorm(), (2, 8, 7, 6), dict(BLOCK_M=16)),
     ("min-of-tensor", lambda: MinOfTensor(), (2, 4, 5, 6, 7), dict(BLOCK_M=32)),
     ("transposed", lambda: TransposedNorm(2), (2, 8, 5, 6), dict(BLOCK_M=16)),
     ("transposed3d", lambda: TransposedNorm(3), (2, 8, 3, 4, 3), dict(BLOCK_M=16)),
@@ -133,6 +134,18 @@ def test_the_convolution_the_rows_statistics_and_the_apply_compute_the_group(nam
     assert res.stride() == tuple(g.meta(fused.out).stride)  # (the layout the plan gave the result)
     tol = {"fp32": 1e-4, "tf32": 3e-3, "bf16": 3e-2}[policy]
     torch.testing.assert_close(res.float(), want.float(), rtol=tol, atol=tol)
+
+
+class GroupedNorm(nn.Module):
+    """A grouped convolution (two groups of 4 channels) and a group norm whose 2 groups of 8
+    channels each span both (the statistics are kept per channel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(8, 16, 3, groups=2), nn.GroupNorm(2, 16)
+
+    def forward(self, x):
+        return F.relu(self.norm(self.conv(x)))
 
 
 class ScaledBothSides(nn.Module):
@@ -197,11 +210,10 @@ class Tapped(nn.Module):
 
 
 @pytest.mark.parametrize("model, why", [
-    (lambda: nn.Sequential(nn.Conv2d(4, 8, 3, groups=2), nn.GroupNorm(2, 8)), "dense"),
     (Residual, "reads a value computed before them"),
     (Tapped, "one result"),  # (the planner puts the mean of y and the norm in one group)
     (lambda: nn.Sequential(nn.Conv2d(4, 8, 3), nn.GroupNorm(1, 8)), "every spatial position"),
-], ids=["grouped", "residual", "tapped", "one-group"])
+], ids=["residual", "tapped", "one-group"])
 def test_what_does_not_split(model, why):
     model, x = model().eval(), torch.randn(2, 4, 7, 7)
     g = rewrite(capture(from_module(model, [x])), "fp32")[0]
@@ -226,6 +238,12 @@ def test_the_emitted_forward_runs_the_convolution_and_its_norm_as_one_unit(tmp_p
     kernel = next(p for p in (out / "kernels").glob("*_conv.py"))
     text = kernel.read_text()
     assert "_stats[" in text and "_apply[" in text
+    # the module's header names the fused units as such and the kernel computing them
+    header = [line for line in (out / "model_new.py").read_text().splitlines() if line.startswith("#   ")]
+    (fused,) = [line[4:].split(" [")[0] for line in header if "[conv_epilogue]" in line and "triton.conv[" in line]
+    group = kernel.stem.removesuffix("_conv")
+    assert any(line.startswith(f"#   {group} [") and line.endswith(f"fused (computed inside {fused}'s kernel)")
+               for line in header), header
 
 
 class ConvBatchNorm(nn.Module):
@@ -496,3 +514,58 @@ def test_a_sum_whose_convolution_output_is_read_elsewhere_does_not_split():
     group = next(gr for gr in plan.groups if gr.rdims is not None)
     got = conv_norm.match(g, conv, group)
     assert isinstance(got, str), got
+
+
+class DepthwiseBlock(nn.Module):
+    """An MBConv's depthwise stage: a depthwise convolution, batch norm, ReLU6 ("bn"; in training
+    mode a split norm over every image), or squeeze-and-excitation after SiLU ("se": a sum group
+    returning the activations and their mean)."""
+
+    def __init__(self, kind, k=3, stride=1):
+        super().__init__()
+        self.kind = kind
+        self.conv = nn.Conv2d(8, 8, k, stride=stride, padding=k // 2, groups=8, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.kind == "bn":
+            return F.relu6(self.bn(y))
+        y = F.silu(y)
+        return y * torch.sigmoid(self.fc(y.mean((2, 3))))[:, :, None, None]
+
+
+@pytest.mark.parametrize("name, model, shape, config, policy", [
+    ("bn-tiles", lambda: DepthwiseBlock("bn"), (3, 8, 9, 7), dict(BLOCK_M=16, BLOCK_N=4, BLOCK_W=8), "fp32"),
+    ("bn-rows", lambda: DepthwiseBlock("bn"), (3, 8, 9, 7), dict(BLOCK_M=8, BLOCK_N=4, ROWS=4), "bf16"),
+    ("bn-5x5-stride2", lambda: DepthwiseBlock("bn", 5, 2), (2, 8, 11, 9), dict(BLOCK_M=16, BLOCK_N=8), "tf32"),
+    ("se-rows", lambda: DepthwiseBlock("se"), (2, 8, 6, 7), dict(BLOCK_M=8, BLOCK_N=8, ROWS=2), "tf32"),
+    ("se-tiles", lambda: DepthwiseBlock("se", 5, 2), (2, 8, 11, 9), dict(BLOCK_M=32, BLOCK_N=4), "bf16"),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_a_depthwise_convolutions_statistics_come_from_the_direct_kernel(name, model, shape, config, policy):
+    """A depthwise convolution's training-mode batch norm and its squeeze-and-excitation sum split
+    around the direct depthwise kernel's per-program partial statistics (pixel tiles and
+    row-streaming programs alike): the normalized result, the new running statistics and the
+    summed activations equal the graph's."""
+    torch.manual_seed(6)
+    model, x = model(), torch.randn(*shape)
+    model = model.train() if model.kind == "bn" else model.eval()
+    g = rewrite(capture(from_module(model, [x])), policy)[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.kind == "conv"]
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+    assert fused.norm is not None and conv_epilogue.direct_depthwise(fused) is None
+    assert fused.norm.over_batch == (model.kind == "bn") and fused.norm.sums == (model.kind == "se")
+    label = f"kw_dw_{name}_{policy}".replace("-", "_")
+    text, ins = conv_epilogue.render_direct(fused, config, label)
+    assert "tl.dot" not in text and "_stats[(" in text
+    mod = load_module_from_source(text, label, CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        got = mod.launch(*[env[v] for v in ins])
+    tol = {"fp32": 1e-4, "tf32": 1e-4, "bf16": 3e-2}[policy]
+    assert len(got) == len(fused.outputs)
+    for v, res in zip(fused.outputs, got):
+        assert res.dtype == env[v].dtype and res.shape == env[v].shape
+        torch.testing.assert_close(res.float(), env[v].float(), rtol=tol, atol=tol, msg=lambda m, v=v: f"{v}: {m}")

@@ -112,12 +112,11 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
     group normalizes rows of one image's channels (one channel, a channel group, or all of them)
     over every spatial position with one Welford pass over a value it computes pointwise from the
     convolution's output alone, writes one value of the output's shape, and the statements after
-    the statistics read no value before them but that one (or operands); a dense (groups 1)
-    convolution or transposed convolution (of any groups for a sum group) whose output the group
-    alone reads."""
+    the statistics read no value before them but that one (or operands); a convolution or
+    transposed convolution (dense, grouped or depthwise: the statistics are kept per channel)
+    whose output the group alone reads."""
     if group.rdims is None:
         return "not a normalization group"
-    dense = int(conv.args[8]) == 1
     shape = tuple(conv.meta.shape)
     full = [v for v in group.outputs if tuple(graph.meta(v).shape) == shape]
     smaller = not full and all(graph.meta(v).numel < conv.meta.numel for v in group.outputs)
@@ -127,8 +126,6 @@ def match(graph: Graph, conv: OpNode, group: Group) -> NormSplit | str:
         return str(e)
     reduces = [s for s in stmts if s.kind == "reduce"]
     sums = len(reduces) == 1 and reduces[0].op == "sum"
-    if not dense and not sums:
-        return "statistics from dense (groups 1) convolutions only (or sums)"
     stats_only = smaller and not sums
     if len(full) != 1 and not smaller:
         return "the group has no one result of the convolution's shape"

@@ -571,6 +571,11 @@ def _search_fused(job: _Job, row: UnitResult, tuner: KernelTuner, per_trials, pe
     out.kernels[last] = Chosen(name, ins, outputs)
     row.strategy = "triton" if best.config.template.startswith("triton.") else "torch"
     row.config, row.time_ms, row.excess = best.config.as_dict(), best.time_ms, best.excess
+    # the module's header: the units as fused, then the kernel computing them
+    out.summary[:] = [f"{line.split(': ', 1)[0]}: fused (computed inside {row.id}'s kernel)"
+                      if line.startswith(tuple(f"{u}{sep}" for u in units for sep in (" [", ": "))) else line
+                      for line in out.summary]
+    out.summary.append(f"{row.id} [{row.kind}] {', '.join(row.ops)}: {row.strategy} {best.config.key()}")
     return best
 
 
