@@ -722,3 +722,28 @@ def test_a_flatten_after_a_library_op_on_a_channels_last_value_runs(op):
     assert any("convolution run channels-last" in n for n in notes)
     assert any("copied" in n and "contiguous layout" in n for n in notes)
     _close(g, s, model, [x])
+
+
+def test_a_cast_naming_its_layout_and_device_joins_the_elementwise_group_after_it():
+    """AOTAutograd writes a gradient's widening as `_to_copy(x, dtype, layout, device)`: it becomes
+    a cast of its dtype alone, which plans as elementwise work (not a library copy) and computes
+    the same values."""
+    from kernelwright.plan.rewrites import dtype_only_casts
+
+    class Cast(nn.Module):
+        def forward(self, x):
+            return torch.ops.aten._to_copy.default(torch.relu(x), dtype=torch.float32, layout=torch.strided,
+                                                   device=x.device) * 2.0
+
+    model, x = Cast(), torch.randn(4, 6).to(torch.bfloat16)
+    g = capture(from_module(model, [x]))
+    (cast,) = [n for n in g.nodes if n.target == "aten._to_copy.default"]
+    assert {"layout", "device"} <= set(cast.kwargs)
+    new, notes = dtype_only_casts(g)
+    (cast,) = [n for n in new.nodes if n.target == "aten._to_copy.default"]
+    assert cast.kwargs == {"dtype": torch.float32} and not notes
+    plan = plan_graph(rewrite(g, "fp32")[0])
+    (group,) = plan.groups
+    assert cast.name in group.nodes and not [u for u in plan.units if u.group is None]
+    with torch.no_grad():
+        torch.testing.assert_close(run_graph(new, model, [x])[0], model(x))

@@ -91,6 +91,24 @@ def _forward_values(graph: Graph, find) -> tuple[Graph, list[str]]:
     return _with_nodes(graph, nodes), notes
 
 
+def dtype_only_casts(graph: Graph) -> tuple[Graph, list[str]]:
+    """Casts that name the layout and device they keep as casts of their dtype alone: AOTAutograd's
+    backward graphs write a gradient's widening as `_to_copy(x, dtype=float32, layout=torch.strided,
+    device=cuda:0)`, which every pass reading a cast by its dtype (plan.fusion's elementwise
+    ops, `plain_cast`) would otherwise keep as a library copy of its own. The graph's values live
+    on one device (the emitted forward passes every device argument as its first input's)."""
+    nodes, changed = [], False
+    for n in graph.nodes:
+        kw = n.kwargs
+        if (n.target == "aten._to_copy.default" and {"layout", "device", "pin_memory"} & set(kw)
+                and set(kw) <= {"dtype", "layout", "device", "pin_memory"} and not kw.get("pin_memory")
+                and str(kw.get("layout", torch.strided)) == str(torch.strided)):
+            n = OpNode(n.name, n.target, n.args, {k: v for k, v in kw.items() if k == "dtype"}, n.outs, n.fx)
+            changed = True
+        nodes.append(n)
+    return (_with_nodes(graph, nodes) if changed else graph), []
+
+
 def simplify(graph: Graph, views: bool = True) -> tuple[Graph, list[str]]:
     """The graph without no-op nodes, and one line per removed node; a returned copy of a value
     the forward computes (a dropout with p=0 or in eval mode at the end of a block) returns that
@@ -1065,7 +1083,7 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None,
             algebra: bool = True, recompute: bool = False, free: tuple[int, ...] = (),
             view_outputs: bool = True) -> tuple[Graph, list[str]]:
-    """Every rewrite optimize applies before planning. Exact ones first: no-ops out, constants
+    """Every rewrite optimize applies before planning. Exact ones first: casts named by their dtype alone, no-ops out, constants
     folded, repeated subexpressions merged, decomposed activations as one op (plan.recompose),
     the algebra rules of plan.algebra (reductions over size-1 dims, through affine ops, of matrix
     products and of convolutions; `algebra=False`, the command line's --no-rewrites, leaves them
@@ -1086,7 +1104,7 @@ def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | N
     def simplify_(g):
         return simplify(g, view_outputs)
 
-    steps = [simplify_, fold_scalar_tensors, dedupe, recompose_mish] + ([exact_algebra] if algebra else []) + [
+    steps = [dtype_only_casts, simplify_, fold_scalar_tensors, dedupe, recompose_mish] + ([exact_algebra] if algebra else []) + [
         fold_eval_batch_norm, split_conv_bias, split_addmm_bias, max_pool_first, row_rewrites, instance_norm_rows]
     if policy in ATTENTION_POLICIES:  # under tf32 causal-masked attention only (plan.attention)
         steps += [lambda g: attention(g, policy), simplify_]
