@@ -675,3 +675,24 @@ def test_the_direct_depthwise_kernel_refuses_what_the_implicit_gemm_template_kee
     assert "no epilogue group" in conv_epilogue.direct_depthwise(conv_epilogue.build(g, conv, None))
     with pytest.raises(Unsupported):
         conv_epilogue.render_direct(conv_epilogue.build(g, conv, None), {"BLOCK_M": 16, "BLOCK_N": 4}, "dw_none")
+
+
+@pytest.mark.parametrize("policy,config", [("fp32", {"BLOCK_M": 16, "BLOCK_N": 4, "BLOCK_W": 8, "num_warps": 1}),
+                                           ("bf16", {"BLOCK_M": 8, "BLOCK_N": 8, "ROWS": 4, "num_warps": 1})])
+def test_the_direct_depthwise_kernel_applies_the_input_prologue(policy, config):
+    """An eval-mode batch norm and ReLU before a depthwise convolution are the direct kernel's
+    prologue (padding after it), pixel tiles and row-streaming programs alike, with the epilogue."""
+    torch.manual_seed(4)
+    model, x = PreAct(nn.Conv2d(8, 8, 3, padding=1, groups=8)).eval(), torch.randn(2, 8, 7, 9)
+    g, plan, pair = _pair(model, x, policy)
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups)
+    assert not fused.prologue.empty and conv_epilogue.direct_depthwise(fused) is None
+    text, ins = conv_epilogue.render_direct(fused, config, f"dw_pro_{policy}")
+    assert "_prologue(xv, " in text and "prologue_operands=(" in text
+    mod = load_module_from_source(text, f"dw_pro_{policy}", CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        (res,) = mod.launch(*[env[v] for v in ins])
+        want = model(x)
+    tol = 2e-2 if policy == "bf16" else 1e-5
+    torch.testing.assert_close(res.float(), want.float(), rtol=tol, atol=tol)

@@ -569,3 +569,48 @@ def test_a_depthwise_convolutions_statistics_come_from_the_direct_kernel(name, m
     for v, res in zip(fused.outputs, got):
         assert res.dtype == env[v].dtype and res.shape == env[v].shape
         torch.testing.assert_close(res.float(), env[v].float(), rtol=tol, atol=tol, msg=lambda m, v=v: f"{v}: {m}")
+
+
+class ExpandDepthwise(nn.Module):
+    """An MBConv in training mode (KernelBench level-3 21): 1x1 expand, batch norm, ReLU6,
+    depthwise 5 x 5 at stride 2, batch norm, ReLU6, 1x1 project, batch norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand, self.bn0 = nn.Conv2d(4, 8, 1, bias=False), nn.BatchNorm2d(8)
+        self.dw, self.bn1 = nn.Conv2d(8, 8, 5, stride=2, padding=2, groups=8, bias=False), nn.BatchNorm2d(8)
+        self.project, self.bn2 = nn.Conv2d(8, 4, 1, bias=False), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = F.relu6(self.bn1(self.dw(F.relu6(self.bn0(self.expand(x))))))
+        return self.bn2(self.project(y))
+
+
+@pytest.mark.parametrize("policy", ["fp32", "tf32"])
+def test_the_direct_depthwise_kernel_keeps_the_statistics_of_a_split_batch_norm_and_applies_the_one_before(
+        policy, monkeypatch):
+    """At sizes where a training batch norm splits into statistics and an apply (plan.norm_split),
+    the depthwise convolution's unit is the direct kernel applying the previous batch norm and ReLU6
+    as it loads its input and keeping its own output's statistics: the output, the batch statistics
+    and the running statistics equal the graph's."""
+    from kernelwright.plan import norm_split
+
+    monkeypatch.setattr(norm_split, "CONV_SPLIT_MIN_ROW", 0)
+    torch.manual_seed(7)
+    model, x = ExpandDepthwise().train(), torch.randn(2, 4, 11, 9)
+    g = rewrite(capture(from_module(model, [x])), policy)[0]
+    plan = plan_graph(g)
+    (pair,) = [p for p in plan.pairs if p.kind == "conv" and g.node(p.anchor).args[8] == 8]
+    fused = conv_epilogue.build(g, g.node(pair.anchor), pair.group, plan.groups, pair.pools, pair.post)
+    # (the depthwise batch norm's apply is the project convolution's prologue: this unit keeps the
+    # statistics alone)
+    assert fused.norm.stats_only and not fused.prologue.empty and conv_epilogue.direct_depthwise(fused) is None
+    label = f"kw_dw_split_{policy}"
+    text, ins = conv_epilogue.render_direct(fused, dict(BLOCK_M=16, BLOCK_N=8, num_warps=1), label)
+    mod = load_module_from_source(text, label, CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        got = mod.launch(*[env[v] for v in ins])
+    assert len(got) == len(fused.outputs)
+    for v, res in zip(fused.outputs, got):
+        torch.testing.assert_close(res, env[v], rtol=1e-4, atol=1e-4, msg=lambda m, v=v: f"{v}: {m}")

@@ -136,22 +136,28 @@ from kernelwright.codegen.helpers import with_helpers
 from kernelwright.codegen.triton_gemm import render_depthwise
 
 epi = Epilogue((EpilogueOperand("e0", "col"), EpilogueOperand("e1", "full")), "acc = kw_tanh(acc + e0) + e1")
+pro = Epilogue((EpilogueOperand("p0", "col"), EpilogueOperand("p1", "col")), "acc = tl.minimum(tl.maximum(acc * p0 + p1, 0.0), 6.0)")
 N, C, H, W = 32, 384, 56, 56
-cases = {  # name: (launch keywords, statistics, operand dtype, channels-last input)
-    "tiles-nchw-fp32": ("stride=1, padding=1, BLOCK_M=256, BLOCK_N=4, num_warps=4", False, torch.float32, False),
+cases = {  # name: (launch keywords, statistics, operand dtype, channels-last input, input prologue)
+    "tiles-nchw-fp32": ("stride=1, padding=1, BLOCK_M=256, BLOCK_N=4, num_warps=4", False, torch.float32, False, False),
     "rows-stats-bf16-cast-no-y": ("stride=1, padding=1, BLOCK_M=64, BLOCK_N=4, ROWS=8, num_warps=2, ROUND_X=True, "
-                                  "out_dtype=torch.bfloat16, write_y=False", True, torch.float32, True),
+                                  "out_dtype=torch.bfloat16, write_y=False", True, torch.float32, True, False),
     "tiles-stats-bf16-cl-out": ("stride=2, padding=1, BLOCK_M=64, BLOCK_N=32, num_warps=4, out_channels_last=True",
-                                True, torch.bfloat16, True),
+                                True, torch.bfloat16, True, False),
+    "tiles-prologue-stats-cl": ("stride=2, padding=1, BLOCK_M=64, BLOCK_N=32, num_warps=4, out_channels_last=True",
+                                True, torch.float32, True, True),
 }
 rows = {}
-for name, (kw, stats, dtype, cl) in cases.items():
-    text = with_helpers(render_depthwise(epi, name="dw", rows_kernel=(3, 3), stats=stats))
-    text += f"\n_launch = launch\n\n\ndef launch(*args):\n    return _launch(*args, {kw})\n"
+for name, (kw, stats, dtype, cl, prologue) in cases.items():
+    text = with_helpers(render_depthwise(epi, name="dw", rows_kernel=(3, 3), stats=stats,
+                                         prologue=pro if prologue else Epilogue()))
+    call = "*args[:-2], prologue_operands=args[-2:]" if prologue else "*args"
+    text += f"\n_launch = launch\n\n\ndef launch(*args):\n    return _launch({call}, {kw})\n"
     oh = H // (2 if "stride=2" in kw else 1)
     x = meta_tensor((N, C, H, W), (C * H * W, 1, W * C, C) if cl else (C * H * W, H * W, W, 1), dtype)
     args = [x, meta_tensor((C, 1, 3, 3), (9, 9, 3, 1), dtype), meta_tensor((C,), (1,), torch.float32),
             meta_tensor((N, C, oh, oh), (C * oh * oh, oh * oh, oh, 1), torch.float32)]
+    args += [meta_tensor((C,), (1,), torch.float32)] * (2 if prologue else 0)
     with tempfile.TemporaryDirectory() as d:
         rows[name] = [[b.kernel, b.error] for b in compile_source_for_target(text, name.replace("-", "_"), args, d)]
 json.dump(rows, open(sys.argv[1], "w"))
@@ -160,8 +166,8 @@ json.dump(rows, open(sys.argv[1], "w"))
 
 def test_the_direct_kernel_with_an_epilogue_and_statistics_compiles_for_sm90(tmp_path):
     """The interpreter tests never lower a kernel: the pixel-tile and row-streaming kernels with an
-    epilogue, their partial statistics (with and without y's store) and a channels-last bf16 store
-    compile for sm_90 (no GPU needed)."""
+    epilogue, their partial statistics (with and without y's store), a channels-last bf16 store and
+    an input prologue compile for sm_90 (no GPU needed)."""
     import json
     import os
     import subprocess
@@ -177,3 +183,4 @@ def test_the_direct_kernel_with_an_epilogue_and_statistics_compiles_for_sm90(tmp
     assert rows["tiles-nchw-fp32"] == [["dw_kernel", None]]
     assert rows["rows-stats-bf16-cast-no-y"] == [["dw_rows_kernel", None]]
     assert rows["tiles-stats-bf16-cl-out"] == [["dw_kernel", None]]
+    assert rows["tiles-prologue-stats-cl"] == [["dw_kernel", None]]

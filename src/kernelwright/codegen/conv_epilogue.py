@@ -585,7 +585,8 @@ def direct_depthwise(fused: ConvEpilogue) -> str | None:
     as it lies (any strides) or rounded to bf16 as it is loaded (an absorbed cast), its result
     stored NCHW, channels-last or into a concatenation's slice; a normalization or a sum over the
     pixels split around its statistics (conv_norm) as well, each program keeping its partial
-    statistics per channel. Its taps are float32 multiply-adds:
+    statistics per channel; an input prologue (the previous layer's batch norm and activation)
+    applied to the values it loads. Its taps are float32 multiply-adds:
     a depthwise convolution has one input channel per output channel, which leaves the
     implicit-GEMM template a GEMM of one column per group. Pools, prologues and statistics stay the
     implicit-GEMM template's. Else why not."""
@@ -593,9 +594,8 @@ def direct_depthwise(fused: ConvEpilogue) -> str | None:
         return "a 2-D convolution only"
     if fused.weight_shape[1] != 1:  # (one input channel per group: groups == input channels)
         return "not a depthwise convolution (groups == input channels, weight [C*mult, 1, KH, KW])"
-    if (fused.pool or fused.post is not None or not fused.prologue.empty or fused.in_pool is not None
-            or fused.row_out or fused.whole_n):
-        return "pools, prologues and channel reductions are the implicit-GEMM template's"
+    if fused.pool or fused.post is not None or fused.in_pool is not None or fused.row_out or fused.whole_n:
+        return "pools and channel reductions are the implicit-GEMM template's"
     if fused.group is None:
         return "no epilogue group (the depthwise node template computes the convolution alone)"
     return None
@@ -699,21 +699,26 @@ def render_direct(fused: ConvEpilogue, config: dict, name: str) -> tuple[str, li
         raise Unsupported(why)
     a = fused.args
     norm = fused.norm
-    text = render_depthwise(fused.epilogue, name=name, stats=norm is not None,
+    text = render_depthwise(fused.epilogue, name=name, stats=norm is not None, prologue=fused.prologue,
                             rows_kernel=rows_kernel(fused.weight_shape[2:], a["stride"], a["dilation"]))
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
     views = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
              for v, (shape, strides) in zip(fused.operands, fused.views)]
+    prologue = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
+                for v, (shape, strides) in zip(fused.prologue_operands, fused.prologue_views)]
     tile = {k: int(config[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_W", "ROWS", "num_warps") if config.get(k)}
     call = ", ".join([arg[fused.x], arg[fused.w]] + views
                      + [f"{k}={a[k]!r}" for k in ("stride", "padding", "dilation")]
+                     + ([f"prologue_operands=({''.join(p + ', ' for p in prologue)})"] if prologue else [])
                      + [f"out_dtype=torch.{fused.norm_dtype if norm is not None else fused.out_dtype}",
                         f"out_channels_last={fused.out_channels_last}", f"ROUND_X={fused.cast_bf16}"]
                      + (["out=out0"] if fused.into else [])
                      + (["write_y=False"] if norm is not None and not norm.writes else [])
                      + [f"{k}={v!r}" for k, v in tile.items()])
-    absorbed = f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed)" if fused.absorbed else ""
+    absorbed = "" if not fused.absorbed else (
+        f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed"
+        + (f"; {fused.absorbed[0]} as the prologue of its loads)" if prologue else ")"))
     if norm is not None:
         return with_helpers(text + _norm_wrapper(fused, name, arg, call, _expects(fused, arg),
                                                  absorbed + "; the convolution as a direct depthwise kernel")), ins

@@ -158,21 +158,30 @@ def rows_kernel(kernel: tuple[int, int], stride: tuple, dilation: tuple) -> tupl
 
 
 def render_depthwise(epilogue: Epilogue = IDENTITY, *, name: str = "kw_dwconv2d",
-                     rows_kernel: tuple[int, int] | None = (3, 3), stats: bool = False) -> str:
+                     rows_kernel: tuple[int, int] | None = (3, 3), stats: bool = False,
+                     prologue: Epilogue = IDENTITY) -> str:
     """Module text: ``{name}_kernel`` (direct depthwise conv2d, groups == Cin, + epilogue),
     ``{name}_rows_kernel`` (its row-streaming variant for kernels of `rows_kernel` = (KH, KW): one
     rolling accumulator per kernel row, the taps unrolled, the weights loaded once; None: no such
     kernel) and ``launch(x, w, *operands, *, stride=1, padding=0, dilation=1, out_dtype=None,
     out_channels_last, out, ROUND_X, BLOCK_M, BLOCK_N, BLOCK_W, ROWS, num_warps, num_stages)``;
     with `stats` launch also returns each program's partial statistics of y per (image, channel)
-    and takes write_y (codegen/conv_norm.py)."""
+    and takes write_y (codegen/conv_norm.py); `prologue` (per-input-channel "col" and "scalar"
+    operands, launch's prologue_operands) is applied to the input's values as they are loaded,
+    before the convolution's zero padding."""
+    if any(o.kind not in ("col", "scalar") for o in prologue.operands):
+        raise ValueError("a prologue takes col (per input channel) and scalar operands only")
+    Epilogue(epilogue.operands + prologue.operands)  # (raises on a name the two share)
     kh, kw = rows_kernel if rows_kernel is not None else (None, None)
     if rows_kernel is not None and (kh not in ROWS_KH or kw not in ROWS_KW):
         raise ValueError(f"rows_kernel={rows_kernel}: the row-streaming kernel is rendered for {ROWS_KH.start} to "
                          f"{ROWS_KH.stop - 1} kernel rows and {ROWS_KW.start} to {ROWS_KW.stop - 1} columns")
     ctx = _conv_context(epilogue, name)
     ctx.update(  # the epilogue again, inside the row-streaming kernel's loop
-        rows_kh=kh, rows_kw=kw, stats=stats,
+        rows_kh=kh, rows_kw=kw, stats=stats, prologue=prologue,
+        prologue_params=[f"{o.name}_ptr" for o in prologue.operands],
+        prologue_loads=render_operand_loads(prologue, "ch", "ch", "ok", mask_n="ch_ok", indent=" " * 4),
+        prologue_code=render_code(prologue, indent=" " * 4),
         loop_loads=render_operand_loads(epilogue, "offs_m", "offs_n", "mask", mask_m="m_ok", mask_n="n_ok",
                                         full_offsets=_CONV_FULL, indent=" " * 8),
         loop_code=render_code(epilogue, indent=" " * 8),
