@@ -635,6 +635,8 @@ def test_a_depthwise_convolution_runs_its_epilogue_in_the_direct_kernel(name, ma
     direct = conv_epilogue.direct_space(fused, channels_last=False)
     assert direct[0].as_dict() == {"BLOCK_M": 256, "BLOCK_N": 4, "num_warps": 4}
     assert any(c.as_dict().get("ROWS") for c in direct) == (name != "5x5_stride2_mult2")
+    first, second = conv_epilogue.direct_seeds(direct)
+    assert first == direct[0] and bool(second.as_dict().get("ROWS")) == (name != "5x5_stride2_mult2")
     text, ins = conv_epilogue.render_direct(fused, config, f"dw_epi_{name}_{policy}")
     assert ("_rows_kernel[grid]" in text) == (name != "5x5_stride2_mult2") and "tl.dot" not in text
     mod = load_module_from_source(text, f"dw_epi_{name}_{policy}", CACHE)

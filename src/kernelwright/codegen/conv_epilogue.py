@@ -623,6 +623,16 @@ def direct_space(fused: ConvEpilogue, channels_last: bool) -> list[Config]:
     return out
 
 
+def direct_seeds(configs: list[Config]) -> list[Config]:
+    """The two of the direct kernel's configs (`direct_space`) a search times first: its first, and
+    its row-streaming kernel's first where it has one, else its second. They go before the
+    implicit GEMM's seeds, whose tiles have one column per group on a depthwise convolution: 16-40x
+    the direct kernel's time on KernelBench level-3 21 at `f3f7e25` (docs/benchmarks.md, "The
+    direct depthwise kernel, sum units and persistent convolution programs timed")."""
+    rows = [c for c in configs if c.as_dict().get("ROWS")][:1]
+    return configs[:1] + (rows or configs[1:2])
+
+
 def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tuple[str, list[str]]:
     """Module text whose `launch(*inputs)` runs the fused convolution with the implicit-GEMM
     template's `config`; its inputs."""

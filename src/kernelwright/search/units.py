@@ -523,12 +523,11 @@ class ConvTuner(KernelTuner):
                 c if c.as_dict().get("BOX_W") or c.as_dict()["BLOCK_M"] <= fit else
                 Config.make(c.template, **{**c.as_dict(), "BLOCK_M": fit}) for c in self.space
                 if c.as_dict().get("BOX_W") or fit >= 16))
-        # a depthwise convolution's direct kernel: its configs first, its two families' first ones
-        # seeds before the implicit GEMM's (whose tiles have one column per group here)
+        # a depthwise convolution's direct kernel: its configs first, two of them the first seeds,
+        # before the implicit GEMM's
         direct = [] if conv_epilogue.direct_depthwise(f) else \
             conv_epilogue.direct_space(f, tuple(xm.stride) == channels_last_strides(xm.shape))
-        self.seeds = (direct[:1] + [c for c in direct if c.as_dict().get("ROWS")][:1] + self.space[:2] if direct
-                      else self.space[:4])
+        self.seeds = conv_epilogue.direct_seeds(direct) + self.space[:2] if direct else self.space[:4]
         self.space = direct + self.space
         if not self.space:
             raise Unsupported(f"no tile holds all {N} channels the epilogue reduces over" if f.norm is None else
