@@ -586,10 +586,9 @@ def direct_depthwise(fused: ConvEpilogue) -> str | None:
     stored NCHW, channels-last or into a concatenation's slice; a normalization or a sum over the
     pixels split around its statistics (conv_norm) as well, each program keeping its partial
     statistics per channel; an input prologue (the previous layer's batch norm and activation)
-    applied to the values it loads. Its taps are float32 multiply-adds:
-    a depthwise convolution has one input channel per output channel, which leaves the
-    implicit-GEMM template a GEMM of one column per group. Pools, prologues and statistics stay the
-    implicit-GEMM template's. Else why not."""
+    applied to the values it loads. Its taps are float32 multiply-adds: a depthwise convolution
+    has one input channel per output channel, which leaves the implicit-GEMM template a GEMM of one
+    column per group. Pools and channel reductions stay the implicit-GEMM template's. Else why not."""
     if fused.transposed or len(fused.out_shape) != 4:
         return "a 2-D convolution only"
     if fused.weight_shape[1] != 1:  # (one input channel per group: groups == input channels)

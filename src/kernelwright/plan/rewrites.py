@@ -1083,10 +1083,10 @@ def dedupe(graph: Graph) -> tuple[Graph, list[str]]:
 def rewrite(graph: Graph, policy: str = "fp32", out_dtypes: list[torch.dtype | None] | None = None,
             algebra: bool = True, recompute: bool = False, free: tuple[int, ...] = (),
             view_outputs: bool = True) -> tuple[Graph, list[str]]:
-    """Every rewrite optimize applies before planning. Exact ones first: casts named by their dtype alone, no-ops out, constants
-    folded, repeated subexpressions merged, decomposed activations as one op (plan.recompose),
-    the algebra rules of plan.algebra (reductions over size-1 dims, through affine ops, of matrix
-    products and of convolutions; `algebra=False`, the command line's --no-rewrites, leaves them
+    """Every rewrite optimize applies before planning. Exact ones first: casts named by their dtype
+    alone, no-ops out, constants folded, repeated subexpressions merged, decomposed activations as
+    one op (plan.recompose), the algebra rules of plan.algebra (reductions over size-1 dims,
+    through affine ops, of matrix products and of convolutions; `algebra=False`, the command line's --no-rewrites, leaves them
     out), inference batch norms folded into the Linear before them,
     convolution and GEMM biases split off, max pools moved
     before non-decreasing elementwise ops, row rewrites, instance norms over their own dims, by-hand attention as one fused call (fp32 and
