@@ -93,6 +93,22 @@ class ConvNorm(nn.Module):
         return torch.tanh(y) / 2.0
 
 
+def _check_launch(text, ins, label, g, model, x, outputs, tol, strides=False):
+    """launch() of module `text`, given the graph's values of `ins`, returns the graph's `outputs`:
+    each of their dtype and shape, equal within `tol` (with `strides`: a 4-D result in the layout
+    the plan gave it)."""
+    mod = load_module_from_source(text, label, CACHE)
+    with torch.no_grad():
+        env = run_graph(g, model, [x], keep=True)
+        got = mod.launch(*[env[v] for v in ins])
+    assert len(got) == len(outputs)
+    for v, res in zip(outputs, got):
+        assert res.dtype == env[v].dtype and res.shape == env[v].shape
+        if strides and res.dim() == 4:
+            assert res.stride() == tuple(g.meta(v).stride)
+        torch.testing.assert_close(res.float(), env[v].float(), rtol=tol, atol=tol, msg=lambda m, v=v: f"{v}: {m}")
+
+
 def _split_pair(model, x, policy):
     g = rewrite(capture(from_module(model.eval(), [x])), policy)[0]
     plan = plan_graph(g)
@@ -484,17 +500,9 @@ def test_a_sum_over_each_images_pixels_needs_no_convolution_output(name, model, 
                                      f"kw_sum_{name}_{policy}".replace("-", "_"))
     wrapper = text.split("_conv_launch = launch")[1]
     assert ("_apply" in text) == applies and ("write_y=False" in wrapper) != writes
-    mod = load_module_from_source(text, f"kw_sum_{name}_{policy}".replace("-", "_"), CACHE)
-    with torch.no_grad():
-        env = run_graph(g, model, [x], keep=True)
-        got = mod.launch(*[env[v] for v in ins])
     tol = {"fp32": 1e-4, "tf32": 3e-3, "bf16": 3e-2}[policy]
-    assert len(got) == len(fused.outputs)
-    for v, res in zip(fused.outputs, got):
-        assert res.dtype == env[v].dtype and res.shape == env[v].shape
-        if res.dim() == 4:  # (the written activations: in the layout the plan gave them)
-            assert res.stride() == tuple(g.meta(v).stride)
-        torch.testing.assert_close(res.float(), env[v].float(), rtol=tol, atol=tol, msg=lambda m, v=v: f"{v}: {m}")
+    # (the written activations: in the layout the plan gave them)
+    _check_launch(text, ins, f"kw_sum_{name}_{policy}".replace("-", "_"), g, model, x, fused.outputs, tol, strides=True)
 
 
 def test_a_sum_whose_convolution_output_is_read_elsewhere_does_not_split():
@@ -560,15 +568,7 @@ def test_a_depthwise_convolutions_statistics_come_from_the_direct_kernel(name, m
     label = f"kw_dw_{name}_{policy}".replace("-", "_")
     text, ins = conv_epilogue.render_direct(fused, config, label)
     assert "tl.dot" not in text and "_stats[(" in text
-    mod = load_module_from_source(text, label, CACHE)
-    with torch.no_grad():
-        env = run_graph(g, model, [x], keep=True)
-        got = mod.launch(*[env[v] for v in ins])
-    tol = {"fp32": 1e-4, "tf32": 1e-4, "bf16": 3e-2}[policy]
-    assert len(got) == len(fused.outputs)
-    for v, res in zip(fused.outputs, got):
-        assert res.dtype == env[v].dtype and res.shape == env[v].shape
-        torch.testing.assert_close(res.float(), env[v].float(), rtol=tol, atol=tol, msg=lambda m, v=v: f"{v}: {m}")
+    _check_launch(text, ins, label, g, model, x, fused.outputs, {"fp32": 1e-4, "tf32": 1e-4, "bf16": 3e-2}[policy])
 
 
 class ExpandDepthwise(nn.Module):
@@ -607,10 +607,4 @@ def test_the_direct_depthwise_kernel_keeps_the_statistics_of_a_split_batch_norm_
     assert fused.norm.stats_only and not fused.prologue.empty and conv_epilogue.direct_depthwise(fused) is None
     label = f"kw_dw_split_{policy}"
     text, ins = conv_epilogue.render_direct(fused, dict(BLOCK_M=16, BLOCK_N=8, num_warps=1), label)
-    mod = load_module_from_source(text, label, CACHE)
-    with torch.no_grad():
-        env = run_graph(g, model, [x], keep=True)
-        got = mod.launch(*[env[v] for v in ins])
-    assert len(got) == len(fused.outputs)
-    for v, res in zip(fused.outputs, got):
-        torch.testing.assert_close(res, env[v], rtol=1e-4, atol=1e-4, msg=lambda m, v=v: f"{v}: {m}")
+    _check_launch(text, ins, label, g, model, x, fused.outputs, 1e-4)

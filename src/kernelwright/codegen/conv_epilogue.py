@@ -645,20 +645,12 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
         kw["CAST_BF16"] = True
     elif precision == "tf32":
         kw["INPUT_PRECISION"] = "tf32"  # (float32 operands only: the template ignores it for bf16)
-    views = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
-             for v, (shape, strides) in zip(fused.operands, fused.views)]
-    prologue = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
-                for v, (shape, strides) in zip(fused.prologue_operands, fused.prologue_views)]
+    views, prologue, out, absorbed = _launch_parts(fused, arg)
     weight = f"{arg[fused.w]}.float()" if fused.widen_weight else arg[fused.w]
     call = ", ".join([arg[fused.x], weight] + views
                      + [f"{k}={v!r}" for k, v in fused.args.items()]
                      + ([f"pool_window={fused.pool_window!r}"] if fused.pool else [])
-                     + ([f"prologue_operands=({''.join(p + ', ' for p in prologue)})"] if prologue else [])
-                     + [f"out_dtype=torch.{fused.norm_dtype if fused.norm is not None else fused.out_dtype}",
-                        f"out_channels_last={fused.out_channels_last}"]
-                     + (["out=out0"] if fused.into else [])
-                     + (["write_y=False"] if fused.norm is not None and not fused.norm.writes else [])
-                     + [f"{k}={v!r}" for k, v in kw.items()])
+                     + prologue + out + [f"{k}={v!r}" for k, v in kw.items()])
     out_shape = tuple(fused.out_meta_shape)
     reshape = f".view({list(out_shape)})" if fused.row_out and len(out_shape) == len(fused.out_shape) - 1 else ""
     what = "transposed convolution" if fused.transposed else "convolution"
@@ -667,12 +659,27 @@ def render(fused: ConvEpilogue, config: dict, precision: str, name: str) -> tupl
         epi += f", {fused.pool}-pooled over {list(fused.pool_window)}" + (
             f", then group {fused.post.id}" if fused.post is not None else "")
     expects = _expects(fused, arg)
-    absorbed = "" if not fused.absorbed else (
-        f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed"
-        + (f"; {fused.absorbed[0]} as the prologue of its loads)" if prologue else ")"))
     if fused.norm is not None:
         return with_helpers(text + _norm_wrapper(fused, name, arg, call, expects, absorbed)), ins
     return with_helpers(text + _wrapper(fused, arg, call, f"{what} {list(fused.out_shape)}{epi}{absorbed}", reshape)), ins
+
+
+def _launch_parts(fused: ConvEpilogue, arg: dict) -> tuple[list[str], list[str], list[str], str]:
+    """What both templates' launch() calls take alike: the epilogue operands' views, the input
+    prologue's (as `prologue_operands=`), the output's keywords, and the docstring's note on the
+    units the kernel absorbs."""
+    views = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
+             for v, (shape, strides) in zip(fused.operands, fused.views)]
+    prologue = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
+                for v, (shape, strides) in zip(fused.prologue_operands, fused.prologue_views)]
+    norm = fused.norm
+    out = ([f"out_dtype=torch.{fused.norm_dtype if norm is not None else fused.out_dtype}",
+            f"out_channels_last={fused.out_channels_last}"]
+           + (["out=out0"] if fused.into else []) + (["write_y=False"] if norm is not None and not norm.writes else []))
+    absorbed = "" if not fused.absorbed else (
+        f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed"
+        + (f"; {fused.absorbed[0]} as the prologue of its loads)" if prologue else ")"))
+    return views, [f"prologue_operands=({''.join(p + ', ' for p in prologue)})"] if prologue else [], out, absorbed
 
 
 def _expects(fused: ConvEpilogue, arg: dict) -> str:
@@ -712,22 +719,11 @@ def render_direct(fused: ConvEpilogue, config: dict, name: str) -> tuple[str, li
                             rows_kernel=rows_kernel(fused.weight_shape[2:], a["stride"], a["dilation"]))
     ins = fused.inputs
     arg = {v: f"a{i}" for i, v in enumerate(ins)}
-    views = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
-             for v, (shape, strides) in zip(fused.operands, fused.views)]
-    prologue = [f"{arg[v]}.as_strided({list(shape)}, {list(strides)})"
-                for v, (shape, strides) in zip(fused.prologue_operands, fused.prologue_views)]
+    views, prologue, out, absorbed = _launch_parts(fused, arg)
     tile = {k: int(config[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_W", "ROWS", "num_warps") if config.get(k)}
     call = ", ".join([arg[fused.x], arg[fused.w]] + views
                      + [f"{k}={a[k]!r}" for k in ("stride", "padding", "dilation")]
-                     + ([f"prologue_operands=({''.join(p + ', ' for p in prologue)})"] if prologue else [])
-                     + [f"out_dtype=torch.{fused.norm_dtype if norm is not None else fused.out_dtype}",
-                        f"out_channels_last={fused.out_channels_last}", f"ROUND_X={fused.cast_bf16}"]
-                     + (["out=out0"] if fused.into else [])
-                     + (["write_y=False"] if norm is not None and not norm.writes else [])
-                     + [f"{k}={v!r}" for k, v in tile.items()])
-    absorbed = "" if not fused.absorbed else (
-        f"; reads {fused.x} itself ({', '.join(fused.absorbed)} absorbed"
-        + (f"; {fused.absorbed[0]} as the prologue of its loads)" if prologue else ")"))
+                     + prologue + out + [f"ROUND_X={fused.cast_bf16}"] + [f"{k}={v!r}" for k, v in tile.items()])
     if norm is not None:
         return with_helpers(text + _norm_wrapper(fused, name, arg, call, _expects(fused, arg),
                                                  absorbed + "; the convolution as a direct depthwise kernel")), ins

@@ -572,9 +572,7 @@ def _search_fused(job: _Job, row: UnitResult, tuner: KernelTuner, per_trials, pe
     row.strategy = "triton" if best.config.template.startswith("triton.") else "torch"
     row.config, row.time_ms, row.excess = best.config.as_dict(), best.time_ms, best.excess
     # the module's header: the units as fused, then the kernel computing them
-    out.summary[:] = [f"{line.split(': ', 1)[0]}: fused (computed inside {row.id}'s kernel)"
-                      if line.startswith(tuple(f"{u}{sep}" for u in units for sep in (" [", ": "))) else line
-                      for line in out.summary]
+    _computed_inside(out.summary, units, "fused", row.id)
     out.summary.append(f"{row.id} [{row.kind}] {', '.join(row.ops)}: {row.strategy} {best.config.key()}")
     return best
 
@@ -662,8 +660,15 @@ def _drop_absorbed_groups(plan, absorbs, by: str, out: Tuned, rows: list[UnitRes
         for row in rows:
             if row.id == name:
                 row.strategy, row.note = "absorbed", f"computed inside {by}'s kernel"
-        out.summary[:] = [f"{line.split(': ', 1)[0]}: absorbed (computed inside {by}'s kernel)"
-                          if line.startswith((f"{name} [", f"{name}: ")) else line for line in out.summary]
+    _computed_inside(out.summary, names, "absorbed", by)
+
+
+def _computed_inside(summary: list[str], names, how: str, by: str) -> None:
+    """The module header's lines of the units `names` say, in place, that `by`'s kernel computes
+    them (`how`: "fused", "absorbed")."""
+    starts = tuple(f"{name}{sep}" for name in names for sep in (" [", ": "))
+    summary[:] = [f"{line.split(': ', 1)[0]}: {how} (computed inside {by}'s kernel)" if line.startswith(starts)
+                  else line for line in summary]
 
 
 def _unit_bytes(graph, unit) -> int:
